@@ -80,10 +80,15 @@ class ESN(nn.Module):
         cfg.validate()
         self.config = cfg
         self.size, self.input_dim = cfg.size, cfg.input_dim
-        W = scale_spectral_radius(random_sparse(cfg.size, cfg.size, cfg.density, _generator(cfg.seed, 1)),
-                                  cfg.spectral_radius)
-        W_in = random_sparse(cfg.size, cfg.input_dim, cfg.input_density, _generator(cfg.seed, 2))
-        b = (torch.rand(cfg.size, generator=_generator(cfg.seed, 3), dtype=torch.float64) * 2 - 1) * cfg.bias_scaling
+        if torch.empty(0).is_meta:  # shape-only construction (counting parameters): draw nothing
+            W, W_in, b = (torch.empty(cfg.size, cfg.size), torch.empty(cfg.size, cfg.input_dim),
+                          torch.empty(cfg.size))
+        else:
+            W = random_sparse(cfg.size, cfg.size, cfg.density, _generator(cfg.seed, 1))
+            W = scale_spectral_radius(W, cfg.spectral_radius)
+            W_in = random_sparse(cfg.size, cfg.input_dim, cfg.input_density, _generator(cfg.seed, 2))
+            b = (torch.rand(cfg.size, generator=_generator(cfg.seed, 3), dtype=torch.float64) * 2 - 1)
+            b *= cfg.bias_scaling
         # Stored transposed, so that the per-step product is a row-major (B, N) @ (N, N) GEMM.
         self.register_buffer("W_T", W.T.contiguous().float())                             # (N, N)
         self.register_buffer("W_in_T", (W_in * cfg.input_scaling).T.contiguous().float())  # (d, N)

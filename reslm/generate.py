@@ -1,0 +1,62 @@
+"""Closed-loop generation: each sampled token is fed back as the next input (paper).
+
+One sampler for every model. Stateful models (reservoir models in `stream` mode) carry their state:
+the prompt is read once, then each new token costs one reservoir step and one readout. Window models
+(the transformer, reservoir models in `window` mode) see the last `context` tokens each time, which is
+what they were trained on.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+          gen: torch.Generator) -> int:
+    """Sample one token id from logits (V,): temperature 0 = greedy; top-k and nucleus (top-p) filtering."""
+    logits = logits.float()
+    if temperature == 0:
+        return int(logits.argmax())
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None and top_p < 1:
+        sorted_p, order = probs.sort(descending=True)
+        drop = sorted_p.cumsum(0) - sorted_p > top_p       # keep the smallest set with mass >= top_p
+        probs = probs.scatter(0, order, sorted_p.masked_fill(drop, 0))
+    return int(torch.multinomial(probs.cpu(), 1, generator=gen))
+
+
+def is_stateful(model) -> bool:
+    return hasattr(model, "step") and getattr(model.config, "context_mode", "window") == "stream"
+
+
+@torch.no_grad()
+def sample(model, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None, seed: int = 0) -> list[int]:
+    """Generate max_new_tokens ids after prompt_ids (non-empty); returns only the new ids."""
+    was_training = model.training
+    model.eval()
+    device = next(iter(model.buffers()), next(model.parameters())).device
+    gen = torch.Generator().manual_seed(seed)
+    out: list[int] = []
+    if is_stateful(model):
+        state = model.init_state(1, device=device)
+        for t in prompt_ids:
+            logits, state = model.step(torch.tensor([t], device=device), state)
+        for _ in range(max_new_tokens):
+            nxt = _pick(logits[0], temperature, top_k, top_p, gen)
+            out.append(nxt)
+            logits, state = model.step(torch.tensor([nxt], device=device), state)
+    else:
+        ids = list(prompt_ids)
+        context = model.config.context
+        for _ in range(max_new_tokens):
+            window = torch.tensor(ids[-context:], device=device)[None]
+            logits, _ = model(window)
+            nxt = _pick(logits[0], temperature, top_k, top_p, gen)
+            out.append(nxt)
+            ids.append(nxt)
+    model.train(was_training)
+    return out

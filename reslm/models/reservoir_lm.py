@@ -1,0 +1,125 @@
+"""What the classic reservoir (rc.py) and the attention-enhanced reservoir (aerc.py) share.
+
+    x_t = E[c_t]                       fixed random character embedding (V x d), E ~ N(0, 1/d)
+    r_t = reservoir(x_1..x_t)          fixed recurrent network (reservoir/), no gradient
+    logits_t = head(norm(r_t))         the only trainable part; `norm` is a parameter-free
+                                       LayerNorm of the state (the authors' code normalises the
+                                       state with a LayerNorm it never optimises; we keep the
+                                       normalisation and give it no parameters, so counts match
+                                       Table 1 and nothing is left untrained by accident)
+
+Context modes (reservoir/states.py): in `window` mode a prediction sees the state after the last
+`context` characters from a zero state (the paper); in `stream` mode the state is carried through the
+text, so generation is one reservoir step per character.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from reslm.errors import ReslmError
+from reslm.models.base import TensorFeatures, next_token_loss
+from reslm.reservoir import CONTEXT_MODES, RESERVOIRS, shard_states
+
+
+@dataclass
+class ReservoirLMConfig:
+    vocab_size: int = 59
+    embed_dim: int = 16             # d: fixed random embedding size
+    context: int = 32               # characters per sample (window length)
+    context_mode: str = "stream"    # "window" (paper) or "stream" (state carried through the text)
+    streams: int = 1024             # stream mode: parallel pieces of a shard
+    warmup: int = 32                # stream mode: tokens read before each piece
+    state_norm: bool = True         # parameter-free LayerNorm on the state before the head
+    reservoir: str = "esn"          # key in reslm.reservoir.RESERVOIRS
+    size: int = 750                 # N: reservoir units
+    spectral_radius: float = 0.9
+    input_scaling: float = 1.0
+    leak_rate: float = 1.0
+    density: float = 1.0
+    input_density: float = 1.0
+    bias_scaling: float = 0.0
+    seed: int = 0                   # reservoir + embedding seed; head init uses seed + 1
+
+    def validate(self):
+        if self.context_mode not in CONTEXT_MODES:
+            raise ReslmError(f"context_mode must be one of {', '.join(CONTEXT_MODES)}, got {self.context_mode!r}")
+        if self.reservoir not in RESERVOIRS:
+            raise ReslmError(f"unknown reservoir {self.reservoir!r} (known: {', '.join(RESERVOIRS)})")
+        for name in ("vocab_size", "embed_dim", "context", "streams", "size"):
+            if getattr(self, name) < 1:
+                raise ReslmError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ReslmError(f"warmup must be >= 0, got {self.warmup}")
+
+    def reservoir_config(self):
+        cfg_cls, _ = RESERVOIRS[self.reservoir]
+        own = {k: getattr(self, k) for k in cfg_cls.__dataclass_fields__ if hasattr(self, k)}
+        return cfg_cls(**own, input_dim=self.embed_dim)
+
+
+class ReservoirLM(nn.Module):
+    """Fixed embedding + fixed reservoir + trainable head (built by the subclass in `make_head`)."""
+
+    family = "reservoir"
+
+    def __init__(self, cfg: ReservoirLMConfig):
+        super().__init__()
+        cfg.validate()
+        self.config = cfg
+        _, reservoir_cls = RESERVOIRS[cfg.reservoir]
+        self.reservoir = reservoir_cls(cfg.reservoir_config())
+        emb = torch.empty(cfg.vocab_size, cfg.embed_dim)
+        if not emb.is_meta:
+            emb = torch.randn(emb.shape, generator=torch.Generator().manual_seed(cfg.seed)) / cfg.embed_dim ** 0.5
+        self.register_buffer("embedding", emb)                                  # (V, d), fixed
+        torch_state = torch.random.get_rng_state()
+        torch.manual_seed(cfg.seed + 1)   # head init independent of the global RNG
+        try:
+            self.head = self.make_head()
+        finally:
+            torch.random.set_rng_state(torch_state)
+
+    def make_head(self) -> nn.Module:
+        raise NotImplementedError
+
+    # --- fixed part -------------------------------------------------------------------------
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        return F.embedding(idx, self.embedding)
+
+    def features(self, tokens: torch.Tensor, *, dtype: torch.dtype = torch.float32,
+                 progress: bool = False) -> TensorFeatures:
+        """Reservoir states of every sample of a token stream (S,) -> TensorFeatures((M, N), (M,))."""
+        c = self.config
+        states = shard_states(self.reservoir, self.embed, tokens, mode=c.context_mode, context=c.context,
+                              streams=c.streams, warmup=c.warmup, dtype=dtype, progress=progress)
+        return TensorFeatures(states, tokens[c.context:])
+
+    # --- trainable part ---------------------------------------------------------------------
+    def forward_features(self, states: torch.Tensor, targets: torch.Tensor | None = None):
+        """states (B, N) -> logits (B, V), loss."""
+        x = states
+        if self.config.state_norm:
+            x = F.layer_norm(x.float(), (x.shape[-1],))
+        logits = self.head(x.to(self.head_dtype()))
+        return logits, next_token_loss(logits, targets)
+
+    def head_dtype(self):
+        return next(self.head.parameters()).dtype
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """idx (B, T): run the reservoir from a zero state over the window, predict the next token."""
+        _, s = self.reservoir(self.embed(idx))
+        return self.forward_features(s, targets)
+
+    # --- recurrent interface (generation) ---------------------------------------------------
+    def init_state(self, batch: int, device=None) -> torch.Tensor:
+        return self.reservoir.init_state(batch, device=device or self.embedding.device)
+
+    def step(self, idx_t: torch.Tensor, state: torch.Tensor):
+        """idx_t (B,) -> (logits (B, V), next state): one reservoir step and one readout."""
+        state = self.reservoir.step(self.embed(idx_t), state)
+        return self.forward_features(state)[0], state

@@ -1,0 +1,97 @@
+"""Reservoir states for a whole shard, computed once and reused across epochs (paper: "reservoir
+responses are precomputed shard-wise and kept in memory").
+
+Sample i of a token stream tokens[0:S] is the context tokens[i : i + context] with target
+tokens[i + context] (the same samples as the transformer's windows). Its reservoir feature is the
+state right after reading tokens[i + context - 1]. Two context modes:
+
+- ``window`` (the paper's reference): each sample's state is computed from a zero state over its own
+  `context` tokens: `context` reservoir steps per sample, memory limited to the window.
+- ``stream``: the shard is cut into `streams` contiguous pieces run side by side with their state
+  carried through: one reservoir step per token, memory beyond the window. Each piece is preceded by
+  `warmup` tokens of the text before it (run from a zero state, states discarded), so every sample
+  has at least min(position + 1, warmup + 1) tokens of history; with warmup >= context that is at
+  least what the window mode sees.
+
+Both run as batched recurrences: B sequences advance together, so each step is one
+(B, N) x (N, N) matrix product (see ESN.forward).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from reslm.errors import ReslmError
+
+CONTEXT_MODES = ("window", "stream")
+
+
+def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor, *,
+                 mode: str, context: int, streams: int = 1024, warmup: int | None = None,
+                 dtype: torch.dtype = torch.float32, chunk_elems: int = 2**26,
+                 progress: bool = False, desc: str = "reservoir") -> torch.Tensor:
+    """States (M, N) with M = len(tokens) - context; row i is sample i's feature (see module doc).
+
+    reservoir: forward(u (B,T,d), s0) -> (states (B,T,N), s_T) and attribute `size`.
+    embed: token ids (...,) -> input vectors (..., d).
+    chunk_elems bounds the working buffer (time-chunk x batch x N elements).
+    """
+    S = tokens.numel()
+    M = S - context
+    if M <= 0:
+        raise ReslmError(f"a stream of {S} tokens has no sample for context {context}")
+    if mode not in CONTEXT_MODES:
+        raise ReslmError(f"unknown context mode {mode!r} (choose from {', '.join(CONTEXT_MODES)})")
+    N = reservoir.size
+    with torch.no_grad():
+        if mode == "window":
+            return _window_states(reservoir, embed, tokens, M, context, N, dtype, chunk_elems, progress, desc)
+        return _stream_states(reservoir, embed, tokens, M, context, N, streams,
+                              context if warmup is None else warmup, dtype, chunk_elems, progress, desc)
+
+
+def _window_states(reservoir, embed, tokens, M, context, N, dtype, chunk_elems, progress, desc):
+    out = torch.empty(M, N, dtype=dtype, device=tokens.device)
+    batch = max(1, min(M, chunk_elems // (context * N)))
+    offsets = torch.arange(context, device=tokens.device)
+    for i0 in tqdm(range(0, M, batch), desc=f"{desc} (window)", unit="chunk", disable=not progress,
+                   leave=False):
+        i1 = min(M, i0 + batch)
+        windows = tokens[torch.arange(i0, i1, device=tokens.device)[:, None] + offsets]   # (b, context)
+        _, last = reservoir(embed(windows).to(dtype))                                       # (b, N)
+        out[i0:i1] = last
+    return out
+
+
+def _stream_states(reservoir, embed, tokens, M, context, N, streams, warmup, dtype, chunk_elems,
+                   progress, desc):
+    P = M + context - 1                       # positions 0..P-1 need a state
+    B = max(1, min(streams, P))
+    L = math.ceil(P / B)                      # positions per stream
+    dev = tokens.device
+    starts = torch.arange(B, device=dev) * L  # stream j covers positions [j L, j L + L)
+    # Warm-up: streams 1..B-1 read the `warmup` tokens before their start; stream 0 starts at the
+    # beginning of the text from a zero state.
+    s = torch.zeros(B, N, dtype=dtype, device=dev)
+    w = min(warmup, L)
+    if w > 0 and B > 1:
+        idx = (starts[1:, None] - w + torch.arange(w, device=dev)).clamp_(0, P - 1)
+        _, s[1:] = reservoir(embed(tokens[idx]).to(dtype))
+    out = torch.empty(B * L, N, dtype=dtype, device=dev)       # position-major: row = position
+    out_bl = out.view(B, L, N)
+    step = max(1, min(L, chunk_elems // (B * N)))
+    for k0 in tqdm(range(0, L, step), desc=f"{desc} (stream)", unit="chunk", disable=not progress,
+                   leave=False):
+        k1 = min(L, k0 + step)
+        idx = (starts[:, None] + torch.arange(k0, k1, device=dev)).clamp_(max=P - 1)  # tail padding
+        st, s = reservoir(embed(tokens[idx]).to(dtype), s)                           # (B, k, N)
+        out_bl[:, k0:k1] = st
+    return out[context - 1:P]
+
+
+def state_bytes(n_tokens: int, context: int, size: int, dtype: torch.dtype) -> int:
+    """Memory the states of one stream take (for the up-front memory check)."""
+    return max(0, n_tokens) * size * torch.empty((), dtype=dtype).element_size()
