@@ -9,6 +9,8 @@ import argparse
 import ast
 import inspect
 import json
+import os
+import shutil
 import sys
 import textwrap
 from dataclasses import MISSING, fields
@@ -93,16 +95,16 @@ def cmd_presets(args):
 def cmd_train(args):
     from reslm import data
     from reslm.models import MODELS, preset
-    from reslm.run import CONFIG
+    from reslm.run import CHECKPOINT, CONFIG, create_run_dir
     from reslm.train import make_run_config, train_fields, train_run
-    from reslm.run import create_run_dir
 
     model_over = _given(args, args._model_fields)
     train_over = _given(args, train_fields())
     if "seed" in train_over:  # one --seed seeds everything: weights, reservoir, shuffling, dropout
         model_over["seed"] = train_over["seed"]
     out = Path(args.out) if args.out else Path("runs") / (args.preset or args.family or "run")
-    if (out / CONFIG).exists():
+    fresh = not (out / CONFIG).exists()
+    if not fresh:
         if not args.resume:
             raise ReslmError(f"{out} already holds a run (add --resume to continue it, or pick another --out)")
         if model_over or train_over or args.preset or args.family:
@@ -119,7 +121,12 @@ def cmd_train(args):
         dataset = data.resolve_dataset(args.data, Path(args.root) if args.root else data.default_data_root())
         cfg = make_run_config(family, {**over, **model_over}, train_over, dataset, preset=args.preset)
         create_run_dir(out, cfg)
-    summary = train_run(out, progress=not args.no_progress)
+    try:
+        summary = train_run(out, progress=not args.no_progress)
+    except BaseException:
+        if fresh and not (out / CHECKPOINT).exists():  # failed before its first checkpoint: leave nothing
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     print(json.dumps(summary, indent=2))
 
 
@@ -247,6 +254,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("reslm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 0
 
 

@@ -48,6 +48,12 @@ class AttentionReadout(nn.Module):
         self.net1 = nn.Linear(size, hidden)                # W_1, b_1
         self.net2 = nn.Linear(hidden, hidden * size)       # W_2, b_2: rows ordered (i, n)
         self.out = nn.Linear(hidden, vocab_size)           # W_out, b_out
+        # The paper does not give an initialisation. With torch's default, r_o = W_att r sums N terms
+        # and starts ~sqrt(N) too large (loss at init 5.8 nats for N=160 instead of ln 59 = 4.1);
+        # scaling W_2 and b_2 by 1/sqrt(N) starts r_o at unit scale.
+        with torch.no_grad():
+            self.net2.weight.mul_(size ** -0.5)
+            self.net2.bias.mul_(size ** -0.5)
 
     def forward(self, r: torch.Tensor) -> torch.Tensor:
         N, H = self.size, self.hidden

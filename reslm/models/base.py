@@ -8,7 +8,9 @@ Training does not call `forward` directly. The paper precomputes reservoir respo
 and reuses them across epochs, so a model first turns a whole shard into *features*, and training
 draws batches from those:
 
-    features(tokens) -> Features          once per shard (no grad: fixed reservoir work happens here)
+    features(tokens, *, dtype=torch.float32, progress=False) -> Features
+                                          once per shard (no grad: fixed reservoir work happens here;
+                                          dtype is the reservoir's compute/storage dtype)
     forward_features(x, targets) -> (logits, loss)     the trainable part only
 
 For a transformer the features are the raw windows; for a reservoir model they are reservoir

@@ -19,6 +19,10 @@ class ReferenceTransformer(nn.Module):
         x = self.embed(idx) + self.pe[: idx.shape[1]]
         logits = self.head(self.encoder(x)[:, -1])
         return logits, next_token_loss(logits, targets)
+    def load_from(self, fast):
+        sd = {k.replace("layers.", "encoder.layers.", 1) if k.startswith("layers.") else k: v for k, v in fast.state_dict().items()}
+        self.load_state_dict(sd)
+        return self
 
 def train_step_throughput(model, batch_size=1024, context=32, steps=10, warmup=3, vocab=59, autocast_dtype=None):
     device = next(model.parameters()).device

@@ -54,6 +54,7 @@ class ReservoirLMConfig:
                 raise ReslmError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0:
             raise ReslmError(f"warmup must be >= 0, got {self.warmup}")
+        self.reservoir_config().validate()
 
     def reservoir_config(self):
         cfg_cls, _ = RESERVOIRS[self.reservoir]

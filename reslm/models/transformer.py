@@ -1,10 +1,49 @@
-"""skeleton"""
+"""Character-level transformer baseline (Köster & Uchida, "Reservoir Computing as a Language Model", Table 1).
+
+The model maps a window of `context` (= 32) character ids to logits for the next character:
+
+    x_0   = E[idx] + PE                           E: trained embedding (V, d), d = 16; PE: fixed sinusoidal encoding
+    x_l   = EncoderLayer_l(x_{l-1}),  l = 1..L    non-causal self-attention over the whole window
+    logit = W_out x_L[:, -1] + b_out              prediction from the LAST position only, W_out: (V, d)
+
+Each encoder layer is torch's `nn.TransformerEncoderLayer` with its defaults (post-LN, ReLU, dropout p):
+
+    a   = softmax(Q K^T / sqrt(d/h))              per head, Q, K, V = x W_in^T + b_in (fused in-projection)
+    x'  = LayerNorm1(x  + drop(Out(drop(a) V)))   dropout on the attention weights and on the block output
+    x'' = LayerNorm2(x' + drop(W_2 drop(relu(W_1 x' + b_1)) + b_2))
+
+Trainable parameters: 944 (embedding) + 1003 (head) + L * (1168 + 33 * ff_dim), e.g. 45 083 for
+(ff_dim, n_heads, n_layers) = (128, 8, 8). There is no final LayerNorm and the positional encoding is a
+buffer, not a parameter; the embedding is not scaled by sqrt(d) and there is no dropout on the input.
+
+The arithmetic is the same as torch's layer; how it is computed differs, for speed on small CPUs
+(training is dominated by the (B, h, T, T) attention tensor, which is far larger than anything else
+at d = 16):
+
+* Last-layer shortcut. Only the last position feeds the head, so the last layer computes queries,
+  attention rows, the feed-forward block and both LayerNorms for that position only (keys and values
+  still come from every position). Exact: in eval mode the logits equal the full computation.
+* Dropout masks come from 16-bit random integers (four per `random_()` draw of 64 bits) instead of
+  `bernoulli_`, which is several times slower on CPU; an element is dropped with probability
+  round(p * 65536) / 65536 (|error| <= 7.7e-6). The 1/(1-p) rescaling is applied to the small
+  operand that follows (V, or the weight of the next linear map) rather than to the large tensor.
+* The in-projection is one fused matmul (torch's layout: rows [W_q; W_k; W_v]).
+
+The state dict uses the same names as `nn.TransformerEncoderLayer` under `layers.<i>.`, so weights
+move between this model and `reslm.models.reference.ReferenceTransformer` with a key rename.
+"""
 from __future__ import annotations
+
 import math
 from dataclasses import dataclass
+
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
 from reslm.errors import ReslmError
-from reslm.models.base import check_positive
+from reslm.models.base import WindowFeatures, check_positive, next_token_loss
+
 
 @dataclass
 class TransformerConfig:
@@ -15,12 +54,163 @@ class TransformerConfig:
     n_layers: int = 8
     dropout: float = 0.1
     context: int = 32
-    seed: int = 0
+    seed: int = 0  # initial weights are a function of this seed only
+
+    def validate(self) -> "TransformerConfig":
+        check_positive(vocab_size=self.vocab_size, embed_dim=self.embed_dim, ff_dim=self.ff_dim,
+                       n_heads=self.n_heads, n_layers=self.n_layers, context=self.context)
+        for name in ("vocab_size", "embed_dim", "ff_dim", "n_heads", "n_layers", "context", "seed"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise ReslmError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if self.embed_dim % self.n_heads:
+            raise ReslmError(f"embed_dim ({self.embed_dim}) must be divisible by n_heads ({self.n_heads})")
+        if self.embed_dim % 2:
+            raise ReslmError(f"embed_dim must be even for the sinusoidal encoding, got {self.embed_dim}")
+        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+            raise ReslmError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        return self
+
 
 def sinusoidal_encoding(context: int, dim: int) -> torch.Tensor:
+    """(context, dim) fixed encoding: PE[t, 2i] = sin(t / 10000^(2i/dim)), PE[t, 2i+1] = cos(same)."""
     pos = torch.arange(context, dtype=torch.float64)[:, None]
     freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
-    pe = torch.zeros(context, dim, dtype=torch.float64)
+    pe = torch.empty(context, dim, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(pos * freq)
-    pe[:, 1::2] = torch.cos(pos * freq[: dim // 2])
+    pe[:, 1::2] = torch.cos(pos * freq)
     return pe.float()
+
+
+def dropout_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
+    """Bool tensor, True where an element is DROPPED, each with probability round(p * 65536) / 65536.
+
+    Four independent 16-bit draws are cut from each 64-bit `random_()` value (the global torch RNG of
+    `device`), which on CPU is several times cheaper than `bernoulli_`."""
+    n = math.prod(shape)
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-2**63, None)
+    return bits.view(torch.int16)[:n].view(shape) < -32768 + round(p * 65536)
+
+
+def dropout(x: torch.Tensor, p: float, training: bool, rescale: bool = True) -> torch.Tensor:
+    """Inverted dropout. rescale=False leaves the 1/(1-p) factor to the caller (to put it on a
+    smaller tensor)."""
+    if not training or p == 0.0:
+        return x
+    x = x.masked_fill(dropout_mask(x.shape, p, x.device), 0.0)
+    return x * (1.0 / (1.0 - p)) if rescale else x
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with torch's parameter layout (in_proj_weight = [W_q; W_k; W_v])."""
+
+    def __init__(self, dim: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads, self.dropout = n_heads, dropout
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * dim))
+        self.out_proj = nn.utils.skip_init(nn.Linear, dim, dim)
+
+    def forward(self, x: torch.Tensor, last_only: bool) -> torch.Tensor:
+        """x (B, T, d) -> (B, T, d), or (B, 1, d) for the last query only."""
+        B, T, d = x.shape
+        h, hd = self.n_heads, d // self.n_heads
+        w, b = self.in_proj_weight, self.in_proj_bias
+        if last_only:
+            q = F.linear(x[:, -1:], w[:d], b[:d])
+            kv = F.linear(x, w[d:], b[d:]).view(B, T, 2, h, hd)
+            k, v = kv[:, :, 0], kv[:, :, 1]
+        else:
+            qkv = F.linear(x, w, b).view(B, T, 3, h, hd)
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        Tq = q.shape[1]
+        q = q.reshape(B, Tq, h, hd).transpose(1, 2) * hd**-0.5       # (B, h, Tq, hd)
+        k = k.permute(0, 2, 3, 1)                                     # (B, h, hd, T)
+        v = v.transpose(1, 2)                                         # (B, h, T, hd)
+        a = torch.matmul(q, k).softmax(-1)                            # (B, h, Tq, T)
+        if self.training and self.dropout > 0:
+            a = dropout(a, self.dropout, True, rescale=False)
+            v = v * (1.0 / (1.0 - self.dropout))
+        o = torch.matmul(a, v).transpose(1, 2).reshape(B, Tq, d)     # heads concatenated
+        return self.out_proj(o)
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN encoder layer, arithmetic of nn.TransformerEncoderLayer(d, h, ff, dropout) (ReLU)."""
+
+    def __init__(self, dim: int, n_heads: int, ff_dim: int, dropout: float):
+        super().__init__()
+        self.dropout = dropout
+        self.self_attn = SelfAttention(dim, n_heads, dropout)
+        self.linear1 = nn.utils.skip_init(nn.Linear, dim, ff_dim)
+        self.linear2 = nn.utils.skip_init(nn.Linear, ff_dim, dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        p, train = self.dropout, self.training
+        a = self.self_attn(x, last_only)
+        x = self.norm1((x[:, -1:] if last_only else x) + dropout(a, p, train))
+        f = dropout(F.relu(self.linear1(x), inplace=True), p, train, rescale=False)
+        w2 = self.linear2.weight * (1.0 / (1.0 - p)) if train and p > 0 else self.linear2.weight
+        return self.norm2(x + dropout(F.linear(f, w2, self.linear2.bias), p, train))
+
+
+class CharTransformer(nn.Module):
+    """Next-character transformer over a window of `context` ids (see the module docstring)."""
+
+    family = "tf"
+
+    def __init__(self, cfg: TransformerConfig | None = None):
+        super().__init__()
+        cfg = (cfg or TransformerConfig()).validate()
+        self.config = cfg
+        d = cfg.embed_dim
+        self.embed = nn.utils.skip_init(nn.Embedding, cfg.vocab_size, d)
+        self.register_buffer("pe", sinusoidal_encoding(cfg.context, d), persistent=False)
+        self.layers = nn.ModuleList(EncoderLayer(d, cfg.n_heads, cfg.ff_dim, cfg.dropout)
+                                    for _ in range(cfg.n_layers))
+        self.head = nn.utils.skip_init(nn.Linear, d, cfg.vocab_size)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        """torch's default initialisation for every part, drawn from a generator seeded by cfg.seed."""
+        g = torch.Generator().manual_seed(self.config.seed)
+
+        def linear_(lin: nn.Linear):  # nn.Linear.reset_parameters, on CPU then copied
+            w = torch.empty(lin.weight.shape)
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=g)
+            bound = 1 / math.sqrt(lin.in_features)
+            lin.weight.copy_(w)
+            lin.bias.copy_(torch.empty(lin.bias.shape).uniform_(-bound, bound, generator=g))
+
+        self.embed.weight.copy_(torch.empty(self.embed.weight.shape).normal_(generator=g))
+        for layer in self.layers:
+            att = layer.self_attn
+            w = torch.empty(att.in_proj_weight.shape)
+            att.in_proj_weight.copy_(nn.init.xavier_uniform_(w, generator=g))
+            att.in_proj_bias.zero_()
+            linear_(att.out_proj)
+            att.out_proj.bias.zero_()  # as nn.MultiheadAttention._reset_parameters
+            linear_(layer.linear1)
+            linear_(layer.linear2)
+            for norm in (layer.norm1, layer.norm2):
+                norm.reset_parameters()
+        linear_(self.head)
+
+    def features(self, tokens: torch.Tensor) -> WindowFeatures:
+        return WindowFeatures(tokens, self.config.context)
+
+    def forward_features(self, x: torch.Tensor, targets: torch.Tensor | None = None):
+        B, T = x.shape
+        if T > self.config.context:
+            raise ReslmError(f"window of {T} tokens is longer than the context ({self.config.context})")
+        h = self.embed(x) + self.pe[:T]
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            h = layer(h, last_only=(i == last))
+        logits = self.head(h[:, -1])
+        return logits, next_token_loss(logits, targets)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        return self.forward_features(idx, targets)

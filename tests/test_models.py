@@ -1,0 +1,125 @@
+"""Invariants of the model contract, for every family (MODELS) and every Table 1 preset."""
+import math
+
+import pytest
+import torch
+
+from reslm.errors import ReslmError
+from reslm.models import MODELS, PRESETS, build_model, make_config, preset, preset_table
+from reslm.models.aerc import AERC, AERCConfig
+from reslm.models.base import count_params
+
+TINY = {"rc": dict(size=48), "aerc": dict(size=24, hidden=6), "tf": dict(ff_dim=32, n_heads=2, n_layers=2)}
+V = 13
+
+
+def tiny(family, **kw):
+    return build_model(family, **{**TINY[family], "vocab_size": V, "context": 8, **kw})
+
+
+def test_table1_trainable_counts_exact():
+    rows = preset_table()
+    assert len(rows) == 15
+    for r in rows:
+        assert r["trainable_params"] == r["paper_trainable_params"], r["name"]
+    rc750 = next(r for r in rows if r["name"] == "rc-750")
+    assert rc750["fixed_params"] == 750 * 750 + 750 * 16 + 750 + 59 * 16   # W, W_in, bias, embedding
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_same_seed_same_weights_and_loss(family):
+    torch.manual_seed(123)
+    a = tiny(family, seed=5)
+    torch.manual_seed(456)                      # the global RNG must not matter
+    b = tiny(family, seed=5)
+    for (na, ta), (nb, tb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert na == nb and torch.equal(ta, tb), na
+    idx = torch.randint(0, V, (4, 8), generator=torch.Generator().manual_seed(0))
+    y = torch.randint(0, V, (4,))
+    a.eval(), b.eval()
+    assert torch.equal(a(idx, y)[1], b(idx, y)[1])
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_loss_at_init_is_about_ln_v(family):
+    m = tiny(family).eval()
+    idx = torch.randint(0, V, (256, 8), generator=torch.Generator().manual_seed(0))
+    y = torch.randint(0, V, (256,), generator=torch.Generator().manual_seed(1))
+    _, loss = m(idx, y)
+    assert abs(loss.item() - math.log(V)) < 0.35
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_tiny_batch_overfits(family):
+    torch.manual_seed(0)
+    m = tiny(family, **({"dropout": 0.0} if family == "tf" else {}))
+    tokens = torch.randint(0, V, (40,), generator=torch.Generator().manual_seed(2))
+    feats = m.features(tokens)
+    index = torch.arange(len(feats))
+    x, y = feats.batch(index), feats.targets[index]
+    opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(300):
+        _, loss = m.forward_features(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.3
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_forward_equals_features_path_in_window_mode(family):
+    """forward(window) is forward_features(features): training and inference see the same model."""
+    m = tiny(family, **({} if family == "tf" else {"context_mode": "window"})).eval()
+    tokens = torch.randint(0, V, (60,), generator=torch.Generator().manual_seed(3))
+    feats = m.features(tokens)
+    index = torch.tensor([0, 7, 51])
+    a, _ = m.forward_features(feats.batch(index))
+    b, _ = m(torch.stack([tokens[i:i + 8] for i in index]))
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert torch.equal(feats.targets[index], tokens[index + 8])
+
+
+@pytest.mark.parametrize("family", ["rc", "aerc"])
+def test_step_equals_stream_features(family):
+    """Generation's step() walks the same states as the stream-mode features of the text."""
+    m = tiny(family, context_mode="stream", streams=1).eval()
+    tokens = torch.randint(0, V, (50,), generator=torch.Generator().manual_seed(4))
+    feats = m.features(tokens)
+    state = m.init_state(1)
+    for t in range(49):
+        logits, state = m.step(tokens[t:t + 1], state)
+        if t >= 7:
+            ref, _ = m.forward_features(feats.batch(torch.tensor([t - 7])))
+            torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_aerc_readout_equals_paper_equations():
+    m = AERC(AERCConfig(size=30, hidden=5, vocab_size=V))
+    h = m.head
+    r = torch.randn(7, 30)
+    z = torch.relu(h.net1(r))                              # hidden layer of F
+    W_att = h.net2(z).view(7, 5, 30)                       # (B, H, N)
+    ref = h.out((W_att @ r[:, :, None]).squeeze(-1))       # W_out (W_att r)
+    torch.testing.assert_close(h(r), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_model_configs():
+    with pytest.raises(ReslmError):
+        make_config("aerc", size=10, hidden=11)            # H > N
+    with pytest.raises(ReslmError):
+        make_config("rc", spectral_radius=0)
+    with pytest.raises(ReslmError):
+        make_config("rc", context_mode="sideways")
+    with pytest.raises(ReslmError):
+        make_config("rc", hidden=3)                         # not an RC field
+    with pytest.raises(ReslmError):
+        make_config("lstm")
+    with pytest.raises(ReslmError):
+        preset("rc-751")
+
+
+def test_fixed_weights_get_no_gradient():
+    m = tiny("rc")
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable == {"head.weight", "head.bias"}
+    assert count_params(m)[0] == 48 * V + V
