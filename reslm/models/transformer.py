@@ -91,13 +91,12 @@ def dropout_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Ten
     return bits.view(torch.int16)[:n].view(shape) < -32768 + round(p * 65536)
 
 
-def dropout(x: torch.Tensor, p: float, training: bool, rescale: bool = True) -> torch.Tensor:
-    """Inverted dropout. rescale=False leaves the 1/(1-p) factor to the caller (to put it on a
-    smaller tensor)."""
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout WITHOUT the 1/(1-p) rescaling: callers fold that factor into the weights of the linear
+    map that produced or consumes `x` (a (16, 16)-sized multiply instead of one over `x`)."""
     if not training or p == 0.0:
         return x
-    x = x.masked_fill(dropout_mask(x.shape, p, x.device), 0.0)
-    return x * (1.0 / (1.0 - p)) if rescale else x
+    return torch.where(dropout_mask(x.shape, p, x.device), 0.0, x)
 
 
 class SelfAttention(nn.Module):
@@ -111,27 +110,27 @@ class SelfAttention(nn.Module):
         self.out_proj = nn.utils.skip_init(nn.Linear, dim, dim)
 
     def forward(self, x: torch.Tensor, last_only: bool) -> torch.Tensor:
-        """x (B, T, d) -> (B, T, d), or (B, 1, d) for the last query only."""
+        """x (B, T, d) -> (B, T, d), or (B, 1, d) for the last query only. Without the out-projection's
+        output scaling: see EncoderLayer."""
         B, T, d = x.shape
         h, hd = self.n_heads, d // self.n_heads
-        w, b = self.in_proj_weight, self.in_proj_bias
+        train = self.training and self.dropout > 0
+        # Fold 1/sqrt(hd) into W_q, b_q and the attention-dropout rescaling 1/(1-p) into W_v, b_v.
+        scale = torch.ones(3 * d, 1, dtype=x.dtype, device=x.device)
+        scale[:d] = hd**-0.5
+        if train:
+            scale[2 * d:] = 1.0 / (1.0 - self.dropout)
+        w, b = self.in_proj_weight * scale, self.in_proj_bias * scale[:, 0]
         if last_only:
-            q = F.linear(x[:, -1:], w[:d], b[:d])
-            kv = F.linear(x, w[d:], b[d:]).view(B, T, 2, h, hd)
-            k, v = kv[:, :, 0], kv[:, :, 1]
+            q = F.linear(x[:, -1:], w[:d], b[:d]).view(B, 1, h, hd)
+            k, v = F.linear(x, w[d:], b[d:]).view(B, T, 2, h, hd).unbind(2)
         else:
-            qkv = F.linear(x, w, b).view(B, T, 3, h, hd)
-            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        Tq = q.shape[1]
-        q = q.reshape(B, Tq, h, hd).transpose(1, 2) * hd**-0.5       # (B, h, Tq, hd)
+            q, k, v = F.linear(x, w, b).view(B, T, 3, h, hd).unbind(2)
+        q = q.transpose(1, 2)                                         # (B, h, Tq, hd)
         k = k.permute(0, 2, 3, 1)                                     # (B, h, hd, T)
         v = v.transpose(1, 2)                                         # (B, h, T, hd)
-        a = torch.matmul(q, k).softmax(-1)                            # (B, h, Tq, T)
-        if self.training and self.dropout > 0:
-            a = dropout(a, self.dropout, True, rescale=False)
-            v = v * (1.0 / (1.0 - self.dropout))
-        o = torch.matmul(a, v).transpose(1, 2).reshape(B, Tq, d)     # heads concatenated
-        return self.out_proj(o)
+        a = dropout(torch.matmul(q, k).softmax(-1), self.dropout, train)   # (B, h, Tq, T)
+        return torch.matmul(a, v).transpose(1, 2).reshape(B, q.shape[2], d)  # heads concatenated
 
 
 class EncoderLayer(nn.Module):
@@ -147,12 +146,15 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
 
     def forward(self, x: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        p, train = self.dropout, self.training
-        a = self.self_attn(x, last_only)
+        p, train = self.dropout, self.training and self.dropout > 0
+        keep = 1.0 / (1.0 - p) if train else 1.0  # inverted-dropout factor, folded into the weights
+        o = self.self_attn(x, last_only)
+        out = self.self_attn.out_proj
+        a = F.linear(o, out.weight * keep, out.bias * keep)
         x = self.norm1((x[:, -1:] if last_only else x) + dropout(a, p, train))
-        f = dropout(F.relu(self.linear1(x), inplace=True), p, train, rescale=False)
-        w2 = self.linear2.weight * (1.0 / (1.0 - p)) if train and p > 0 else self.linear2.weight
-        return self.norm2(x + dropout(F.linear(f, w2, self.linear2.bias), p, train))
+        f = dropout(F.relu(self.linear1(x), inplace=True), p, train)
+        f = F.linear(f, self.linear2.weight * keep**2, self.linear2.bias * keep)
+        return self.norm2(x + dropout(f, p, train))
 
 
 class CharTransformer(nn.Module):
@@ -198,7 +200,8 @@ class CharTransformer(nn.Module):
                 norm.reset_parameters()
         linear_(self.head)
 
-    def features(self, tokens: torch.Tensor) -> WindowFeatures:
+    def features(self, tokens: torch.Tensor, *, dtype=None, progress: bool = False) -> WindowFeatures:
+        """Windows over the stream (built per batch); dtype/progress are for reservoir models."""
         return WindowFeatures(tokens, self.config.context)
 
     def forward_features(self, x: torch.Tensor, targets: torch.Tensor | None = None):

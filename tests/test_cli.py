@@ -1,0 +1,124 @@
+"""End to end through the command line on a tiny corpus: data -> train -> resume -> generate,
+plus every bad input the issue lists (one line on stderr, exit != 0, nothing left behind)."""
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+import reslm.train
+from reslm.cli import main
+from reslm.run import read_metrics
+
+FAST = ["--epochs-per-shard", "1", "--batch-size", "64", "--lr", "3e-3", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    rnd = random.Random(0)
+    words = "to be or not that is the question whether tis nobler in the mind to suffer".split()
+    (d / "a.txt").write_text(" ".join(rnd.choice(words) for _ in range(1500)) + "\n")
+    assert main(["data", "text", str(d / "a.txt"), "--name", "tiny", "--root", str(d / "data")]) == 0
+    return d
+
+
+def train(corpus, out, *extra):
+    return main(["train", "--data", "tiny", "--root", str(corpus / "data"), "--out", str(out), *FAST, *extra])
+
+
+def err_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("reslm: error: ") and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+@pytest.mark.parametrize("preset,extra", [("rc-250", []), ("aerc-75-13", ["--context-mode", "window"]),
+                                          ("tf-64-4-4", [])])
+def test_data_train_generate(corpus, tmp_path, capsys, preset, extra):
+    run = tmp_path / "run"
+    assert train(corpus, run, "--preset", preset, *extra) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["shard_epochs"] == 5 and summary["final_test_loss"] < 2.5   # ln 16 = 2.77 at chance
+    rows = read_metrics(run)
+    assert {r["kind"] for r in rows} >= {"epoch"} and all("test_bpc" in r for r in rows if r["kind"] == "epoch")
+    assert main(["generate", str(run), "--prompt", "To be", "--length", "40", "--seed", "3"]) == 0
+    text = capsys.readouterr().out.strip()
+    assert text.startswith("To be") and len(text) == 45
+    assert main(["generate", str(run), "--prompt", "To be", "--length", "40", "--seed", "3"]) == 0
+    assert capsys.readouterr().out.strip() == text                     # same seed, same sample
+
+
+def test_same_seed_same_losses(corpus, tmp_path, capsys):
+    for name in ("a", "b"):
+        assert train(corpus, tmp_path / name, "--preset", "tf-64-4-4", "--seed", "7") == 0
+    losses = [[r["test_loss"] for r in read_metrics(tmp_path / n) if r["kind"] == "epoch"] for n in "ab"]
+    assert losses[0] == losses[1]
+
+
+def test_resume_equals_uninterrupted(corpus, tmp_path, capsys, monkeypatch):
+    assert train(corpus, tmp_path / "full", "--preset", "aerc-75-13") == 0
+    real_save, calls = reslm.train.save_checkpoint, []
+
+    def save_then_die(*a, **k):             # the process is killed right after its 2nd checkpoint
+        real_save(*a, **k)
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(reslm.train, "save_checkpoint", save_then_die)
+    assert train(corpus, tmp_path / "cut", "--preset", "aerc-75-13") == 130
+    monkeypatch.setattr(reslm.train, "save_checkpoint", real_save)
+    assert len([r for r in read_metrics(tmp_path / "cut") if r["kind"] == "epoch"]) == 2
+    assert train(corpus, tmp_path / "cut", "--resume") == 0
+    full, cut = (read_metrics(tmp_path / n) for n in ("full", "cut"))
+    key = lambda rows: [(r["index"], r["train_loss"], r["test_loss"]) for r in rows if r["kind"] == "epoch"]
+    assert key(full) == key(cut)
+
+
+def test_presets_json(capsys):
+    assert main(["presets", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 15 and {"name", "family", "trainable_params", "fixed_params", "config"} <= set(rows[0])
+
+
+def test_bad_inputs(corpus, tmp_path, capsys):
+    data = ["--root", str(corpus / "data")]
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    cases = [
+        ["data", "text", str(tmp_path / "missing.txt"), "--name", "x", "--root", str(tmp_path / "d")],
+        ["data", "text", str(tmp_path / "empty.txt"), "--name", "x", "--root", str(tmp_path / "d")],
+        ["data", "text", str(tmp_path / "latin1.txt"), "--name", "x", "--root", str(tmp_path / "d")],
+        ["train", "--preset", "rc-751", "--data", "tiny", *data, "--out", str(tmp_path / "r1")],
+        ["train", "--preset", "rc-250", "--spectral-radius", "0", "--data", "tiny", *data, "--out", str(tmp_path / "r2")],
+        ["train", "--family", "aerc", "--size", "10", "--hidden", "20", "--data", "tiny", *data, "--out", str(tmp_path / "r3")],
+        ["train", "--preset", "tf-64-4-4", "--context", "100000", "--data", "tiny", *data, "--out", str(tmp_path / "r4")],
+        ["train", "--preset", "rc-250", "--data", "nope", *data, "--out", str(tmp_path / "r5")],
+        ["train", "--preset", "rc-250", "--batch-size", "0", "--data", "tiny", *data, "--out", str(tmp_path / "r6")],
+        ["generate", str(tmp_path), "--prompt", "to be"],
+    ]
+    for argv in cases:
+        assert main(argv) == 2, argv
+        err_line(capsys)
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+    assert not any((tmp_path / f"r{i}").exists() for i in range(1, 7))
+
+
+def test_bad_prompt_and_existing_run(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train(corpus, run, "--preset", "rc-250") == 0
+    before = (run / "checkpoint.pt").read_bytes()
+    capsys.readouterr()
+    assert main(["generate", str(run), "--prompt", "to be #"]) == 2
+    assert "'#'" in err_line(capsys)
+    assert train(corpus, run, "--preset", "rc-250") == 2                # exists, no --resume
+    err_line(capsys)
+    assert (run / "checkpoint.pt").read_bytes() == before
+
+
+def test_console_script_prints_one_line_on_error(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "reslm.cli", "generate", str(tmp_path), "--prompt", "x"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
