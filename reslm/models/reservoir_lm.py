@@ -97,24 +97,25 @@ class ReservoirLM(nn.Module):
         c = self.config
         states = shard_states(self.reservoir, self.embed, tokens, mode=c.context_mode, context=c.context,
                               streams=c.streams, warmup=c.warmup, dtype=dtype, progress=progress)
+        for i0 in range(0, len(states), 65536):  # normalise once per shard, not once per epoch
+            states[i0:i0 + 65536] = self.normalize(states[i0:i0 + 65536])
         return TensorFeatures(states, tokens[c.context:])
+
+    def normalize(self, s: torch.Tensor) -> torch.Tensor:
+        """The fixed, parameter-free state normalisation (part of the features, not of the head)."""
+        return F.layer_norm(s.float(), (s.shape[-1],)).to(s.dtype) if self.config.state_norm else s
 
     # --- trainable part ---------------------------------------------------------------------
     def forward_features(self, states: torch.Tensor, targets: torch.Tensor | None = None):
-        """states (B, N) -> logits (B, V), loss."""
-        x = states
-        if self.config.state_norm:
-            x = F.layer_norm(x.float(), (x.shape[-1],))
-        logits = self.head(x.to(self.head_dtype()))
+        """Normalised states (B, N) -> logits (B, V), loss."""
+        dtype = next(self.head.parameters()).dtype   # bf16-stored states meet an fp32 head
+        logits = self.head(states if states.dtype == dtype else states.to(dtype))
         return logits, next_token_loss(logits, targets)
-
-    def head_dtype(self):
-        return next(self.head.parameters()).dtype
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """idx (B, T): run the reservoir from a zero state over the window, predict the next token."""
         _, s = self.reservoir(self.embed(idx))
-        return self.forward_features(s, targets)
+        return self.forward_features(self.normalize(s), targets)
 
     # --- recurrent interface (generation) ---------------------------------------------------
     def init_state(self, batch: int, device=None) -> torch.Tensor:
@@ -123,4 +124,4 @@ class ReservoirLM(nn.Module):
     def step(self, idx_t: torch.Tensor, state: torch.Tensor):
         """idx_t (B,) -> (logits (B, V), next state): one reservoir step and one readout."""
         state = self.reservoir.step(self.embed(idx_t), state)
-        return self.forward_features(state)[0], state
+        return self.forward_features(self.normalize(state))[0], state
