@@ -25,9 +25,16 @@ at d = 16):
   still come from every position). Exact: in eval mode the logits equal the full computation.
 * Dropout masks come from 16-bit random integers (four per `random_()` draw of 64 bits) instead of
   `bernoulli_`, which is several times slower on CPU; an element is dropped with probability
-  round(p * 65536) / 65536 (|error| <= 7.7e-6). The 1/(1-p) rescaling is applied to the small
-  operand that follows (V, or the weight of the next linear map) rather than to the large tensor.
+  round(p * 65536) / 65536 (|error| <= 7.7e-6), via one `torch.where` pass. The 1/(1-p) rescaling
+  (and attention's 1/sqrt(d/h)) is folded into the (tiny) weights of the adjacent linear maps
+  (W_q, W_v, out-projection, W_2) instead of costing a pass over the large activations.
 * The in-projection is one fused matmul (torch's layout: rows [W_q; W_k; W_v]).
+
+Measured on 2 CPU cores, batch 1024, fp32, train mode (forward + backward + Adam), interleaved with
+the reference in one process: x2.3-3.1 at (64, 4, 4), x2.1-2.7 at (128, 8, 8), x1.8-2.0 at (256, 16, 16)
+when the machine was quiet (much less when it was contended). Largest wins: dropout masks from
+random_ (attention dropout was ~35% of the reference's step), where() instead of masked copies,
+the folded scalings, the last-layer shortcut.
 
 The state dict uses the same names as `nn.TransformerEncoderLayer` under `layers.<i>.`, so weights
 move between this model and `reslm.models.reference.ReferenceTransformer` with a key rename.
@@ -110,8 +117,8 @@ class SelfAttention(nn.Module):
         self.out_proj = nn.utils.skip_init(nn.Linear, dim, dim)
 
     def forward(self, x: torch.Tensor, last_only: bool) -> torch.Tensor:
-        """x (B, T, d) -> (B, T, d), or (B, 1, d) for the last query only. Without the out-projection's
-        output scaling: see EncoderLayer."""
+        """x (B, T, d) -> concatenated heads (B, T, d), or (B, 1, d) for the last query only; the
+        out-projection is applied by EncoderLayer (which folds the next dropout's rescaling into it)."""
         B, T, d = x.shape
         h, hd = self.n_heads, d // self.n_heads
         train = self.training and self.dropout > 0
