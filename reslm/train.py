@@ -39,6 +39,7 @@ class TrainConfig:
     epochs_per_shard: int = 5       # E: epochs on a shard before the next (paper)
     cycles: int = 1                 # C: passes over the training shards
     epoch_samples: int = 0          # samples per shard-epoch, a fresh random subset each time; 0 = all
+    shard_chars: int = 0            # use only the first K characters of each training shard; 0 = all
     eval_samples: int = 0           # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
     log_every: int = 100            # steps between "step" rows in metrics.jsonl
     seed: int = 0                   # shuffling and dropout (model weights have their own seed field)
@@ -52,7 +53,7 @@ class TrainConfig:
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
                 raise ReslmError(f"{name} must be > 0, got {v}")
-        for name in ("epoch_samples", "eval_samples", "threads"):
+        for name in ("epoch_samples", "shard_chars", "eval_samples", "threads"):
             if getattr(self, name) < 0:
                 raise ReslmError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.precision not in PRECISIONS:
@@ -79,6 +80,8 @@ def make_run_config(family: str, model_overrides: dict, train_overrides: dict, d
     shortest = min(e - s for s, e in dataset.shards)
     if model_cfg.context >= shortest:
         raise ReslmError(f"context {model_cfg.context} is not shorter than the smallest shard ({shortest} chars)")
+    if 0 < train_cfg.shard_chars <= model_cfg.context:
+        raise ReslmError(f"shard_chars {train_cfg.shard_chars} must exceed the context ({model_cfg.context})")
     import reslm
     return dict(family=family, preset=preset, model=asdict(model_cfg), train=asdict(train_cfg),
                 data=dict(path=str(Path(dataset.path).resolve()), name=dataset.name, vocab=dataset.vocab,
@@ -156,11 +159,14 @@ def train_run(run_dir: Path, *, progress: bool = True) -> dict:
 
     def tokens_of(shard: int) -> torch.Tensor:
         a, b = dataset.shards[shard]
+        if shard != dataset.test_shard and tc.shard_chars:
+            b = min(b, a + tc.shard_chars)
         return torch.from_numpy(dataset.tokens[a:b].astype("int64")).to(device)
 
     # Memory: a reservoir model holds one training shard's states plus the test states.
     if hasattr(model, "reservoir"):
         longest = max(b - a for a, b in dataset.shards)
+        longest = min(longest, tc.shard_chars or longest)
         n_test = sum(s.stop - s.start - context for s in
                      eval_slices(dataset.shards[dataset.test_shard][1] - dataset.shards[dataset.test_shard][0],
                                  context, tc.eval_samples))
