@@ -689,3 +689,26 @@ if __name__ == "__main__":
     import json
 
     print(json.dumps(run_bench(quick="--quick" in sys.argv, progress=True), indent=2))
+
+
+def format_summary(r: dict) -> str:
+    """The headline figures of a bench result as a short text table (the JSON has everything)."""
+    lines = [f"device {r['device']} ({r['device_name']}), torch {r['torch']}, {r['threads']} threads, "
+             f"batch {r['batch_size']}, {r['seconds']:.0f} s"]
+    for key, dtype in (("", "fp32"), ("_bf16", "bf16")):
+        for n, v in r.get(f"reservoir_gflops{key}", {}).items():
+            lines.append(f"reservoir N={n} {dtype}: {v} GFLOP/s vs GEMM {r[f'gemm_gflops{key}'][n]} "
+                         f"-> {r[f'reservoir_vs_gemm{key}'][n]:.2f} (target >= {TARGETS['reservoir_vs_gemm']})")
+    for n, modes in r["reservoir_chars_per_s"].items():
+        lines.append(f"reservoir states N={n}: " + ", ".join(f"{m} {v:,.0f} chars/s" for m, v in modes.items()))
+    for name, v in r["training_samples_per_s"].items():
+        speed = r["speedup_vs_authors"].get(name)
+        if isinstance(v, dict):
+            for mode, figs in v.items():
+                lines.append(f"train {name} {mode}: {figs['amortised']:,.0f} samples/s per sample-epoch "
+                             f"(head {figs['head']:,.0f}), x{speed[mode]:.1f} vs authors' approach")
+        else:
+            lines.append(f"train {name}: {v:,.0f} samples/s, x{speed:.1f} vs authors' approach")
+    if r.get("contention", {}).get("contended"):
+        lines.append("warning: another process was busy on these cores; figures are unreliable")
+    return "\n".join(lines)

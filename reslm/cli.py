@@ -155,13 +155,9 @@ def cmd_generate(args):
 
 
 def cmd_bench(args):
-    from reslm.bench import run_bench
+    from reslm.bench import format_summary, run_bench
     result = run_bench(quick=args.quick, progress=not args.json)
-    print(json.dumps(result, indent=2) if args.json else _format_bench(result))
-
-
-def _format_bench(result: dict) -> str:
-    return "\n".join(f"{k}: {v}" for k, v in result.items())
+    print(json.dumps(result, indent=2) if args.json else format_summary(result))
 
 
 def cmd_demo(args):

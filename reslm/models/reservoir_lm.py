@@ -36,12 +36,12 @@ class ReservoirLMConfig:
     state_norm: bool = True         # parameter-free LayerNorm on the state before the head
     reservoir: str = "esn"          # key in reslm.reservoir.RESERVOIRS
     size: int = 750                 # N: reservoir units
-    spectral_radius: float = 0.9
-    input_scaling: float = 1.0
-    leak_rate: float = 1.0
-    density: float = 1.0
-    input_density: float = 1.0
-    bias_scaling: float = 0.0
+    spectral_radius: float = 0.9    # largest |eigenvalue| of W after scaling
+    input_scaling: float = 1.0      # multiplies W_in (entries U(-1, 1))
+    leak_rate: float = 1.0          # s <- (1-a) s + a tanh(...); 1 = no leak (paper)
+    density: float = 1.0            # fraction of non-zero entries in W
+    input_density: float = 1.0      # fraction of non-zero entries in W_in
+    bias_scaling: float = 0.0       # bias ~ U(-b, b); 0 = no bias (paper)
     seed: int = 0                   # reservoir + embedding seed; head init uses seed + 1
 
     def validate(self):
