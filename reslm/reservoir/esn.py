@@ -25,7 +25,7 @@ class ESNConfig:
     size: int = 750                 # N, reservoir units
     input_dim: int = 16             # d, input vector size (the char embedding)
     spectral_radius: float = 0.9    # rho(W) after scaling
-    input_scaling: float = 1.0      # multiplies W_in
+    input_scaling: float = 2.0      # multiplies W_in
     leak_rate: float = 1.0          # 1 = no leak (paper)
     density: float = 1.0            # fraction of non-zero entries in W
     input_density: float = 1.0      # fraction of non-zero entries in W_in
