@@ -170,11 +170,14 @@ def train_run(run_dir: Path, *, progress: bool = True) -> dict:
         n_test = sum(s.stop - s.start - context for s in
                      eval_slices(dataset.shards[dataset.test_shard][1] - dataset.shards[dataset.test_shard][0],
                                  context, tc.eval_samples))
-        need = (longest + n_test) * model.reservoir.size * sdtype.itemsize
+        row = model.reservoir.size * sdtype.itemsize                      # bytes per state
+        need = (longest + n_test) * row
         avail = _available_memory(device)
         if avail is not None and need > 0.9 * avail:
-            raise ReslmError(f"reservoir states need {need / 2**30:.1f} GiB but {avail / 2**30:.1f} GiB is available: "
-                             "use --state-dtype bfloat16, --eval-samples N or a smaller reservoir")
+            fits = int(0.9 * avail / row) - longest                         # test samples that would fit
+            hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
+            raise ReslmError(f"reservoir states need {need / 2**30:.1f} GiB (train shard + test states) but "
+                             f"{avail / 2**30:.1f} GiB is available: use --state-dtype bfloat16 or {hint}")
 
     test_tokens = tokens_of(dataset.test_shard)
     test_feats = [model.features(test_tokens[s], dtype=sdtype, progress=progress)
