@@ -29,7 +29,7 @@ from reslm.errors import ReslmError
 from reslm.evaluate import bits, cross_entropy
 from reslm.models import build_model, make_config
 from reslm.models.base import count_params
-from reslm.run import MetricsLog, load_checkpoint, read_config, save_checkpoint, write_json
+from reslm.run import MetricsLog, load_checkpoint, read_config, read_metrics, save_checkpoint, write_json
 
 
 @dataclass
@@ -155,7 +155,7 @@ def train_run(run_dir: Path, *, progress: bool = True) -> dict:
         start, step, train_seconds = ck["position"], ck["step"], ck["train_seconds"]
         log.truncate(ck["metrics_rows"])
     if start >= len(plan):
-        return _summary(run_dir, model, cfg, log)
+        return _summary(run_dir, model, cfg)
 
     def tokens_of(shard: int) -> torch.Tensor:
         a, b = dataset.shards[shard]
@@ -243,11 +243,11 @@ def train_run(run_dir: Path, *, progress: bool = True) -> dict:
         save_checkpoint(run_dir, dict(model=model.state_dict(), optimizer=opt.state_dict(),
                                       scaler=scaler.state_dict(), position=k + 1, step=step,
                                       train_seconds=train_seconds, metrics_rows=log.rows))
-    return _summary(run_dir, model, cfg, log)
+    return _summary(run_dir, model, cfg)
 
 
-def _summary(run_dir: Path, model, cfg: dict, log: MetricsLog) -> dict:
-    from reslm.run import read_metrics
+def _summary(run_dir: Path, model, cfg: dict) -> dict:
+    """Final figures of a run (also written to summary.json)."""
     rows = read_metrics(run_dir)
     epochs = [r for r in rows if r["kind"] == "epoch"]
     trainable, fixed = count_params(model)
