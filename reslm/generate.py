@@ -1,6 +1,7 @@
 """Closed-loop generation: each sampled token is fed back as the next input (paper).
 
-One sampler for every model. Stateful models (reservoir models in `stream` mode) carry their state:
+One sampler for every model. Stateful models (reservoir models in `stream` mode, the layered reservoir
+LM, the GPT baseline with its KV cache) carry their state:
 the prompt is read once, then each new token costs one reservoir step and one readout. Window models
 (the transformer, reservoir models in `window` mode) see the last `context` tokens each time, which is
 what they were trained on.
@@ -29,7 +30,8 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: fl
 
 
 def is_stateful(model) -> bool:
-    return hasattr(model, "step") and getattr(model.config, "context_mode", "window") == "stream"
+    """True when the model generates by carrying a state (`init_state`/`step`), as it declares."""
+    return bool(getattr(model, "stateful", False)) and hasattr(model, "step")
 
 
 @torch.no_grad()

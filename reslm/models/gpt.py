@@ -97,6 +97,7 @@ class GPT(nn.Module):
     """Causal decoder. forward(idx (B,T), targets (B,T) | None) -> (logits (B,T,V), loss)."""
 
     family = "gpt"
+    stateful = True  # generation uses the KV cache
 
     def __init__(self, cfg: GPTConfig | None = None):
         super().__init__()

@@ -270,6 +270,7 @@ class LAERC(nn.Module):
     """Layered reservoir LM. forward(idx (B,T), targets (B,T) | None) -> (logits (B,T,V), loss)."""
 
     family = "laerc"
+    stateful = True  # generation carries each block's reservoir state: O(1) work per token
 
     def __init__(self, cfg: LAERCConfig | None = None):
         super().__init__()

@@ -123,6 +123,11 @@ class ReservoirLM(nn.Module):
         return self.forward_features(self.normalize(s), targets)
 
     # --- recurrent interface (generation) ---------------------------------------------------
+    @property
+    def stateful(self) -> bool:
+        """Generation carries the state only in stream mode (window mode restarts from zero)."""
+        return self.config.context_mode == "stream"
+
     def init_state(self, batch: int, device=None) -> torch.Tensor:
         return self.reservoir.init_state(batch, device=device or self.embedding.device)
 
