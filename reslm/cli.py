@@ -104,21 +104,35 @@ def cmd_presets(args):
 def cmd_train(args):
     from reslm import data
     from reslm.models import MODELS, preset
-    from reslm.run import CHECKPOINT, CONFIG, create_run_dir
-    from reslm.train import make_run_config, train_fields, train_run
+    from reslm.run import CHECKPOINT, CONFIG, create_run_dir, read_config
+    from reslm.train import make_run_config, train_run
+
+    from reslm.train_tokens import FAMILIES as TOKEN_FAMILIES
+    from reslm.train_tokens import create_token_run, train_token_run
 
     model_over = _given(args, args._model_fields)
-    train_over = _given(args, train_fields())
+    train_over = _given(args, args._train_fields)
     if "seed" in train_over:  # one --seed seeds everything: weights, reservoir, shuffling, dropout
         model_over["seed"] = train_over["seed"]
     out = Path(args.out) if args.out else Path("runs") / (args.preset or args.family or "run")
+    root = Path(args.root) if args.root else data.default_data_root()
     fresh = not (out / CONFIG).exists()
     if not fresh:
         if not args.resume:
             raise ReslmError(f"{out} already holds a run (add --resume to continue it, or pick another --out)")
         if model_over or train_over or args.preset or args.family:
             print(f"reslm: resuming {out} with its saved config (other flags ignored)", file=sys.stderr)
+        token_run = read_config(out)["family"] in TOKEN_FAMILIES
+    elif args.family in TOKEN_FAMILIES:  # token-level: LAERC or the GPT baseline on a BPE dataset
+        from reslm.data.bpe import TokenDataset
+        token_run = True
+        spec = args.data or "shakespeare-gpt2"
+        dataset = TokenDataset.load(Path(spec) if Path(spec).is_dir() else root / spec)
+        if "context" in model_over:  # one --context: the model's window and the training window
+            train_over["context"] = model_over["context"]
+        create_token_run(out, args.family, model_over, train_over, dataset)
     else:
+        token_run = False
         if args.preset:
             family, over = preset(args.preset)
             if args.family and args.family != family:
@@ -126,12 +140,13 @@ def cmd_train(args):
         elif args.family:
             family, over = args.family, {}
         else:
-            raise ReslmError("give --preset NAME (see `reslm presets`) or --family {%s}" % ",".join(MODELS))
-        dataset = data.resolve_dataset(args.data, Path(args.root) if args.root else data.default_data_root())
+            raise ReslmError("give --preset NAME (see `reslm presets`) or --family {%s}"
+                             % ",".join([*MODELS, *TOKEN_FAMILIES]))
+        dataset = data.resolve_dataset(args.data or "shakespeare", root)
         cfg = make_run_config(family, {**over, **model_over}, train_over, dataset, preset=args.preset)
         create_run_dir(out, cfg)
     try:
-        summary = train_run(out, progress=not args.no_progress)
+        summary = (train_token_run if token_run else train_run)(out, progress=not args.no_progress)
     except BaseException:
         if fresh and not (out / CHECKPOINT).exists():  # failed before its first checkpoint: leave nothing
             shutil.rmtree(out, ignore_errors=True)
@@ -150,17 +165,15 @@ def cmd_generate(args):
         raise ReslmError("--top-k must be >= 1")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ReslmError("--top-p must be in (0, 1]")
-    model, vocab, _ = load_run(Path(args.run_dir))
+    model, codec, _ = load_run(Path(args.run_dir))
     if not args.prompt:
         raise ReslmError("--prompt must not be empty")
-    lookup = {c: i for i, c in enumerate(vocab)}
-    prompt = args.prompt.lower() if all(c == c.lower() for c in vocab) else args.prompt
-    bad = sorted({c for c in prompt if c not in lookup})
-    if bad:
-        raise ReslmError(f"prompt has characters outside the vocabulary: {''.join(bad)!r}")
-    ids = sample(model, [lookup[c] for c in prompt], args.length, temperature=args.temperature,
+    prompt_ids = codec.encode(args.prompt)
+    if not prompt_ids:
+        raise ReslmError("the prompt encodes to no tokens")
+    ids = sample(model, list(prompt_ids), args.length, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    print(args.prompt + "".join(vocab[i] for i in ids))
+    print(args.prompt + codec.decode(ids))
 
 
 def cmd_bench(args):
@@ -178,6 +191,8 @@ def cmd_demo(args):
 def build_parser() -> argparse.ArgumentParser:
     from reslm.models import MODELS
     from reslm.train import TrainConfig
+    from reslm.train_tokens import FAMILIES as TOKEN_FAMILIES
+    from reslm.train_tokens import TokenTrainConfig
 
     p = argparse.ArgumentParser(prog="reslm", description="Reservoir-computing language models: data, "
                                 "training, generation and benchmarks (Köster & Uchida).")
@@ -213,16 +228,20 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a preset or a family with overrides into a run directory; "
                        "re-run with --resume to continue from its last checkpoint.")
     t.add_argument("--preset", help="a preset name from `reslm presets`, e.g. rc-750, aerc-100-20, tf-128-8-8")
-    t.add_argument("--family", choices=list(MODELS), help="model family, when not using a preset")
-    t.add_argument("--data", default="shakespeare", help="dataset name under --root, or a dataset path")
+    t.add_argument("--family", choices=[*MODELS, *TOKEN_FAMILIES],
+                   help="model family, when not using a preset (laerc and gpt train on `reslm data bpe` datasets)")
+    t.add_argument("--data", help="dataset name under --root, or a dataset path "
+                   "(default: shakespeare; shakespeare-gpt2 for laerc/gpt)")
     t.add_argument("--root", help="datasets folder (default: $RESLM_DATA or ./data)")
     t.add_argument("--out", help="run directory (default: runs/<preset>)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     g = t.add_argument_group("model options (override the preset)")
-    model_fields = _add_dataclass_flags(g, [c for c, _ in MODELS.values()], skip=("seed", "vocab_size"))
-    t.set_defaults(_model_fields=model_fields, func=cmd_train)
-    _add_dataclass_flags(t.add_argument_group("training options"), [TrainConfig])
+    model_fields = _add_dataclass_flags(g, [c for c, _ in MODELS.values()] + [c for _, c in TOKEN_FAMILIES.values()],
+                                        skip=("seed", "vocab_size"))
+    train_fields = _add_dataclass_flags(t.add_argument_group("training options"), [TrainConfig, TokenTrainConfig],
+                                        skip=tuple(model_fields))
+    t.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_train)
 
     gen = sub.add_parser("generate", help="generate text from a trained run (closed loop)",
                          description="Closed-loop generation: each predicted character is fed back as input. "

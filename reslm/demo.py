@@ -63,11 +63,10 @@ def run_demo(out: Path, data_root: Path | None = None, progress: bool = True, da
               f"{bits(s['final_test_loss']):>11.3f}{s['train_seconds']:>9.1f}{s['reservoir_seconds']:>13.1f}")
     print()
     for name in presets:
-        model, vocab, _ = load_run(Path(out) / name)
-        lookup = {c: i for i, c in enumerate(vocab)}
-        ids = sample(model, [lookup[c] for c in DEMO_PROMPT], sample_length, temperature=0.8, seed=0)
+        model, codec, _ = load_run(Path(out) / name)
+        ids = sample(model, codec.encode(DEMO_PROMPT), sample_length, temperature=0.8, seed=0)
         print(f"--- {name} (temperature 0.8) ---")
-        print(DEMO_PROMPT + "".join(vocab[i] for i in ids))
+        print(DEMO_PROMPT + codec.decode(ids))
         print()
     (Path(out) / "demo.json").write_text(json.dumps(summaries, indent=2) + "\n")
     return summaries

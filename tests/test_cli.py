@@ -132,3 +132,26 @@ def test_data_bpe_command(corpus, tmp_path, capsys):
     assert "vocabulary 300" in capsys.readouterr().out
     assert main(["data", "bpe", "--corpus", str(corpus / "a.txt"), "--tokenizer", "wordpiece", "--root", root]) == 2
     err_line(capsys)
+
+
+@pytest.mark.parametrize("family,extra", [("laerc", []), ("gpt", ["--n-heads", "2"])])
+def test_token_level_train_resume_generate(corpus, tmp_path, capsys, family, extra):
+    """reslm data bpe -> reslm train --family laerc|gpt -> --resume -> reslm generate."""
+    pytest.importorskip("tokenizers")
+    root = str(tmp_path / "tok")
+    assert main(["data", "bpe", "--corpus", str(corpus / "a.txt"), "--tokenizer", "bpe:300", "--root", root,
+                 "--name", "t", "--val-fraction", "0.2"]) == 0
+    capsys.readouterr()
+    run = str(tmp_path / "run")
+    argv = ["train", "--family", family, "--data", "t", "--root", root, "--out", run, "--dim", "16",
+            "--n-layers", "1", "--context", "32", "--micro-batch", "4", "--grad-accum", "1", "--max-steps", "6",
+            "--warmup-steps", "2", "--eval-every", "3", "--eval-batches", "2", "--no-progress", *extra]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 6
+    assert main(["train", "--out", run, "--resume", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["generate", run, "--prompt", "to be", "--length", "5", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("to be")
+    assert main([*argv[:7], "--out", str(tmp_path / "bad"), "--size", "10"]) == 2    # not a laerc/gpt option
+    err_line(capsys)
+    assert not (tmp_path / "bad").exists()
