@@ -182,6 +182,23 @@ def cmd_bench(args):
     print(json.dumps(result, indent=2) if args.json else format_summary(result))
 
 
+def cmd_sweep(args):
+    from reslm import data
+    from reslm.data.bpe import TokenDataset
+    from reslm.sweep import run_sweep, write_scaling
+    root = Path(args.root) if args.root else data.default_data_root()
+    spec = args.data or "shakespeare-bpe4096"
+    dataset = TokenDataset.load(Path(spec) if Path(spec).is_dir() else root / spec)
+    over = {k: v for k, v in dict(max_steps=args.max_steps, device=args.device, precision=args.precision,
+                                  threads=args.threads).items() if v is not None}
+    out = Path(args.out or f"runs/sweep-{args.sweep}")
+    rows = run_sweep(out, dataset, args.sweep, tuple(args.families.split(",")), over, progress=not args.no_progress)
+    result = write_scaling(out, rows)
+    if result["note"]:
+        print(f"reslm: {result['note']}", file=sys.stderr)
+    print(json.dumps(result["fits"], indent=2))
+
+
 def cmd_demo(args):
     from reslm.demo import run_demo
     run_demo(Path(args.out), data_root=Path(args.root) if args.root else None, progress=not args.no_progress)
@@ -262,6 +279,24 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (a rough figure in seconds)")
     b.set_defaults(func=cmd_bench)
+
+    from reslm.sweep import SWEEPS
+    sw = sub.add_parser("sweep", help="scaling sweep of LAERC vs GPT sizes with L_min = a log10 N + b fits",
+                        description="Train a family of LAERC and GPT sizes at one shared budget on a BPE dataset, "
+                        "fit L_min = a log10 N + b per family, write scaling.csv, scaling_fit.json and scaling.png. "
+                        "Re-running skips finished runs and resumes unfinished ones.")
+    sw.add_argument("--sweep", default="cpu", choices=list(SWEEPS),
+                    help="cpu: bpe:4096-sized, ~10 min on 2 cores; paper: Appendix A.3 budget (GPU)")
+    sw.add_argument("--families", default="laerc,gpt", help="comma-separated (default laerc,gpt)")
+    sw.add_argument("--data", help="BPE dataset name or path (default shakespeare-bpe4096)")
+    sw.add_argument("--root", help="datasets folder (default: $RESLM_DATA or ./data)")
+    sw.add_argument("--out", help="sweep folder (default runs/sweep-<sweep>)")
+    sw.add_argument("--max-steps", type=int, help="override the sweep's steps per run")
+    sw.add_argument("--device", help="auto | cpu | cuda")
+    sw.add_argument("--precision", help="auto | fp32 | bf16 | fp16")
+    sw.add_argument("--threads", type=int, help="torch CPU threads")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sw.set_defaults(func=cmd_sweep)
 
     dm = sub.add_parser("demo", help="the embedded default job: data, three families, table, samples",
                         description="Fetch the Shakespeare corpus if needed, train one model of each family "
