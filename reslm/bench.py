@@ -118,6 +118,7 @@ class BenchPlan:
     min_time_s: float = 3.0
     budget_s: float = 20.0                 # no new repetition after this many seconds
     seed: int = 0
+    token_level: bool = True               # 5. LAERC vs GPT (reslm.bench_tokens)
 
     @classmethod
     def full(cls) -> "BenchPlan":
@@ -639,6 +640,9 @@ def run_bench(quick: bool = False, progress: bool = False, plan: BenchPlan | Non
         speedup_vs_authors={k: ({m: x >= t_sp[training[k]["family"]] for m, x in v.items()} if isinstance(v, dict)
                                 else v >= t_sp[training[k]["family"]])
                             for k, v in speedups.items() if training[k]["family"] in t_sp})
+    if plan.token_level:  # LAERC vs GPT: training tokens/s, generation per token (stateful vs re-run)
+        from reslm import bench_tokens
+        result["token_level"] = bench_tokens.run(quick, dev, say)
     probes["end"] = contention_probe()
     result["contention"] = dict(probes=probes, contended=[k for k, p in probes.items() if p["contended"]])
     if result["contention"]["contended"]:
@@ -718,6 +722,14 @@ def format_summary(r: dict) -> str:
                              f"(head {figs['head']:,.0f}), x{speed[mode]:.1f} vs authors' approach")
         else:
             lines.append(f"train {name}: {v:,.0f} samples/s, x{speed:.1f} vs authors' approach")
+    for name, t in r.get("token_level", {}).items():
+        if name == "targets":
+            continue
+        longest = max(t["generation"], key=int)
+        lines.append(f"{name} ({t['trainable_params']:,} params): {t['train_tokens_per_s']:,.0f} train tokens/s; "
+                     f"per token at {longest}: {t['generation'][longest]['stateful_ms']} ms stateful, "
+                     f"x{t['speedup_vs_rerun_at_longest']} vs re-running the prefix, "
+                     f"x{t['growth_long_vs_short']} of the time at {min(t['generation'], key=int)}")
     if r.get("contention", {}).get("contended"):
         lines.append("warning: another process was busy on these cores; figures are unreliable")
     return "\n".join(lines)

@@ -21,7 +21,8 @@ TINY = BenchPlan(batch=16, recurrence_sizes=(32,), recurrence_work=1e5, recurren
                  window_work=1e5, window_samples=(8, 24),
                  models=(("rc-32", "rc", dict(size=32)), ("aerc-24-4", "aerc", dict(size=24, hidden=4)),
                          ("tf-16-2-1", "tf", dict(ff_dim=16, n_heads=2, n_layers=1))),
-                 head_steps=2, authors_steps=1, tf_steps=1, tf_warmup=1, reps=2, max_reps=2, budget_s=5.0)
+                 head_steps=2, authors_steps=1, tf_steps=1, tf_warmup=1, reps=2, max_reps=2, budget_s=5.0,
+                 token_level=False)
 
 
 def _numbers(x):
@@ -154,3 +155,14 @@ def test_authors_reimplementation_matches_the_model(family, overrides):
     torch.testing.assert_close(authors_logits(model, s), model.forward_features(model.normalize(s))[0],
                                rtol=1e-4, atol=1e-5)
 
+
+
+def test_token_level_bench_figures():
+    from reslm.bench_tokens import run
+    r = run(True, CPU, vocab=64, lengths=(4, 12), train_batch=2, train_context=8,
+            pair={"laerc": dict(dim=16, n_layers=1), "gpt": dict(dim=16, n_layers=1, n_heads=2)})
+    for name in ("laerc", "gpt"):
+        t = r[name]
+        assert t["train_tokens_per_s"] > 0 and set(t["generation"]) == {4, 12}
+        assert all(g["stateful_ms"] > 0 and g["rerun_ms"] > 0 for g in t["generation"].values())
+    assert r["laerc"]["fixed_params"] > 0 and r["gpt"]["fixed_params"] == 0
