@@ -145,13 +145,15 @@ def cmd_train(args):
         dataset = data.resolve_dataset(args.data or "shakespeare", root)
         cfg = make_run_config(family, {**over, **model_over}, train_over, dataset, preset=args.preset)
         create_run_dir(out, cfg)
+    main_rank = os.environ.get("RANK", "0") == "0"   # under torchrun only rank 0 owns the run dir
     try:
         summary = (train_token_run if token_run else train_run)(out, progress=not args.no_progress)
     except BaseException:
-        if fresh and not (out / CHECKPOINT).exists():  # failed before its first checkpoint: leave nothing
+        if fresh and main_rank and not (out / CHECKPOINT).exists():  # failed before its first checkpoint
             shutil.rmtree(out, ignore_errors=True)
         raise
-    print(json.dumps(summary, indent=2))
+    if main_rank:
+        print(json.dumps(summary, indent=2))
 
 
 def cmd_generate(args):

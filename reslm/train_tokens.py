@@ -10,9 +10,18 @@
 
 The run directory is the one reslm.run describes (config.json, metrics.jsonl, checkpoint.pt,
 summary.json); `create_token_run` validates everything before the directory appears.
+
+Under `torchrun --nproc_per_node=K` (reslm.distributed) the model is wrapped in DistributedDataParallel:
+each step's micro_batch windows are drawn exactly as in one process and rank r trains on rows
+[r*b, (r+1)*b) of them (b = micro_batch // K), so K ranks see the same samples as one process and follow
+the same trajectory (up to float reduction order). Only rank 0 writes metrics, checkpoints and the
+summary; checkpoints hold the unwrapped model, so a run can be resumed with any K. `create_token_run`
+is rank-safe too: rank 0 creates the directory while the others wait.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, fields
@@ -22,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from reslm import distributed as dist_
 from reslm.data.bpe import TokenDataset
 from reslm.device import PRECISIONS, grad_scaler, pick_device, resolve_precision, setup_cuda, synchronize
 from reslm.device import autocast as autocast_ctx
@@ -178,8 +188,22 @@ def make_token_run_config(family: str, model_overrides: dict, train_overrides: d
 
 def create_token_run(out: Path, family: str, model_overrides: dict, train_overrides: dict,
                      dataset: TokenDataset) -> Path:
-    """Validate, then create the run directory (config.json only)."""
-    return create_run_dir(Path(out), make_token_run_config(family, model_overrides, train_overrides, dataset))
+    """Validate, then create the run directory (config.json only). Under torchrun, rank 0 creates it and
+    the other ranks wait for it (and fail with rank 0's error when it could not be made)."""
+    _, world, _ = dist_.init(str(train_overrides.get("device", "auto")))
+    if world == 1:
+        return create_run_dir(Path(out), make_token_run_config(family, model_overrides, train_overrides, dataset))
+    err = None
+    if dist_.is_main():
+        try:
+            create_run_dir(Path(out), make_token_run_config(family, model_overrides, train_overrides, dataset))
+        except Exception as e:  # tell the other ranks before raising
+            err = e
+    if not dist_.all_ok(err is None):
+        if err is not None:
+            raise err
+        raise ReslmError(f"rank 0 could not create the run directory {out}")
+    return Path(out)
 
 
 @torch.no_grad()
@@ -198,11 +222,19 @@ def val_loss(model, data, tc: TokenTrainConfig, device, precision: str) -> float
     return total / tc.eval_batches
 
 
-def train_token_run(run_dir: Path, progress: bool = True) -> dict:
-    """Train (or continue training) the token run in run_dir; returns the final summary."""
+def train_token_run(run_dir: Path, progress: bool = True, stop_at: int | None = None) -> dict:
+    """Train (or continue training) the token run in run_dir; returns the final summary.
+
+    `stop_at`: stop (after an evaluation and a checkpoint) once this many steps are done, short of
+    max_steps; a later call resumes. Under torchrun every rank calls this (see the module doc)."""
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
     tc = TokenTrainConfig(**cfg["train"]).validate()
+    rank, world, local_rank = dist_.init(tc.device)
+    main = rank == 0
+    if tc.micro_batch % world:
+        raise ReslmError(f"micro_batch {tc.micro_batch} is not divisible by the number of processes ({world})")
+    rows = slice(rank * (tc.micro_batch // world), (rank + 1) * (tc.micro_batch // world))
     dataset = TokenDataset.load(cfg["data"]["path"])
     if dataset.vocab_size != cfg["data"]["vocab_size"]:
         raise ReslmError(f"vocabulary mismatch: the dataset at {dataset.path} has {dataset.vocab_size} tokens, "
@@ -210,13 +242,15 @@ def train_token_run(run_dir: Path, progress: bool = True) -> dict:
     if tc.threads:
         torch.set_num_threads(tc.threads)
     device = pick_device(tc.device)
+    if world > 1 and device.type == "cuda":
+        device = torch.device("cuda", local_rank)
     precision = resolve_precision(tc.precision, device)
     setup_cuda()
     model = build_token_model(cfg["family"], cfg["model"]).to(device)
     opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=(tc.beta1, tc.beta2),
                             **({"fused": True} if device.type == "cuda" else {}))
     scaler = grad_scaler(precision, device)
-    log = MetricsLog(run_dir)
+    log = MetricsLog(run_dir) if main else None
     train_data, val_data = dataset.train, dataset.val
 
     step, train_seconds = 0, 0.0
@@ -226,22 +260,29 @@ def train_token_run(run_dir: Path, progress: bool = True) -> dict:
         opt.load_state_dict(ck["optimizer"])
         scaler.load_state_dict(ck["scaler"])
         step, train_seconds = int(ck["step"]), float(ck["train_seconds"])
-        log.truncate(int(ck["metrics_rows"]))
-    elif log.rows:  # metrics without a checkpoint: an interrupted start, begin afresh
+        if main:
+            log.truncate(int(ck["metrics_rows"]))
+    elif main and log.rows:  # metrics without a checkpoint: an interrupted start, begin afresh
         log.truncate(0)
+    # DDP wraps the model for the training forward/backward; evaluation and checkpoints use `model`
+    ddp = (torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                                     else None, find_unused_parameters=False)
+           if world > 1 else None)
+    end = tc.max_steps if stop_at is None else max(0, min(tc.max_steps, stop_at))
 
     tokens_per_step = tc.micro_batch * tc.grad_accum * tc.context
     bar = None
-    if progress and step < tc.max_steps:
+    if progress and main and step < end:
         from tqdm.auto import tqdm
         bar = tqdm(total=tc.max_steps, initial=step, desc=f"{cfg['family']} tokens", unit="step")
     if ck is None:  # the untrained model's val loss, for reference (step 0)
         vl = val_loss(model, val_data, tc, device, precision)
-        log.write(dict(kind="eval", step=0, val_loss=vl, val_bits_per_token=bits(vl)))
+        if main:
+            log.write(dict(kind="eval", step=0, val_loss=vl, val_bits_per_token=bits(vl)))
     model.train()
     t_seg = time.perf_counter()   # wall clock since the last checkpoint
     t_log = t_seg
-    while step < tc.max_steps:
+    while step < end:
         lr = lr_at(tc, step)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -249,12 +290,17 @@ def train_token_run(run_dir: Path, progress: bool = True) -> dict:
         torch.manual_seed(tc.seed * 1_000_003 + step)  # dropout
         opt.zero_grad(set_to_none=True)
         step_loss = 0.0
-        for _ in range(tc.grad_accum):
-            x, y = token_batch(train_data, tc.micro_batch, tc.context, gen)
+        for i in range(tc.grad_accum):
+            x, y = token_batch(train_data, tc.micro_batch, tc.context, gen)  # the same draws on every rank
+            if world > 1:
+                x, y = x[rows], y[rows]
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast_ctx(precision, device):
-                _, loss = model(x, y)
-            scaler.scale(loss / tc.grad_accum).backward()
+            # DDP: average the gradients across ranks on the last micro-step only
+            sync = contextlib.nullcontext() if ddp is None or i == tc.grad_accum - 1 else ddp.no_sync()
+            with sync:
+                with autocast_ctx(precision, device):
+                    _, loss = (ddp or model)(x, y)
+                scaler.scale(loss / tc.grad_accum).backward()
             step_loss += loss.detach().float()
         if tc.grad_clip > 0:
             scaler.unscale_(opt)
@@ -265,31 +311,39 @@ def train_token_run(run_dir: Path, progress: bool = True) -> dict:
         if bar is not None:
             bar.update(1)
         if step % tc.log_every == 0:
-            train_loss = step_loss.item() / tc.grad_accum
+            train_loss = dist_.all_reduce_mean(step_loss).item() / tc.grad_accum
             synchronize(device)
             now = time.perf_counter()
             n_steps = tc.log_every
-            log.write(dict(kind="step", step=step, lr=lr, train_loss=train_loss,
-                           tokens_per_s=round(n_steps * tokens_per_step / max(now - t_log, 1e-9), 1),
-                           wall=round(train_seconds + now - t_seg, 3)))
+            if main:
+                log.write(dict(kind="step", step=step, lr=lr, train_loss=train_loss,
+                               tokens_per_s=round(n_steps * tokens_per_step / max(now - t_log, 1e-9), 1),
+                               wall=round(train_seconds + now - t_seg, 3)))
             if bar is not None:
                 bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}")
             t_log = now
-        if step % tc.eval_every == 0 or step == tc.max_steps:
+        if step % tc.eval_every == 0 or step == end:
             synchronize(device)
             now = time.perf_counter()
             train_seconds += now - t_seg
+            # every rank evaluates the same (identical) model on the same val batches; rank 0 logs
             vl = val_loss(model, val_data, tc, device, precision)
-            log.write(dict(kind="eval", step=step, val_loss=vl, val_bits_per_token=bits(vl)))
-            if bar is not None:
-                bar.write(f"step {step}: val {vl:.4f} nats ({bits(vl):.3f} bits/token)")
-            save_checkpoint(run_dir, dict(model=model.state_dict(), optimizer=opt.state_dict(),
-                                          scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
-                                          metrics_rows=log.rows))
+            if main:
+                log.write(dict(kind="eval", step=step, val_loss=vl, val_bits_per_token=bits(vl)))
+                if bar is not None:
+                    bar.write(f"step {step}: val {vl:.4f} nats ({bits(vl):.3f} bits/token)")
+                save_checkpoint(run_dir, dict(model=model.state_dict(), optimizer=opt.state_dict(),
+                                              scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
+                                              metrics_rows=log.rows))
+            dist_.barrier()
             t_seg = t_log = time.perf_counter()
     if bar is not None:
         bar.close()
-    return _summary(run_dir, model, cfg, tc, train_seconds)
+    if world == 1:
+        return _summary(run_dir, model, cfg, tc, train_seconds)
+    summary = _summary(run_dir, model, cfg, tc, train_seconds) if main else None
+    dist_.barrier()  # summary.json is written
+    return summary if main else json.loads((run_dir / "summary.json").read_text())
 
 
 def _summary(run_dir: Path, model, cfg: dict, tc: TokenTrainConfig, train_seconds: float) -> dict:
