@@ -1,6 +1,23 @@
 """Test-wide settings. The tests use tiny models, which gain nothing from intra-op threads; one
 thread also keeps them fast when another process is busy on the same cores (OpenMP worker threads
 otherwise spin-wait for each other)."""
+import random
+
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A tiny BPE dataset (bpe:300 over a made-up corpus) for the token-level training tests."""
+    from reslm.data.bpe import prepare_bpe
+    pytest.importorskip("tokenizers")
+    root = tmp_path_factory.mktemp("tok")
+    rng = random.Random(0)
+    words = "the cat sat on a mat and the dog ran to the red door while birds sang".split()
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) + "." for _ in range(400))
+    f = root / "corpus.txt"
+    f.write_text(text)
+    return prepare_bpe([f], "bpe:300", root=root, val_fraction=0.1, verbose=False)

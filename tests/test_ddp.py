@@ -1,6 +1,5 @@
 """DistributedDataParallel token training: 2 CPU ranks x B/2 follow the 1-rank x B trajectory."""
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -13,7 +12,6 @@ import torch.distributed
 
 import reslm.train_tokens as tt
 from reslm import distributed
-from reslm.data.bpe import prepare_bpe
 from reslm.errors import ReslmError
 from reslm.run import read_metrics
 
@@ -32,16 +30,6 @@ SCRIPT = textwrap.dedent("""
     distributed.cleanup()
 """)
 
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tok")
-    rng = random.Random(0)
-    words = "the cat sat on a mat and the dog ran to the red door while birds sang".split()
-    text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) + "." for _ in range(400))
-    f = root / "corpus.txt"
-    f.write_text(text)
-    return prepare_bpe([f], "bpe:300", root=root, val_fraction=0.1, verbose=False)
 
 
 def _free_port() -> int:

@@ -1,4 +1,3 @@
-import random
 
 import numpy as np
 import pytest
@@ -6,7 +5,6 @@ import torch
 import torch.nn as nn
 
 import reslm.train_tokens as tt
-from reslm.data.bpe import prepare_bpe
 from reslm.errors import ReslmError
 from reslm.run import read_config, read_metrics
 
@@ -15,16 +13,6 @@ MODELS = {"laerc": dict(dim=16, n_layers=2, context=32, r_mult=2),
 TRAIN = dict(micro_batch=4, grad_accum=2, context=32, max_steps=30, warmup_steps=5, eval_every=10,
              eval_batches=4, log_every=5, lr=3e-3, device="cpu", precision="fp32")
 
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tok")
-    rng = random.Random(0)
-    words = "the cat sat on a mat and the dog ran to the red door while birds sang".split()
-    text = "\n".join(" ".join(rng.choice(words) for _ in range(12)) + "." for _ in range(400))
-    f = root / "corpus.txt"
-    f.write_text(text)
-    return prepare_bpe([f], "bpe:300", root=root, val_fraction=0.1, verbose=False)
 
 
 def run(tmp_path, dataset, name, family="laerc", **train):

@@ -81,7 +81,7 @@ import torch.nn.functional as F
 from reslm.errors import ReslmError
 from reslm.models.base import check_positive, next_token_loss
 from reslm.models.transformer import sinusoidal_encoding
-from reslm.reservoir.esn import _generator, random_sparse, scale_spectral_radius
+from reslm.reservoir.esn import _generator, random_sparse, scale_spectral_radius, tanh_recurrence
 
 POS_ENCODINGS = ("learned", "sinusoidal", "none")
 RADIUS_NORMS = ("spectral", "singular")
@@ -198,24 +198,14 @@ class Reservoir(nn.Module):
     def forward(self, u: torch.Tensor, s0: torch.Tensor | None) -> torch.Tensor:
         """u (B,T,D) (detached), s0 (B,R) or None (zeros) -> states (T,B,R), time-major.
 
-        As `ESN.forward`: the input term W_in u + b of all steps is one GEMM into a (T,B,R) buffer;
-        each step adds W_res s_{t-1} into a scratch buffer (one addmm) and writes its tanh back into
-        its own contiguous (B,R) slice. Runs in float32 with autocast off (addmm's out= form does not
+        As `ESN.forward`: the input term W_in u + b of all steps is one GEMM into a (T,B,R) buffer,
+        then the shared `tanh_recurrence` loop runs the steps in place. Runs in float32 with autocast off (addmm's out= form does not
         mix with autocast); states are cast back by the caller."""
         with torch.autocast(u.device.type, enabled=False):
             u = u.float()
             B, T, D = u.shape
             states = torch.addmm(self.bias, u.transpose(0, 1).reshape(T * B, D), self.W_in_T).view(T, B, self.size)
-            s = s0.float() if s0 is not None else None
-            scratch = torch.empty_like(states[0]) if T else None
-            for t in range(T):
-                x = states[t]                           # (B, R), holds W_in u_t + b
-                if s is None:
-                    x.tanh_()
-                else:
-                    torch.addmm(x, s, self.W_T, out=scratch)
-                    torch.tanh(scratch, out=x)
-                s = x
+            tanh_recurrence(states, s0.float() if s0 is not None else None, self.W_T)
         return states
 
 
