@@ -71,9 +71,16 @@ def cmd_data(args):
         from reslm.data.bpe import prepare_bpe
         if not args.corpus:
             raise ReslmError("reslm data bpe needs --corpus shakespeare or --corpus FILE...")
-        corpus = "shakespeare" if args.corpus == ["shakespeare"] else [Path(f) for f in args.corpus]
-        ds = prepare_bpe(corpus, args.tokenizer, root, name=args.name, val_fraction=args.val_fraction,
-                         overwrite=args.overwrite)
+        from reslm.data.hf import prepare_bpe_hf, resolve_source
+        hf_source = resolve_source(args.corpus[0]) if len(args.corpus) == 1 else None
+        if hf_source is not None:
+            ds = prepare_bpe_hf(hf_source, args.tokenizer, root, name=args.name, val_fraction=args.val_fraction,
+                                max_docs=args.max_docs, config=args.hf_config, split=args.hf_split,
+                                text_field=args.text_field, overwrite=args.overwrite)
+        else:
+            corpus = "shakespeare" if args.corpus == ["shakespeare"] else [Path(f) for f in args.corpus]
+            ds = prepare_bpe(corpus, args.tokenizer, root, name=args.name, val_fraction=args.val_fraction,
+                             overwrite=args.overwrite)
         print(f"{ds.path}: vocabulary {ds.vocab_size:,}, {len(ds.train):,} train and {len(ds.val):,} val tokens")
         return
     if args.source == "shakespeare":
@@ -224,7 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
           text FILE...  any local UTF-8 text files
           bpe           token-level data for the layered models: --corpus shakespeare|FILE... and
                         --tokenizer gpt2 (GPT-2's 50,257 tokens, offline) or bpe:K (trained on the
-                        training split); writes uint16 train.bin / val.bin + meta.json"""),
+                        training split); writes uint16 train.bin / val.bin + meta.json.
+                        --corpus openwebtext (= hf:Skylion007/openwebtext, needs internet) or
+                        hf:NAME|FOLDER|FILE streams a Hugging Face `datasets` source (pip install
+                        'reslm[hf]'); --max-docs limits it, every k-th document is validation"""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("source", choices=["shakespeare", "text", "bpe"], help="which corpus / kind")
     d.add_argument("files", nargs="*", help="text files (for `text`)")
@@ -233,9 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--min-char-count", type=int, help="drop characters seen fewer times than this "
                    "(default 4 for shakespeare, which gives the paper's 59 characters; 1 for text)")
     d.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that name")
-    d.add_argument("--corpus", nargs="+", help="bpe: `shakespeare` or text files")
+    d.add_argument("--corpus", nargs="+", help="bpe: `shakespeare`, text files, `openwebtext` or hf:NAME|PATH")
     d.add_argument("--tokenizer", default="gpt2", help="bpe: gpt2 or bpe:K (default gpt2)")
     d.add_argument("--val-fraction", type=float, default=0.01, help="bpe: share of the text for val.bin (default 0.01)")
+    d.add_argument("--max-docs", type=int, help="bpe from hf:/openwebtext: stop after this many documents")
+    d.add_argument("--hf-config", help="bpe from hf: the dataset's config (subset) name")
+    d.add_argument("--hf-split", default="train", help="bpe from hf: the split to read (default train)")
+    d.add_argument("--text-field", default="text", help="bpe from hf: the text column (default text)")
     d.set_defaults(func=cmd_data)
 
     pr = sub.add_parser("presets", help="list the paper's 15 model presets (Table 1)",

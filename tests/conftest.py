@@ -1,12 +1,16 @@
 """Test-wide settings. The tests use tiny models, which gain nothing from intra-op threads; one
 thread also keeps them fast when another process is busy on the same cores (OpenMP worker threads
-otherwise spin-wait for each other)."""
+otherwise spin-wait for each other). The tests never use the network: the Hugging Face libraries are
+put in offline mode before anything imports them (they read these variables at import time)."""
+import os
 import random
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 
 @pytest.fixture(scope="module")

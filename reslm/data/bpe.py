@@ -469,6 +469,46 @@ def _write_stream(f, ids: Sequence[int] | np.ndarray) -> int:
     return int(arr.size)
 
 
+def make_tokenizer(spec: str, train_texts, tmp: Path, log, verbose: bool) -> tuple[BpeTokenizer, dict[str, Any]]:
+    """The tokenizer for `spec` and its meta entry. bpe:K is trained on `train_texts()` (an iterator
+    of training-text chunks) and saved into tmp as tokenizer.json."""
+    kind, k = parse_spec(spec)
+    if kind == "gpt2":
+        tok = _gpt2_tokenizer()
+        tok_meta = {"spec": "gpt2", "kind": "gpt2", "eot_id": tok.eot_id, "source": _gpt2_source()}
+    else:
+        assert k is not None
+        log(f"training a byte-level BPE of at most {k} ids on the training text")
+        tok = train_bpe(train_texts(), k, verbose=verbose)
+        tok.save(tmp / _TOKENIZER)
+        tok_meta = {"spec": spec, "kind": "bpe", "eot_id": tok.eot_id, "requested_k": k,
+                    "file": _TOKENIZER, "sha256": sha256_file(tmp / _TOKENIZER),
+                    "trained_on": "train split only", "min_frequency": 2}
+    assert tok.vocab_size <= MAX_VOCAB, "token ids must fit in uint16"
+    tok_meta["tokenizers_version"] = _import_tokenizers().__version__
+    return tok, tok_meta
+
+
+def write_meta(tmp: Path, name: str, tok: BpeTokenizer, tok_meta: dict[str, Any], counts: dict[str, int],
+               extra: dict[str, Any]) -> None:
+    """tmp/meta.json: the fields every token dataset has, plus `extra` (split and source details)."""
+    meta = {"format_version": FORMAT_VERSION, "name": name, "kind": "bpe", "tokenizer": tok_meta,
+            "vocab_size": tok.vocab_size, "dtype": _DTYPE.name,
+            "separator": {"text": EOT, "id": tok.eot_id, "placement": "after every document"},
+            "n_tokens": counts, **extra, "reslm_version": _reslm_version(),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    (tmp / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _encode_text(text: str, tok: BpeTokenizer, f) -> int:
+    """Encode one piece of text chunk by chunk into the open .bin file f; returns the token count."""
+    n = 0
+    for chunks in _batched(_chunks(text), 8):
+        for ids in tok.encode_batch(chunks):
+            n += _write_stream(f, ids)
+    return n
+
+
 def _encode_docs(docs: Sequence[_Doc], split: dict[str, Any], tok: BpeTokenizer, folder: Path,
                  verbose: bool) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Encode every document (+ <|endoftext|>) into folder/train.bin and folder/val.bin."""
@@ -490,10 +530,8 @@ def _encode_docs(docs: Sequence[_Doc], split: dict[str, Any], tok: BpeTokenizer,
                 o = split["offset"]
                 parts = [("train", ftrain, text[:o]), ("val", fval, text[o:])]
             for name, f, part in parts:
-                for chunks in _batched(_chunks(part), 8):
-                    for ids in tok.encode_batch(chunks):
-                        counts[name] += _write_stream(f, ids)
-                    bar.update(sum(len(c) for c in chunks))
+                counts[name] += _encode_text(part, tok, f)
+                bar.update(len(part))
             last = parts[-1]
             counts[last[0]] += _write_stream(last[1], [tok.eot_id])
             sides = sorted({p[0] for p in parts})
@@ -603,40 +641,16 @@ def prepare_bpe(corpus: str | Sequence[Path | str], tokenizer: str, root: Path |
         raise ReslmError(f"cannot create data root {root}: {e.strerror or e}") from None
     tmp = make_temp_dir(root, f".{name}.tmp-")
     try:
-        if kind == "gpt2":
-            tok = _gpt2_tokenizer()
-            tok_meta = {"spec": "gpt2", "kind": "gpt2", "eot_id": tok.eot_id, "source": _gpt2_source()}
-        else:
-            assert k is not None
-            log(f"training a byte-level BPE of at most {k} ids on the training text")
-            tok = train_bpe(_train_texts(docs, split), k, verbose=verbose)
-            tok.save(tmp / _TOKENIZER)
-            tok_meta = {"spec": tokenizer, "kind": "bpe", "eot_id": tok.eot_id, "requested_k": k,
-                        "file": _TOKENIZER, "sha256": sha256_file(tmp / _TOKENIZER),
-                        "trained_on": "train split only", "min_frequency": 2}
-        assert tok.vocab_size <= MAX_VOCAB, "token ids must fit in uint16"
-        tok_meta["tokenizers_version"] = _import_tokenizers().__version__
+        tok, tok_meta = make_tokenizer(tokenizer, lambda: _train_texts(docs, split), tmp, log, verbose)
         counts, rows = _encode_docs(docs, split, tok, tmp, verbose)
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "name": name,
-            "kind": "bpe",
-            "tokenizer": tok_meta,
-            "vocab_size": tok.vocab_size,
-            "dtype": _DTYPE.name,
-            "separator": {"text": EOT, "id": tok.eot_id, "placement": "after every document"},
-            "n_tokens": counts,
+        write_meta(tmp, name, tok, tok_meta, counts, {
             "n_chars": {"train": split["boundary_char"], "val": n_val_chars},
             "val_fraction": val_fraction,
             "split": {"rule": split["rule"], "boundary_char": split["boundary_char"],
                       "val_char_fraction": round(n_val_chars / total, 6),
                       "first_val_document": docs[split["doc"]].name,
                       "offset_in_document": split["offset"]},
-            "source": {**source, "files": rows},
-            "reslm_version": _reslm_version(),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-        (tmp / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            "source": {**source, "files": rows}})
         path = _commit(tmp, root, name, overwrite)
     finally:
         if tmp.exists():
