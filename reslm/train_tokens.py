@@ -264,9 +264,12 @@ def train_token_run(run_dir: Path, progress: bool = True, stop_at: int | None = 
             log.truncate(int(ck["metrics_rows"]))
     elif main and log.rows:  # metrics without a checkpoint: an interrupted start, begin afresh
         log.truncate(0)
-    # DDP wraps the model for the training forward/backward; evaluation and checkpoints use `model`
+    # DDP wraps the model for the training forward/backward; evaluation and checkpoints use `model`.
+    # A model with parameters that never get a gradient (LAERC's LN_res, which only feeds the no-grad
+    # reservoir) says so, and DDP then looks for them each step instead of waiting for them forever.
+    unused = bool(getattr(model, "has_unused_parameters", False))
     ddp = (torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                     else None, find_unused_parameters=False)
+                                                     else None, find_unused_parameters=unused)
            if world > 1 else None)
     end = tc.max_steps if stop_at is None else max(0, min(tc.max_steps, stop_at))
 

@@ -65,7 +65,7 @@ def assert_same(a, b):
         assert x == pytest.approx(y, rel=1e-4)
 
 
-@pytest.mark.parametrize("family", ["gpt"])
+@pytest.mark.parametrize("family", ["gpt", "laerc"])
 def test_two_ranks_match_one(family, dataset, tmp_path):
     model = {k: v for k, v in MODEL.items() if k in {f for f in tt.FAMILIES[family][1].__dataclass_fields__}}
     one = tt.create_token_run(tmp_path / "one", family, model, TRAIN, dataset)

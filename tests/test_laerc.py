@@ -231,3 +231,21 @@ def test_sampler_carries_state_for_token_models():
                 logits, _ = model(torch.tensor([ids]))
                 ids.append(int(logits[0, -1].argmax()))
         assert out == ids[len(prompt):]
+
+
+def test_reservoir_backends_and_precision():
+    """The cuDNN path (torch.rnn_tanh, also runnable on CPU) equals the loop; bf16 stays close."""
+    from reslm.models.laerc import Reservoir
+    cfg = LAERCConfig(vocab_size=50, dim=8, n_layers=1, context=16)
+    res = Reservoir(cfg, 1)
+    u, s0 = torch.randn(3, 7, 8), torch.randn(3, 32).tanh()
+    loop = res(u, s0, backend="loop")
+    assert loop.dtype == torch.float32 and res.compute_dtype(torch.device("cpu")) == torch.float32
+    torch.testing.assert_close(res(u, s0, backend="rnn"), loop, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(res(u, None, backend="rnn"), res(u, None, backend="loop"), atol=1e-5, rtol=1e-5)
+    low = Reservoir(LAERCConfig(vocab_size=50, dim=8, n_layers=1, context=16, reservoir_dtype="bfloat16"), 1)
+    out = low(u, s0)
+    assert out.dtype == torch.bfloat16 and (out.float() - loop).abs().max() < 0.05
+    assert Reservoir(cfg, 1).compute_dtype(torch.device("cuda")) == torch.float16  # auto on a GPU
+    with pytest.raises(ReslmError, match="reservoir_dtype"):
+        LAERCConfig(reservoir_dtype="int8").validate()

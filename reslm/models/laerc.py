@@ -24,6 +24,11 @@ Reservoir (fixed, buffers, never seen by the optimiser):
   distribution; a small random bias breaks the tanh's odd symmetry. bias_scaling = 0 gives no bias.
 Each matrix comes from its own generator (`esn._generator(seed, 1000 l + k)`), so the same seed
 always gives the same reservoir.
+Precision and kernels (Appendix A.3: "reservoir parameters are stored in low precision when
+possible"): the float32 buffers are what a checkpoint holds; the recurrence runs in
+`reservoir_dtype`, "auto" = float16 on CUDA (cuDNN's fused tanh RNN through `torch.rnn_tanh`, states
+in [-1, 1] lose little in float16) and float32 on CPU (the `tanh_recurrence` loop; "bfloat16" halves
+its time on CPUs with avx512_bf16). The low-precision copies are cast once and cached.
 
 Gradients. "Gradients are not propagated through the reservoir dynamics": the recurrence runs under
 torch.no_grad on a detached x~, so nothing upstream of s gets a gradient from the reservoir path.
@@ -85,6 +90,7 @@ from reslm.reservoir.esn import _generator, random_sparse, scale_spectral_radius
 
 POS_ENCODINGS = ("learned", "sinusoidal", "none")
 RADIUS_NORMS = ("spectral", "singular")
+RESERVOIR_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 # Config overrides that turn the appendix model into the authors' released variant (see docstring).
 AUTHORS_VARIANT = dict(radius_norm="singular", radius_start=0.9, radius_end=0.9, bias_scaling=0.0,
@@ -108,6 +114,7 @@ class LAERCConfig:
     tie_embeddings: bool = True
     pos_encoding: str = "learned"   # "learned" | "sinusoidal" | "none"
     reservoir: bool = True          # False: --no-reservoir ablation (see docstring)
+    reservoir_dtype: str = "auto"   # recurrence precision: auto (float16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16
     seed: int = 0
 
     @property
@@ -139,6 +146,8 @@ class LAERCConfig:
             raise ReslmError(f"pos_encoding must be one of {', '.join(POS_ENCODINGS)}, got {self.pos_encoding!r}")
         if self.radius_norm not in RADIUS_NORMS:
             raise ReslmError(f"radius_norm must be one of {', '.join(RADIUS_NORMS)}, got {self.radius_norm!r}")
+        if self.reservoir_dtype not in RESERVOIR_DTYPES:
+            raise ReslmError(f"reservoir_dtype must be one of {', '.join(RESERVOIR_DTYPES)}, got {self.reservoir_dtype!r}")
         if self.gate_layers not in (1, 2):
             raise ReslmError(f"gate_layers must be 1 or 2, got {self.gate_layers}")
         if self.pos_encoding == "sinusoidal" and self.dim % 2:
@@ -189,23 +198,50 @@ class Reservoir(nn.Module):
         self.register_buffer("W_T", W.T.contiguous().float())          # (R, R)
         self.register_buffer("W_in_T", W_in.T.contiguous().float())    # (D, R)
         self.register_buffer("bias", b.float())                        # (R,)
+        self.dtype_name = cfg.reservoir_dtype
+        self._low: dict = {}
 
     @property
     def W_res(self) -> torch.Tensor:
         return self.W_T.T
 
-    @torch.no_grad()
-    def forward(self, u: torch.Tensor, s0: torch.Tensor | None) -> torch.Tensor:
-        """u (B,T,D) (detached), s0 (B,R) or None (zeros) -> states (T,B,R), time-major.
+    def compute_dtype(self, device: torch.device) -> torch.dtype:
+        """The recurrence's precision on `device` (see LAERCConfig.reservoir_dtype)."""
+        if self.dtype_name == "auto":
+            return torch.float16 if device.type == "cuda" else torch.float32
+        return getattr(torch, self.dtype_name)
 
-        As `ESN.forward`: the input term W_in u + b of all steps is one GEMM into a (T,B,R) buffer,
-        then the shared `tanh_recurrence` loop runs the steps in place. Runs in float32 with autocast off (addmm's out= form does not
-        mix with autocast); states are cast back by the caller."""
+    def _weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(W_T, W_in_T, bias) in `dtype`; low-precision copies are made once and cached (not saved)."""
+        if dtype == self.W_T.dtype:
+            return self.W_T, self.W_in_T, self.bias
+        key = (dtype, self.W_T.device)
+        if self._low.get("key") != key:
+            self._low = {"key": key, "w": tuple(t.to(dtype) for t in (self.W_T, self.W_in_T, self.bias))}
+        return self._low["w"]
+
+    @torch.no_grad()
+    def forward(self, u: torch.Tensor, s0: torch.Tensor | None, backend: str | None = None) -> torch.Tensor:
+        """u (B,T,D) (detached), s0 (B,R) or None (zeros) -> states (T,B,R), time-major, in the compute dtype.
+
+        backend "loop" (the default on CPU): as `ESN.forward`, the input term W_in u + b of all steps is
+        one GEMM into a (T,B,R) buffer, then the shared `tanh_recurrence` loop runs the steps in place.
+        backend "rnn" (the default on CUDA): `torch.rnn_tanh`, which is cuDNN's fused RNN on a GPU; same
+        equation (its second bias is zero). Autocast is off; the caller casts the states back."""
+        dtype = self.compute_dtype(u.device)
+        W_T, W_in_T, bias = self._weights(dtype)
+        backend = backend or ("rnn" if u.is_cuda else "loop")
         with torch.autocast(u.device.type, enabled=False):
-            u = u.float()
+            u = u.to(dtype)
             B, T, D = u.shape
-            states = torch.addmm(self.bias, u.transpose(0, 1).reshape(T * B, D), self.W_in_T).view(T, B, self.size)
-            tanh_recurrence(states, s0.float() if s0 is not None else None, self.W_T)
+            s0 = s0.to(dtype) if s0 is not None else None
+            if backend == "rnn":
+                h0 = (s0 if s0 is not None else u.new_zeros(B, self.size))[None]
+                params = [W_in_T.T, W_T.T, bias, torch.zeros_like(bias)]
+                states, _ = torch.rnn_tanh(u.transpose(0, 1), h0, params, True, 1, 0.0, False, False, False)
+                return states
+            states = torch.addmm(bias, u.transpose(0, 1).reshape(T * B, D), W_in_T).view(T, B, self.size)
+            tanh_recurrence(states, s0, W_T)
         return states
 
 
@@ -261,6 +297,11 @@ class LAERC(nn.Module):
 
     family = "laerc"
     stateful = True  # generation carries each block's reservoir state: O(1) work per token
+
+    @property
+    def has_unused_parameters(self) -> bool:
+        """LN_res never gets a gradient (see the module docstring); DDP must be told."""
+        return self.config.reservoir
 
     def __init__(self, cfg: LAERCConfig | None = None):
         super().__init__()
