@@ -163,9 +163,7 @@ def cmd_train(args):
         print(json.dumps(summary, indent=2))
 
 
-def cmd_generate(args):
-    from reslm.checkpoint import load_run
-    from reslm.generate import sample
+def _check_sampling(args):
     if args.length < 0:
         raise ReslmError("--length must be >= 0")
     if args.temperature < 0:
@@ -174,6 +172,12 @@ def cmd_generate(args):
         raise ReslmError("--top-k must be >= 1")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ReslmError("--top-p must be in (0, 1]")
+
+
+def cmd_generate(args):
+    from reslm.checkpoint import load_run
+    from reslm.generate import sample
+    _check_sampling(args)
     model, codec, _ = load_run(Path(args.run_dir))
     if not args.prompt:
         raise ReslmError("--prompt must not be empty")
@@ -183,6 +187,35 @@ def cmd_generate(args):
     ids = sample(model, list(prompt_ids), args.length, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     print(args.prompt + codec.decode(ids))
+
+
+def cmd_eval(args):
+    from reslm.evaluate import EVAL_FILE, evaluate_run
+    _check_sampling(args)
+    try:
+        ns = tuple(int(n) for n in args.ngrams.split(","))
+    except ValueError:
+        raise ReslmError(f"--ngrams must be comma-separated integers, got {args.ngrams!r}") from None
+    if not ns or min(ns) < 1:
+        raise ReslmError("--ngrams must be positive integers")
+    r = evaluate_run(Path(args.run_dir), length=args.length, ns=ns, score=args.score, temperature=args.temperature,
+                     top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return
+    unit = "token" if r["kind"] == "tokens" else "char"
+    print(f"{r['run']}: {r['family']} {r.get('preset') or ''} ({r['trainable_params']:,} trainable parameters)")
+    print(f"test CE {r['test_loss']:.4f} nats/{unit} = {r['test_bits']:.3f} bits/{unit}"
+          + (f" = {r['test_bpc']:.3f} bits/char" if unit == "token" else "")
+          + f" over {r['score_positions']:,} positions; scored in {r['score_seconds']:.2f} s "
+          f"(reservoir {r['score_reservoir_seconds']:.2f} s)")
+    print(f"generated {r['generation_length']:,} {unit}s in {r['generation_seconds']:.2f} s "
+          f"(reservoir {r['generation_reservoir_seconds']:.2f} s)")
+    for n in r["overlap"]:
+        print(f"overlap-{n} {r['overlap'][n]:.4f}   distinct-{n} {r['distinct'][n]:.4f}")
+    print(f"--- sample (temperature {args.temperature}) ---")
+    print(r["prompt"] + r["sample"])
+    print(f"(written to {Path(args.run_dir) / EVAL_FILE})", file=sys.stderr)
 
 
 def cmd_bench(args):
@@ -287,6 +320,25 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with this probability mass")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     gen.set_defaults(func=cmd_generate)
+
+    ev = sub.add_parser("eval", help="score a trained run, generate text, n-gram overlap, timings",
+                        description="Evaluate a run directory: test cross-entropy (nats, bits) on a fixed chunk of "
+                        "the test text, closed-loop generation of --length symbols after the test text's first "
+                        "window, Overlap-n (unique n-grams of the sample found in the test text) and distinct-n, "
+                        "and the time of scoring and of generating, with the reservoir's share apart. "
+                        "Writes RUN_DIR/eval.json.")
+    ev.add_argument("run_dir", help="a run directory written by `reslm train`")
+    ev.add_argument("--length", type=int, default=2000, help="symbols to generate (default 2000)")
+    ev.add_argument("--ngrams", default="7,8", help="n of Overlap-n / distinct-n, comma-separated (default 7,8)")
+    ev.add_argument("--score", type=int, default=65536,
+                    help="test positions to score (default 65536; 0 = the whole test text)")
+    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1: the model's own distribution)")
+    ev.add_argument("--top-k", type=int, help="sample among the k most likely symbols")
+    ev.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with this probability mass")
+    ev.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    ev.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    ev.set_defaults(func=cmd_eval)
 
     b = sub.add_parser("bench", help="measure reservoir and training throughput on this machine",
                        description="Benchmark the reservoir recurrence against plain GEMM at the same shape, "

@@ -1,11 +1,15 @@
-"""Evaluation: small pure functions that return floats (nats; bits = nats / ln 2)."""
+"""Evaluation: cross-entropy in nats and bits (bits = nats / ln 2), and `evaluate_run` for a trained run."""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from reslm.device import autocast
+from reslm.errors import ReslmError
 
 LN2 = math.log(2)
 
@@ -33,3 +37,166 @@ def cross_entropy(model, features: list, *, batch_size: int, device: torch.devic
             count += y.numel()
     model.train(was_training)
     return total / max(count, 1)
+
+
+# --- a trained run, end to end (`reslm eval`) ----------------------------------------------------
+# What `evaluate_run` measures, on the run's own data (the char runs' test shard, the token runs' val.bin):
+#   test_loss     CE (nats per position) on a fixed chunk: the first `score` positions after the first
+#                 `context` (chars for char runs, tokens for token runs; 0 = all of it, in pieces); token
+#                 runs score non-overlapping `context`-token windows and also give bits per character.
+#   score_*       the time to score that chunk; generation_* the time to generate `length` symbols
+#                 closed-loop after a prompt (the first `context` symbols of the test text, at most 32 tokens).
+#   *_reservoir_seconds   the part of each time spent inside the fixed reservoir (every submodule named
+#                 `reservoir`, timed around its forward): what a physical substrate would take over.
+#                 The paper's timings leave it out; a digital user pays it. The trainable part is the rest.
+#   overlap / distinct   Overlap-n and distinct-n (reslm.ngram) of the generated text against the test text,
+#                 over characters for both kinds of run.
+EVAL_FILE = "eval.json"
+
+
+@contextmanager
+def reservoir_clock(model):
+    """Accumulate the wall time spent in the model's reservoirs: yields {"seconds": float}."""
+    import time
+
+    mods = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "reservoir"]
+    clock = {"seconds": 0.0}
+    cuda = any(b.is_cuda for m in mods for b in m.buffers())
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if cuda:
+                torch.cuda.synchronize()
+            clock["seconds"] += time.perf_counter() - t0
+            return out
+        return wrapper
+
+    for m in mods:
+        m.forward = timed(m.forward)  # an instance attribute: nn.Module.__call__ and step() find it first
+    try:
+        yield clock
+    finally:
+        for m in mods:
+            m.__dict__.pop("forward", None)
+
+
+def _timed(fn, model):
+    """(result, total seconds, reservoir seconds) of fn()."""
+    import time
+
+    from reslm.device import synchronize
+    device = next(iter(model.buffers()), next(model.parameters())).device
+    with reservoir_clock(model) as clock:
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        return out, time.perf_counter() - t0, clock["seconds"]
+
+
+def _score_chars(model, tokens: torch.Tensor, context: int, batch_size: int = 1024) -> float:
+    """CE over every sample of tokens in pieces of 65,536 samples (each with its own `context` lead-in)."""
+    total, count, piece = 0.0, 0, 65536
+    for a in range(0, tokens.numel() - context, piece):
+        chunk = tokens[a:a + piece + context]
+        feats = model.features(chunk)
+        n = len(feats)
+        total += cross_entropy(model, [feats], batch_size=batch_size, device=chunk.device) * n
+        count += n
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def _score_tokens(model, tokens: torch.Tensor, context: int, batch: int = 16) -> tuple[float, int]:
+    """(CE, positions) over non-overlapping windows of `context` + 1 tokens."""
+    n = (tokens.numel() - 1) // context
+    windows = tokens[:n * context + 1]
+    x = windows[:-1].view(n, context)
+    y = windows[1:].view(n, context)
+    total = 0.0
+    for i in range(0, n, batch):
+        logits, _ = model(x[i:i + batch])
+        total += torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y[i:i + batch].flatten(),
+                                                   reduction="sum").item()
+    return total / max(n * context, 1), n * context
+
+
+def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 65536, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 0, device: str = "cpu",
+                 reference=None, write: bool = True) -> dict:
+    """Score, generate and compare one trained run (see the notes above); writes run_dir/eval.json.
+
+    reference: an `reslm.ngram.NgramReference` of the test text, to reuse across runs (built if None)."""
+    import platform
+
+    from reslm.checkpoint import load_run
+    from reslm.device import pick_device
+    from reslm.generate import sample
+    from reslm.models.base import count_params
+    from reslm.ngram import NgramReference, distinct_n
+    from reslm.run import write_json
+    from reslm.train_tokens import FAMILIES as TOKEN_FAMILIES
+
+    for name, v in (("length", length), ("score", score)):
+        if not isinstance(v, int) or v < 0 or (name == "length" and v < 1):
+            raise ReslmError(f"{name} must be a {'positive' if name == 'length' else 'non-negative'} integer, got {v!r}")
+    run_dir = Path(run_dir)
+    dev = pick_device(device)
+    model, codec, cfg = load_run(run_dir, dev)
+    context = model.config.context
+    token_run = cfg["family"] in TOKEN_FAMILIES
+    if token_run:
+        from reslm.data.bpe import TokenDataset
+        test = np.asarray(TokenDataset.load(cfg["data"]["path"]).val, dtype=np.int64)
+        test_text = None if reference is not None else codec.decode(test)
+        prompt_len = min(context, 32)
+    else:
+        from reslm.data.chars import CharDataset
+        ds = CharDataset.load(cfg["data"]["path"])
+        a, b = ds.shards[ds.test_shard]
+        test = np.asarray(ds.tokens[a:b], dtype=np.int64)
+        prompt_len = context
+    if len(test) <= prompt_len + 1:
+        raise ReslmError(f"the test text of {run_dir} is too short ({len(test)} symbols)")
+    tokens = torch.from_numpy(test).to(dev)
+    if token_run:  # `score` predicted tokens (whole windows of `context`) after the first token
+        chunk = tokens if score == 0 else tokens[:score + 1]
+        (loss, positions), score_s, score_res = _timed(lambda: _score_tokens(model, chunk, context), model)
+        if positions == 0:
+            raise ReslmError(f"--score {score} is shorter than one window of the model's context ({context})")
+        n_windows = positions // context
+        chars = len(codec.decode(test[1:positions + 1]))
+        bpc = loss * positions / max(chars, 1) / LN2
+    else:  # `score` samples: each position after the first `context` characters
+        chunk = tokens if score == 0 else tokens[:score + context]
+        loss, score_s, score_res = _timed(lambda: _score_chars(model, chunk, context), model)
+        positions, bpc = chunk.numel() - context, bits(loss)
+    prompt = test[:prompt_len].tolist()
+    gen, gen_s, gen_res = _timed(lambda: sample(model, prompt, length, temperature=temperature, top_k=top_k,
+                                                top_p=top_p, seed=seed), model)
+    text = codec.decode(gen)
+    if reference is None:
+        reference = NgramReference(test_text) if token_run else NgramReference(test, base=len(codec.vocab))
+    generated = text if token_run else np.asarray(gen, dtype=np.int64)
+    result = dict(
+        run=str(run_dir), family=cfg["family"], preset=cfg.get("preset"), kind="tokens" if token_run else "chars",
+        trainable_params=count_params(model)[0],
+        test_loss=loss, test_bits=bits(loss), test_bpc=bpc, score_positions=positions,
+        score_seconds=score_s, score_reservoir_seconds=score_res, score_trainable_seconds=score_s - score_res,
+        generation_length=length, generation_seconds=gen_s, generation_reservoir_seconds=gen_res,
+        generation_trainable_seconds=gen_s - gen_res,
+        overlap={str(n): reference.overlap(generated, n) for n in ns},
+        distinct={str(n): distinct_n(generated, n) for n in ns},
+        prompt=codec.decode(prompt), sample=text,
+        settings=dict(length=length, score=score, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        environment=dict(device=str(dev), torch=torch.__version__, python=platform.python_version(),
+                         threads=torch.get_num_threads()))
+    if token_run:
+        result["score_windows"] = n_windows
+    if write:
+        write_json(run_dir / EVAL_FILE, result)
+    return result

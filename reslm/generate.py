@@ -5,6 +5,14 @@ LM, the GPT baseline with its KV cache) carry their state:
 the prompt is read once, then each new token costs one reservoir step and one readout. Window models
 (the transformer, reservoir models in `window` mode) see the last `context` tokens each time, which is
 what they were trained on.
+
+Past the context. The token models can step only `max_positions` times from an empty state (GPT: its
+learned position table and KV cache; LAERC with a positional encoding: its position table). Both were
+trained on windows that start from an empty state at position 0, so when the next step would pass
+that limit, the state is rebuilt by stepping through the last max_positions // 2 tokens from an empty
+state: one extra step per generated token on average, and every prediction keeps at least half a
+context of history. Models without a limit (`max_positions` None: stream-mode char reservoirs, LAERC
+without a positional encoding) just carry on.
 """
 from __future__ import annotations
 
@@ -44,13 +52,27 @@ def sample(model, prompt_ids: list[int], max_new_tokens: int, *, temperature: fl
     gen = torch.Generator().manual_seed(seed)
     out: list[int] = []
     if is_stateful(model):
-        state = model.init_state(1, device=device)
-        for t in prompt_ids:
-            logits, state = model.step(torch.tensor([t], device=device), state)
-        for _ in range(max_new_tokens):
+        limit = getattr(model, "max_positions", None)
+        ids = list(prompt_ids)
+
+        def prime(tokens):
+            state = model.init_state(1, device=device)
+            for t in tokens:
+                logits, state = model.step(torch.tensor([t], device=device), state)
+            return logits, state, len(tokens)
+
+        logits, state, pos = prime(ids if limit is None else ids[-limit:])
+        for i in range(max_new_tokens):
             nxt = _pick(logits[0], temperature, top_k, top_p, gen)
             out.append(nxt)
-            logits, state = model.step(torch.tensor([nxt], device=device), state)
+            ids.append(nxt)
+            if i + 1 == max_new_tokens:
+                break
+            if limit is not None and pos >= limit:
+                logits, state, pos = prime(ids[-(limit // 2):])
+            else:
+                logits, state = model.step(torch.tensor([nxt], device=device), state)
+                pos += 1
     else:
         ids = list(prompt_ids)
         context = model.config.context

@@ -99,6 +99,11 @@ class GPT(nn.Module):
     family = "gpt"
     stateful = True  # generation uses the KV cache
 
+    @property
+    def max_positions(self) -> int:
+        """Steps `step` can take from an empty cache (the learned position table's length)."""
+        return self.config.context
+
     def __init__(self, cfg: GPTConfig | None = None):
         super().__init__()
         cfg = (cfg or GPTConfig()).validate()

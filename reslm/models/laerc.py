@@ -299,6 +299,11 @@ class LAERC(nn.Module):
     stateful = True  # generation carries each block's reservoir state: O(1) work per token
 
     @property
+    def max_positions(self) -> int | None:
+        """Steps `step` can take from an empty state: the position table's length (None without one)."""
+        return None if self.config.pos_encoding == "none" else self.config.context
+
+    @property
     def has_unused_parameters(self) -> bool:
         """LN_res never gets a gradient (see the module docstring); DDP must be told."""
         return self.config.reservoir
