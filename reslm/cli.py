@@ -218,6 +218,15 @@ def cmd_eval(args):
     print(f"(written to {Path(args.run_dir) / EVAL_FILE})", file=sys.stderr)
 
 
+def cmd_reproduce(args):
+    from reslm.reproduce import reproduce
+    out = Path(args.out) if args.out else None
+    reproduce(args.budget, args.families, out, data=args.data, token_data=args.token_data,
+              data_root=Path(args.root) if args.root else None, device=args.device,
+              command="reslm " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "")
+    print(f"{(out or Path('reproduce-' + args.budget)) / 'report.md'}")
+
+
 def cmd_bench(args):
     from reslm.bench import format_summary, run_bench
     result = run_bench(quick=args.quick, progress=not args.json)
@@ -339,6 +348,27 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.set_defaults(func=cmd_eval)
+
+    from reslm.reproduce import ALL_FAMILIES, BUDGETS
+    rp = sub.add_parser("reproduce", help="the paper's comparison in one command: train, evaluate, figures, report.md",
+                        description=textwrap.dedent("""\
+        Train the 15 Table-1 presets (rc, aerc, tf) and the LAERC / GPT size families, evaluate every run
+        (test CE, closed-loop samples, 7/8-gram overlap, training and inference time with the reservoir's
+        share apart), fit a character Kneser-Ney baseline, draw the paper's figures (PNG + CSV) and write
+        OUT/report.md. Re-running skips finished runs and continues interrupted ones.
+          smoke   every stage and figure from tiny training, a few minutes on 2 CPU cores
+          quick   meaningful numbers in well under an hour on 2 CPU cores
+          paper   the paper's protocol (hours on a CPU; meant for a GPU)"""),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    rp.add_argument("--budget", choices=list(BUDGETS), default="quick", help="how much to train (default quick)")
+    rp.add_argument("--families", default=",".join(ALL_FAMILIES),
+                    help=f"comma-separated subset of {','.join(ALL_FAMILIES)} (default: all)")
+    rp.add_argument("--out", help="output folder (default reproduce-BUDGET)")
+    rp.add_argument("--data", default="shakespeare", help="character dataset name or path (default shakespeare)")
+    rp.add_argument("--token-data", help="BPE dataset for LAERC / GPT (default shakespeare-bpe4096; paper: shakespeare-gpt2)")
+    rp.add_argument("--root", help="datasets folder (default: $RESLM_DATA or ./data)")
+    rp.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    rp.set_defaults(func=cmd_reproduce)
 
     b = sub.add_parser("bench", help="measure reservoir and training throughput on this machine",
                        description="Benchmark the reservoir recurrence against plain GEMM at the same shape, "

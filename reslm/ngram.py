@@ -382,6 +382,21 @@ class KneserNey:
         windows[:, -1] = np.arange(self.vocab_size)
         return self._probs(windows, np.full(self.vocab_size, h.size))
 
+    def sample(self, prompt: np.ndarray | list[int], length: int, seed: int = 0,
+               temperature: float = 1.0) -> np.ndarray:
+        """Closed-loop generation: `length` ids drawn one at a time from prob_table (numpy RNG `seed`)."""
+        rng = np.random.default_rng(seed)
+        ids = [int(i) for i in np.asarray(prompt).reshape(-1)]
+        out = np.empty(length, dtype=np.int64)
+        for t in range(length):
+            p = self.prob_table(ids[-(self.order - 1):] if self.order > 1 else [])
+            if temperature != 1.0:
+                p = p ** (1.0 / temperature)
+                p /= p.sum()
+            out[t] = rng.choice(self.vocab_size, p=p)
+            ids.append(int(out[t]))
+        return out
+
 
 def select_order(train_ids: np.ndarray, heldout_ids: np.ndarray, vocab_size: int,
                  orders: Iterable[int] = range(1, 11),

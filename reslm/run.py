@@ -110,3 +110,21 @@ class MetricsLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         self.rows += 1
+
+
+# training fields that may differ between the run that was started and the one that resumes it
+RUNTIME_FIELDS = ("device", "precision", "threads")
+
+
+def check_same_run(run_dir: Path, want: dict) -> None:
+    """Raise unless run_dir holds the model and training budget of the run config `want` (sweeps and
+    reproductions continue existing runs; they must not silently mix budgets)."""
+    have = read_config(run_dir)
+    if have["family"] != want["family"] or have["model"] != want["model"]:
+        raise ReslmError(f"{run_dir} holds a different model than asked for (remove it or use another output folder)")
+    a = {k: v for k, v in have["train"].items() if k not in RUNTIME_FIELDS}
+    b = {k: v for k, v in want["train"].items() if k not in RUNTIME_FIELDS}
+    if a != b:
+        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        raise ReslmError(f"{run_dir} was trained with a different budget ({', '.join(diff)}); "
+                         f"remove it or use another output folder")

@@ -53,14 +53,12 @@ import numpy as np
 
 from reslm.data.bpe import TokenDataset
 from reslm.errors import ReslmError
-from reslm.run import CONFIG, read_config, read_metrics, write_json
+from reslm.run import CONFIG, check_same_run, read_metrics, write_json
 from reslm.train_tokens import FAMILIES, create_token_run, make_token_run_config, train_token_run
 
 PAPER_SLOPES = {"a_TF": -1.72, "a_Res": -0.81}
 CSV_FIELDS = ("family", "name", "dim", "n_layers", "trainable_params", "fixed_params", "min_train_loss",
               "final_val_loss", "steps", "train_seconds")
-# training fields that may differ between the run that was started and the one that resumes it
-_RUNTIME_FIELDS = ("device", "precision", "threads")
 
 
 @dataclass
@@ -130,19 +128,6 @@ def _plan(sweep: Sweep, families, train_overrides: dict | None, dataset: TokenDa
     return plan
 
 
-def _check_same(run_dir: Path, want: dict) -> None:
-    have = read_config(run_dir)
-    if have["family"] != want["family"] or have["model"] != want["model"]:
-        raise ReslmError(f"{run_dir} holds a different model than this sweep asks for "
-                         f"(remove it or use another output folder)")
-    a = {k: v for k, v in have["train"].items() if k not in _RUNTIME_FIELDS}
-    b = {k: v for k, v in want["train"].items() if k not in _RUNTIME_FIELDS}
-    if a != b:
-        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        raise ReslmError(f"{run_dir} was trained with a different budget ({', '.join(diff)}); "
-                         f"remove it or use another output folder")
-
-
 def _finished(run_dir: Path, max_steps: int) -> dict | None:
     path = run_dir / "summary.json"
     if not path.is_file():
@@ -179,7 +164,7 @@ def run_sweep(out: Path, dataset: TokenDataset, sweep: str | Sweep = "cpu", fami
         run_dir = out / name
         max_steps = cfg["train"]["max_steps"]
         if (run_dir / CONFIG).is_file():
-            _check_same(run_dir, cfg)
+            check_same_run(run_dir, cfg)
             summary = _finished(run_dir, max_steps)
             what = "done, skipped" if summary else "resuming"
         else:

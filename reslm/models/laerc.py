@@ -188,7 +188,7 @@ class Reservoir(nn.Module):
             W = random_sparse(R, R, 1.0, _generator(cfg.seed, stream + 1))
             rho = cfg.radius(layer)
             if cfg.radius_norm == "spectral":
-                W = scale_spectral_radius(W, rho)
+                W = scale_spectral_radius(W, rho, key=("laerc", R, cfg.seed, stream))
             else:
                 W = W * (rho / torch.linalg.matrix_norm(W, ord=2).item())
             W_in = random_sparse(R, D, 1.0, _generator(cfg.seed, stream + 2)) * (cfg.input_scaling / math.sqrt(D))

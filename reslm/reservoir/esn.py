@@ -64,9 +64,18 @@ def spectral_radius(w: torch.Tensor) -> float:
     return torch.linalg.eigvals(w.double()).abs().max().item()
 
 
-def scale_spectral_radius(w: torch.Tensor, radius: float) -> torch.Tensor:
-    """Rescale w so that rho(w) == radius."""
-    rho = spectral_radius(w)
+_RADII: dict = {}  # spectral radius per draw key: an eigendecomposition at N=2600 takes seconds
+
+
+def scale_spectral_radius(w: torch.Tensor, radius: float, key: tuple | None = None) -> torch.Tensor:
+    """Rescale w so that rho(w) == radius. `key` names the random draw that made w (e.g. its size,
+    density, seed and stream): the same key is always the same matrix, so its radius is computed once
+    per process (building a model to load a checkpoint into, as evaluation does, then costs no eig)."""
+    rho = _RADII.get(key) if key is not None else None
+    if rho is None:
+        rho = spectral_radius(w)
+        if key is not None:
+            _RADII[key] = rho
     if rho == 0:
         raise ReslmError("the random recurrent matrix is nilpotent (spectral radius 0); raise density")
     return w * (radius / rho)
@@ -111,7 +120,7 @@ class ESN(nn.Module):
                           torch.empty(cfg.size))
         else:
             W = random_sparse(cfg.size, cfg.size, cfg.density, _generator(cfg.seed, 1))
-            W = scale_spectral_radius(W, cfg.spectral_radius)
+            W = scale_spectral_radius(W, cfg.spectral_radius, key=("esn", cfg.size, cfg.density, cfg.seed))
             W_in = random_sparse(cfg.size, cfg.input_dim, cfg.input_density, _generator(cfg.seed, 2))
             b = (torch.rand(cfg.size, generator=_generator(cfg.seed, 3), dtype=torch.float64) * 2 - 1)
             b *= cfg.bias_scaling

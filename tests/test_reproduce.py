@@ -1,0 +1,87 @@
+"""`reslm reproduce --budget smoke` end to end on tiny corpora made here: the report, its figures,
+resuming (a deleted run is redone, nothing else), and bad input."""
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tokenizers")
+
+from reslm.cli import main  # noqa: E402
+from reslm.data.chars import prepare_text  # noqa: E402
+from reslm.errors import ReslmError  # noqa: E402
+from reslm.reproduce import reproduce  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def char_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chars")
+    rng = random.Random(1)
+    words = "to be or not that is the question whether tis nobler in mind suffer slings arrows".split()
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(10)) + "." for _ in range(1200))
+    f = root / "play.txt"
+    f.write_text(text)
+    return prepare_text([f], root, "play", verbose=False)
+
+
+@pytest.fixture(scope="module")
+def smoke(char_data, dataset, tmp_path_factory):
+    """One smoke reproduction, all five families (the test budget's default)."""
+    out = tmp_path_factory.mktemp("rep") / "smoke"
+    results = reproduce("smoke", "rc,aerc,tf,laerc,gpt", out, data=str(char_data.path),
+                        token_data=str(dataset.path), device="cpu", progress=False)
+    return out, results
+
+
+def test_report_references_only_existing_files(smoke):
+    out, results = smoke
+    report = (out / "report.md").read_text()
+    links = re.findall(r"\]\((figures/[^)]+)\)", report)
+    assert {Path(l).name for l in links} >= {"fig2_losses.png", "fig3_overlap.png", "fig4_time.png",
+                                             "fig6_token_loss.png", "scaling.png", "fig2_losses.csv",
+                                             "fig3_overlap.csv", "fig4_time.csv", "fig6_token_loss.csv",
+                                             "scaling.csv"}
+    for link in links:
+        assert (out / link).is_file() and (out / link).stat().st_size > 0, link
+    assert len(results["char_runs"]) == 15 and len(results["token_runs"]) == 8
+    assert "## Paper vs. this run" in report and "Kneser-Ney" in report and "## Environment" in report
+    for fam in ("Transformer", "Reservoir (RC)", "AERC", "LAERC", "GPT"):
+        assert f"**{fam}**" in report  # a sample of each family
+    kn = results["kneser_ney"]
+    assert kn["order"] in kn["settings"]["orders"] and kn["test_loss"] > 0
+    row = results["char_runs"][0]
+    assert set(row["overlap"]) == {"7", "8"} and row["generation_length"] == 300
+    assert json.loads((out / "results.json").read_text())["budget"]["name"] == "smoke"
+
+
+def test_rerun_redoes_only_the_deleted_run(smoke, char_data, dataset, capsys):
+    out, _ = smoke
+    import shutil
+    keep = out / "runs" / "aerc-75-13" / "checkpoint.pt"
+    kept_mtime = keep.stat().st_mtime_ns
+    shutil.rmtree(out / "runs" / "rc-250")
+    capsys.readouterr()
+    reproduce("smoke", "rc,aerc,tf,laerc,gpt", out, data=str(char_data.path), token_data=str(dataset.path),
+              device="cpu", progress=False)
+    err = capsys.readouterr().err
+    assert "rc-250: starting" in err
+    assert err.count("done, skipped") == 14
+    assert re.findall(r"evaluating (\S+)", err) == ["rc-250"]
+    assert keep.stat().st_mtime_ns == kept_mtime
+    assert (out / "runs" / "rc-250" / "eval.json").is_file()
+
+
+def test_bad_input(smoke, char_data, dataset, tmp_path, capsys):
+    out, _ = smoke
+    with pytest.raises(ReslmError, match="unknown family"):
+        reproduce("smoke", "rc,lstm", tmp_path / "x", data=str(char_data.path), progress=False)
+    with pytest.raises(ReslmError, match="holds a `smoke` reproduction"):
+        reproduce("quick", "rc", out, data=str(char_data.path), progress=False)
+    assert main(["reproduce", "--budget", "smoke", "--families", "rc", "--data", str(tmp_path / "nothing"),
+                 "--out", str(tmp_path / "y")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("reslm: error:")
