@@ -6,7 +6,6 @@ every field is a flag, its type converts the value, and the comment beside the f
 from __future__ import annotations
 
 import argparse
-import ast
 import inspect
 import json
 import os

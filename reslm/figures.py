@@ -96,6 +96,16 @@ def _fmt_params(n) -> str:
     return f"{n:.0f}"
 
 
+def _log_params_axis(ax) -> None:
+    """Log-scale x axis of trainable parameters, labelled 20k, 50k, 100k (no crowded minor labels)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _fmt_params(v)))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    ax.set_xlabel("trainable parameters")
+
+
 def _by_size(items) -> list:
     return sorted(items, key=lambda it: (it["trainable_params"], it["name"]))
 
@@ -235,8 +245,7 @@ def plot_overlap(rows, out_dir, ns=(7, 8), stem: str = "fig3_overlap", baselines
                 v = _overlap_value(vals, n)
                 if v is not None:
                     ax.axhline(v, ls=":", lw=1.5, color=f"{0.2 + 0.25 * (k % 3):.2f}", label=label)
-            ax.set_xscale("log")
-            ax.set_xlabel("trainable parameters")
+            _log_params_axis(ax)
             ax.set_ylabel(f"{n}-gram overlap (fraction)")
             ax.set_title(f"{n}-gram overlap")
             ax.grid(True, which="both", alpha=0.3)
@@ -311,13 +320,12 @@ def plot_times(rows, out_dir, stem: str = "fig4_time") -> dict:
                         k = (len(xs) - 1) * (f_i + 1) // (len(fams) + 1) if len(xs) > 2 else len(xs) - 1
                         ax.annotate(f"{alpha:.3g}", (xs[k], ys[k]), textcoords="offset points",
                                     xytext=(0, 6), ha="center", fontsize=8, color=c)
-            ax.set_xscale("log")
+            _log_params_axis(ax)
             if all_pos:
                 from matplotlib.ticker import FuncFormatter
                 ax.set_yscale("log")
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
                 ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
-            ax.set_xlabel("trainable parameters")
             ax.set_title(title)
             ax.grid(True, which="both", alpha=0.3)
         axes[0].set_ylabel("time (seconds)")

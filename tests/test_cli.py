@@ -48,6 +48,18 @@ def test_data_train_generate(corpus, tmp_path, capsys, preset, extra):
     assert text.startswith("To be") and len(text) == 45
     assert main(["generate", str(run), "--prompt", "To be", "--length", "40", "--seed", "3"]) == 0
     assert capsys.readouterr().out.strip() == text                     # same seed, same sample
+    # reslm eval: test CE on a fixed chunk, a closed-loop sample, overlap / distinct-n, timings
+    assert main(["eval", str(run), "--length", "120", "--score", "600", "--ngrams", "3,7", "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["score_positions"] == 600 and len(ev["sample"]) == 120 and set(ev["overlap"]) == {"3", "7"}
+    assert 0 < ev["overlap"]["3"] <= 1 and 0 < ev["distinct"]["3"] <= 1 and ev["test_loss"] < 2.77
+    assert 0 <= ev["generation_reservoir_seconds"] <= ev["generation_seconds"]
+    assert (ev["score_reservoir_seconds"] > 0) == (preset != "tf-64-4-4")
+    assert json.loads((run / "eval.json").read_text())["sample"] == ev["sample"]
+    assert main(["eval", str(run), "--length", "120", "--score", "600", "--ngrams", "3,7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sample"] == ev["sample"]    # same seed, same sample
+    assert main(["eval", str(run), "--ngrams", "7,x"]) == 2
+    err_line(capsys)
 
 
 def test_same_seed_same_losses(corpus, tmp_path, capsys):
@@ -152,6 +164,10 @@ def test_token_level_train_resume_generate(corpus, tmp_path, capsys, family, ext
     capsys.readouterr()
     assert main(["generate", run, "--prompt", "to be", "--length", "5", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("to be")
+    # past the context (32): the state is rebuilt from the last half context, generation goes on
+    assert main(["eval", run, "--length", "80", "--score", "64", "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["kind"] == "tokens" and ev["score_positions"] == 64 and ev["test_bpc"] > 0
     assert main([*argv[:7], "--out", str(tmp_path / "bad"), "--size", "10"]) == 2    # not a laerc/gpt option
     err_line(capsys)
     assert not (tmp_path / "bad").exists()

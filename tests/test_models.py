@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from reslm.errors import ReslmError
-from reslm.models import MODELS, PRESETS, build_model, make_config, preset, preset_table
+from reslm.models import MODELS, build_model, make_config, preset, preset_table
 from reslm.models.aerc import AERC, AERCConfig
 from reslm.models.base import count_params
 

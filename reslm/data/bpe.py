@@ -58,6 +58,7 @@ import json
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -575,6 +576,22 @@ def _commit(tmp: Path, root: Path, name: str, overwrite: bool) -> Path:
     return target
 
 
+@contextmanager
+def building(root: Path, name: str) -> Iterator[Path]:
+    """A fresh <root>/.<name>.tmp-XXXX to build a dataset in (renamed into place by `_commit`); whatever
+    is left of it afterwards (a failure, an interruption) is removed."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReslmError(f"cannot create data root {root}: {e.strerror or e}") from None
+    tmp = make_temp_dir(root, f".{name}.tmp-")
+    try:
+        yield tmp
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _default_name(corpus_label: str, spec: str) -> str:
     return f"{corpus_label}-{spec.replace(':', '')}"
 
@@ -635,12 +652,7 @@ def prepare_bpe(corpus: str | Sequence[Path | str], tokenizer: str, root: Path |
     log(f"{len(docs)} document(s), {total:,} characters; validation = last {n_val_chars:,} "
         f"({n_val_chars / total:.2%})")
 
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ReslmError(f"cannot create data root {root}: {e.strerror or e}") from None
-    tmp = make_temp_dir(root, f".{name}.tmp-")
-    try:
+    with building(root, name) as tmp:
         tok, tok_meta = make_tokenizer(tokenizer, lambda: _train_texts(docs, split), tmp, log, verbose)
         counts, rows = _encode_docs(docs, split, tok, tmp, verbose)
         write_meta(tmp, name, tok, tok_meta, counts, {
@@ -652,9 +664,6 @@ def prepare_bpe(corpus: str | Sequence[Path | str], tokenizer: str, root: Path |
                       "offset_in_document": split["offset"]},
             "source": {**source, "files": rows}})
         path = _commit(tmp, root, name, overwrite)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     log(f"wrote {path}: {tokenizer} (vocab {tok.vocab_size}), train {counts['train']:,} tokens, "
         f"val {counts['val']:,} tokens")
     return TokenDataset.load(path)

@@ -26,16 +26,14 @@ the training documents, which costs a second pass over the stream.
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from reslm.data.bpe import (
     _TRAIN, _VAL, TokenDataset, _chunks, _commit, _default_name, _encode_text, _import_tokenizers,
-    _write_stream, gpt2_data_files, make_tokenizer, parse_spec, write_meta,
+    _write_stream, building, gpt2_data_files, make_tokenizer, parse_spec, write_meta,
 )
 from reslm.data.chars import _check_name, _check_target, _logger, default_data_root
-from reslm.data.corpus import make_temp_dir
 from reslm.errors import ReslmError
 
 ALIASES = {"openwebtext": "Skylion007/openwebtext"}
@@ -117,13 +115,9 @@ def prepare_bpe_hf(source: str, tokenizer: str, root: Path | None = None, name: 
             if not is_val(i):
                 yield from _chunks(text)
 
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ReslmError(f"cannot create data root {root}: {e.strerror or e}") from None
-    tmp = make_temp_dir(root, f".{name}.tmp-")
-    try:
-        from tqdm.auto import tqdm
+    from tqdm.auto import tqdm
+
+    with building(root, name) as tmp:
 
         tok, tok_meta = make_tokenizer(tokenizer, train_texts, tmp, log, verbose)
         counts, chars, docs = {"train": 0, "val": 0}, {"train": 0, "val": 0}, {"train": 0, "val": 0}
@@ -145,9 +139,6 @@ def prepare_bpe_hf(source: str, tokenizer: str, root: Path | None = None, name: 
                        "text_field": text_field, "max_docs": max_docs, "streaming": True,
                        "datasets_version": _datasets_version()}})
         path = _commit(tmp, root, name, overwrite)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     log(f"wrote {path}: {tokenizer} (vocab {tok.vocab_size}), {docs['train']:,} + {docs['val']:,} documents, "
         f"train {counts['train']:,} tokens, val {counts['val']:,} tokens")
     return TokenDataset.load(path)
