@@ -160,10 +160,10 @@ def _evaluate(run: Path, settings: dict, reference, device: str) -> dict:
     if fresh and all(have.get("settings", {}).get(k) == v for k, v in settings.items()):
         return have
     _log(f"evaluating {run.name}")
-    return evaluate_run(run, reference=reference, device=device, **settings_to_kwargs(settings))
+    return evaluate_run(run, reference=reference, device=device, **_eval_kwargs(settings))
 
 
-def settings_to_kwargs(settings: dict) -> dict:
+def _eval_kwargs(settings: dict) -> dict:
     return dict(length=settings["length"], score=settings["score"], temperature=settings["temperature"],
                 seed=settings["seed"], ns=(7, 8))
 

