@@ -74,10 +74,10 @@ BUDGETS = {
     "quick": Budget(
         name="quick",
         char_train=dict(epochs_per_shard=1, cycles=1, shard_chars=131072, epoch_samples=32768,
-                        eval_samples=16384, batch_size=256, lr=3e-3, log_every=16),
+                        eval_samples=16384, batch_size=256, lr=1e-3, log_every=16),
         token_sweep="cpu",
         left_out="the first 131,072 characters of each training shard, 32,768 samples per shard-epoch, one "
-                 "epoch per shard, batch 256 and lr 3e-3 (the paper: 5 epochs over each full shard, batch 1024, "
+                 "epoch per shard, batch 256 and lr 1e-3 (the paper: 5 epochs over each full shard, batch 1024, "
                  "lr 1e-4, i.e. ~40 M samples per model, ~250x more); test CE on 16,384 samples spread over the "
                  "test shard (the paper: all of it). LAERC/GPT: the `cpu` sweep (bpe:4096 Shakespeare, 300 "
                  "steps of 16x128 tokens) instead of GPT-2 tokens of OpenWebText."),
