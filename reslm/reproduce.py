@@ -175,7 +175,7 @@ def _kneser_ney(out: Path, budget: Budget, dataset, reference, settings: dict) -
     from reslm.ngram import KneserNey, distinct_n, select_order
     path = out / "ngram.json"
     want = dict(orders=list(budget.kn_orders), heldout_fraction=0.1, data=str(dataset.path),
-                length=settings["length"], seed=settings["seed"])
+                length=settings["length"], seed=settings["seed"], temperature=settings["temperature"])
     have = _read_json(path)
     if have and have.get("settings") == want:
         return have
