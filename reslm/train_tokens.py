@@ -37,7 +37,7 @@ from reslm.device import PRECISIONS, grad_scaler, pick_device, resolve_precision
 from reslm.device import autocast as autocast_ctx
 from reslm.errors import ReslmError
 from reslm.evaluate import bits
-from reslm.models.base import count_params
+from reslm.models.base import build_config, count_params
 from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.run import (MetricsLog, create_run_dir, load_checkpoint, read_config, read_metrics, save_checkpoint,
@@ -146,11 +146,7 @@ def build_token_model(family: str, model: dict) -> nn.Module:
     if family not in FAMILIES:
         raise ReslmError(f"unknown family {family!r} (use {' or '.join(FAMILIES)})")
     cls, cfg_cls = FAMILIES[family]
-    known = {f.name for f in fields(cfg_cls)}
-    unknown = sorted(set(model) - known)
-    if unknown:
-        raise ReslmError(f"unknown {family} option(s): {', '.join(unknown)}")
-    return cls(cfg_cls(**model).validate())
+    return cls(build_config(cfg_cls, model, family))
 
 
 def make_token_run_config(family: str, model_overrides: dict, train_overrides: dict,
@@ -162,11 +158,7 @@ def make_token_run_config(family: str, model_overrides: dict, train_overrides: d
     if model_overrides.get("vocab_size", vocab) != vocab:
         raise ReslmError(f"vocabulary mismatch: vocab_size {model_overrides['vocab_size']} but the dataset "
                          f"{dataset.name} has {vocab}")
-    cfg_cls = FAMILIES[family][1]
-    unknown = sorted(set(model_overrides) - {f.name for f in fields(cfg_cls)})
-    if unknown:
-        raise ReslmError(f"unknown {family} option(s): {', '.join(unknown)}")
-    model_cfg = cfg_cls(**{**model_overrides, "vocab_size": vocab}).validate()
+    model_cfg = build_config(FAMILIES[family][1], {**model_overrides, "vocab_size": vocab}, family)
     unknown = sorted(set(train_overrides) - token_train_fields())
     if unknown:
         raise ReslmError(f"unknown training option(s): {', '.join(unknown)}")

@@ -70,6 +70,10 @@ def test_bad_sources(jsonl_dir: Path, tmp_path: Path) -> None:
         prepare_bpe_hf(str(jsonl_dir), "bpe:300", root, name="x", text_field="body", verbose=False)
     with pytest.raises(ReslmError, match="too few documents"):
         prepare_bpe_hf(str(jsonl_dir), "bpe:300", root, name="x", max_docs=3, val_fraction=0.1, verbose=False)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ReslmError, match="is empty"):
+        prepare_bpe_hf(str(empty), "bpe:300", root, name="x", verbose=False)
     odd = tmp_path / "data.xyz"
     odd.write_text("x")
     with pytest.raises(ReslmError, match="unknown data file type"):

@@ -96,6 +96,18 @@ def test_no_gradient_into_reservoir():
         assert not states.requires_grad
 
 
+def assert_step_matches_forward(model, T: int = 12) -> dict:
+    """Stepping token by token gives the full forward pass's logits at every position; returns the state."""
+    idx = torch.randint(0, V, (3, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full, _ = model(idx)
+    state = model.init_state(3)
+    for t in range(T):
+        logits, state = model.step(idx[:, t], state)
+        assert torch.allclose(logits, full[:, t], atol=1e-5, rtol=0), t
+    return state
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(pos_encoding="sinusoidal"), dict(AUTHORS_VARIANT),
                                 dict(reservoir=False)])
 def test_laerc_step_matches_forward(kw):
@@ -103,25 +115,11 @@ def test_laerc_step_matches_forward(kw):
     with torch.no_grad():  # make the FFN and gate paths non-trivial
         for b in model.blocks:
             b.alpha.fill_(0.7)
-    idx = torch.randint(0, V, (3, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full, _ = model(idx)
-    state = model.init_state(3)
-    for t in range(idx.shape[1]):
-        logits, state = model.step(idx[:, t], state)
-        assert torch.allclose(logits, full[:, t], atol=1e-5, rtol=0), t
-    assert state["pos"] == 12
+    assert assert_step_matches_forward(model)["pos"] == 12
 
 
 def test_gpt_step_matches_forward():
-    model = GPT(GPTConfig(vocab_size=V, dim=16, n_layers=2, n_heads=4, context=16)).eval()
-    idx = torch.randint(0, V, (3, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full, _ = model(idx)
-    state = model.init_state(3)
-    for t in range(idx.shape[1]):
-        logits, state = model.step(idx[:, t], state)
-        assert torch.allclose(logits, full[:, t], atol=1e-5, rtol=0), t
+    assert_step_matches_forward(GPT(GPTConfig(vocab_size=V, dim=16, n_layers=2, n_heads=4, context=16)).eval())
 
 
 def test_same_seed_same_weights():

@@ -64,7 +64,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from reslm.data.chars import (
-    _check_name, _check_target, _logger, _reslm_version, building, commit_dataset as _commit, default_data_root,
+    _check_name, _check_target, _logger, _reslm_version, building, commit_dataset, default_data_root,
+    read_meta,
 )
 from reslm.data.corpus import (
     SHAKESPEARE_ARCHIVE,
@@ -280,16 +281,7 @@ class TokenDataset:
     @classmethod
     def load(cls, path: Path | str) -> "TokenDataset":
         """Open a dataset directory; anything inconsistent raises a one-line ReslmError."""
-        path = Path(path)
-        if not path.is_dir():
-            raise ReslmError(f"not a dataset directory: {path} (no such directory)")
-        meta_path = path / _META
-        if not meta_path.is_file():
-            raise ReslmError(f"not a dataset directory: {path} (no {_META})")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise ReslmError(f"cannot read {meta_path}: {e}") from None
+        path, meta, meta_path = read_meta(path)
         _check_meta(meta, meta_path)
         ds = cls(path, meta)
         for split, fname in (("train", _TRAIN), ("val", _VAL)):
@@ -631,7 +623,7 @@ def prepare_bpe(corpus: str | Sequence[Path | str], tokenizer: str, root: Path |
                       "first_val_document": docs[split["doc"]].name,
                       "offset_in_document": split["offset"]},
             "source": {**source, "files": rows}})
-        path = _commit(tmp, root, name, overwrite)
+        path = commit_dataset(tmp, root, name, overwrite)
     log(f"wrote {path}: {tokenizer} (vocab {tok.vocab_size}), train {counts['train']:,} tokens, "
         f"val {counts['val']:,} tokens")
     return TokenDataset.load(path)

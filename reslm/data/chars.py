@@ -87,6 +87,21 @@ def default_data_root() -> Path:
 # --- the dataset object -----------------------------------------------------------------
 
 
+def read_meta(path: Path | str) -> tuple[Path, Any, Path]:
+    """(dataset dir, parsed meta.json, its path) of a dataset directory; ReslmError if it is not one."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ReslmError(f"not a dataset directory: {path} (no such directory)")
+    meta_path = path / _META
+    if not meta_path.is_file():
+        raise ReslmError(f"not a dataset directory: {path} (no {_META})")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ReslmError(f"cannot read {meta_path}: {e}") from None
+    return path, meta, meta_path
+
+
 class CharDataset:
     """A prepared character dataset on disk: vocabulary, codec, memory-mapped shards."""
 
@@ -110,16 +125,7 @@ class CharDataset:
     @classmethod
     def load(cls, path: Path | str) -> "CharDataset":
         """Open a dataset directory; anything inconsistent raises a one-line ReslmError."""
-        path = Path(path)
-        if not path.is_dir():
-            raise ReslmError(f"not a dataset directory: {path} (no such directory)")
-        meta_path = path / _META
-        if not meta_path.is_file():
-            raise ReslmError(f"not a dataset directory: {path} (no {_META})")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise ReslmError(f"cannot read {meta_path}: {e}") from None
+        path, meta, meta_path = read_meta(path)
         _check_meta(meta, meta_path)
         tokens_path = path / _TOKENS
         if not tokens_path.is_file():

@@ -55,6 +55,8 @@ def _open_stream(source: str, config: str | None, split: str):
     except ImportError:
         raise ReslmError("Hugging Face sources need the PyPI package datasets: pip install 'reslm[hf]'") from None
     path = Path(source)
+    if path.is_file() and path.stat().st_size == 0:
+        raise ReslmError(f"{path} is empty")
     try:
         if path.is_file():
             builder = _BUILDERS.get(path.suffix.lower())
@@ -66,7 +68,7 @@ def _open_stream(source: str, config: str | None, split: str):
     except ReslmError:
         raise
     except Exception as e:  # network, unknown dataset, bad split/config: one line for the user
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else f"{type(e).__name__} (is it a dataset?)"
         raise ReslmError(f"cannot open the dataset {source!r} (split {split!r}): {msg}") from None
 
 

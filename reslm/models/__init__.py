@@ -5,13 +5,12 @@ and config overrides. `build_model(family, **fields)` is the one constructor eve
 """
 from __future__ import annotations
 
-from dataclasses import fields
 
 import torch
 
 from reslm.errors import ReslmError
 from reslm.models.aerc import AERC, AERCConfig
-from reslm.models.base import config_dict, count_params
+from reslm.models.base import build_config, config_dict, count_params
 from reslm.models.rc import RC, RCConfig
 from reslm.models.transformer import CharTransformer, TransformerConfig
 
@@ -37,14 +36,7 @@ def make_config(family: str, **overrides):
     """The family's config with overrides applied and validated (ReslmError on unknown fields)."""
     if family not in MODELS:
         raise ReslmError(f"unknown model family {family!r} (known: {', '.join(MODELS)})")
-    cfg_cls, _ = MODELS[family]
-    known = {f.name for f in fields(cfg_cls)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ReslmError(f"{', '.join(unknown)} does not apply to family {family!r}")
-    cfg = cfg_cls(**overrides)
-    cfg.validate()
-    return cfg
+    return build_config(MODELS[family][0], overrides, family)
 
 
 def build_model(family: str, cfg=None, **overrides):

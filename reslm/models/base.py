@@ -30,6 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from reslm.errors import ReslmError
+
 
 class Features(Protocol):
     """A shard turned into model inputs: `len` samples, `targets[i]` is sample i's next token."""
@@ -104,9 +106,18 @@ def config_dict(cfg) -> dict:
     return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
 
 
+def build_config(cfg_cls, overrides: dict, family: str):
+    """cfg_cls(**overrides), validated; ReslmError naming any field the family does not have."""
+    unknown = sorted(set(overrides) - {f.name for f in fields(cfg_cls)})
+    if unknown:
+        raise ReslmError(f"unknown {family} option(s): {', '.join(unknown)}")
+    cfg = cfg_cls(**overrides)
+    cfg.validate()
+    return cfg
+
+
 def check_positive(**values):
     """Raise ReslmError for the first non-positive value (used by config validation)."""
-    from reslm.errors import ReslmError
 
     for name, v in values.items():
         if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
