@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+def pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
           gen: torch.Generator) -> int:
     """Sample one token id from logits (V,): temperature 0 = greedy; top-k and nucleus (top-p) filtering."""
     logits = logits.float()
@@ -63,7 +63,7 @@ def sample(model, prompt_ids: list[int], max_new_tokens: int, *, temperature: fl
 
         logits, state, pos = prime(ids if limit is None else ids[-limit:])
         for i in range(max_new_tokens):
-            nxt = _pick(logits[0], temperature, top_k, top_p, gen)
+            nxt = pick(logits[0], temperature, top_k, top_p, gen)
             out.append(nxt)
             ids.append(nxt)
             if i + 1 == max_new_tokens:
@@ -79,7 +79,7 @@ def sample(model, prompt_ids: list[int], max_new_tokens: int, *, temperature: fl
         for _ in range(max_new_tokens):
             window = torch.tensor(ids[-context:], device=device)[None]
             logits, _ = model(window)
-            nxt = _pick(logits[0], temperature, top_k, top_p, gen)
+            nxt = pick(logits[0], temperature, top_k, top_p, gen)
             out.append(nxt)
             ids.append(nxt)
     model.train(was_training)
