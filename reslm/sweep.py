@@ -1,4 +1,4 @@
-"""Scaling sweep: LAERC vs GPT at several sizes, one shared training budget, L_min = a log10 N + b.
+"""Stage 7, the scaling sweep: LAERC vs GPT at several sizes, one shared training budget, L_min = a log10 N + b.
 
 The paper (section "Results: optimization behavior and scaling laws") trains transformers and LAERC
 models of several sizes with the same hyperparameters, takes each run's best (minimum) training loss
@@ -51,10 +51,14 @@ from pathlib import Path
 
 import numpy as np
 
+from reslm.checkpoint import SUMMARY, read_json
 from reslm.data.bpe import TokenDataset
 from reslm.errors import ReslmError
-from reslm.run import CONFIG, check_same_run, read_metrics, write_json
-from reslm.train_tokens import FAMILIES, create_token_run, make_token_run_config, train_token_run
+from reslm.run import write_json
+from reslm.models import families
+from reslm.models.gpt import GPTConfig, gpt_param_count
+from reslm.models.laerc import LAERCConfig, laerc_param_count
+from reslm.train import ensure_run, make_run_config, train
 
 PAPER_SLOPES = {"a_TF": -1.72, "a_Res": -0.81}
 CSV_FIELDS = ("family", "name", "dim", "n_layers", "trainable_params", "fixed_params", "min_train_loss",
@@ -64,7 +68,7 @@ CSV_FIELDS = ("family", "name", "dim", "n_layers", "trainable_params", "fixed_pa
 @dataclass
 class Sweep:
     """Model sizes per family (LAERCConfig / GPTConfig overrides; vocab_size comes from the dataset)
-    and the training budget (TokenTrainConfig overrides) that every run shares."""
+    and the training budget (TrainConfig overrides) that every run shares."""
     name: str
     sizes: dict[str, list[dict]]
     train: dict
@@ -75,9 +79,9 @@ def _sizes(shapes, context: int, **common) -> list[dict]:
     return [dict(dim=d, n_layers=n, context=context, **common) for d, n in shapes]
 
 
-_CPU_TRAIN = dict(context=128, micro_batch=16, grad_accum=1, max_steps=300, warmup_steps=30,
+_CPU_TRAIN = dict(batch_size=16, grad_accum=1, max_steps=300, warmup_steps=30,
                   eval_every=100, eval_batches=10, log_every=10, lr=1e-3)
-_PAPER_TRAIN = dict(context=512, micro_batch=32, grad_accum=4, max_steps=5000, warmup_steps=100,
+_PAPER_TRAIN = dict(batch_size=32, grad_accum=4, max_steps=5000, warmup_steps=100,
                     eval_every=250, eval_batches=20, log_every=10, lr=6e-4)
 
 SWEEPS: dict[str, Sweep] = {
@@ -108,46 +112,29 @@ def run_name(family: str, model: dict) -> str:
     return f"{family}-d{model['dim']}-l{model['n_layers']}"
 
 
-def _plan(sweep: Sweep, families, train_overrides: dict | None, dataset: TokenDataset) -> list[tuple]:
-    """[(family, name, model, train, config)], everything validated before any directory is made."""
-    families = tuple(families)
-    for fam in families:
-        if fam not in FAMILIES:
-            raise ReslmError(f"unknown family {fam!r} (use {' or '.join(FAMILIES)})")
+def _plan(sweep: Sweep, fams, train_overrides: dict | None, dataset: TokenDataset) -> list[tuple]:
+    """[(family, name, model, train)], every config validated before any directory is made."""
+    fams = tuple(fams)
+    for fam in fams:
+        if fam not in families("tokens"):
+            raise ReslmError(f"unknown family {fam!r} (use {' or '.join(families('tokens'))})")
         if fam not in sweep.sizes:
             raise ReslmError(f"sweep {sweep.name!r} has no sizes for family {fam!r}")
-    train = {**sweep.train, **(train_overrides or {})}
+    train_over = {**sweep.train, **(train_overrides or {})}
+    context = train_over.pop("context", None)  # a shorter window for every size (a model field)
     plan = []
-    for fam in families:
+    for fam in fams:
         for model in sweep.sizes[fam]:
-            model = dict(model)
-            if train.get("context", 512) > model.get("context", 512):  # longer training windows
-                model["context"] = train["context"]
-            cfg = make_token_run_config(fam, model, train, dataset)
-            plan.append((fam, run_name(fam, model), model, train, cfg))
+            model = dict(model, **({"context": context} if context else {}))
+            make_run_config(fam, model, train_over, dataset)
+            plan.append((fam, run_name(fam, model), model, train_over))
     return plan
 
 
-def _finished(run_dir: Path, max_steps: int) -> dict | None:
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        return None
-    import json
-    try:
-        summary = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-    return summary if summary.get("steps") == max_steps else None
-
-
 def _row(family: str, name: str, model: dict, run_dir: Path, summary: dict) -> dict:
-    rows = read_metrics(run_dir)
-    steps = [r["train_loss"] for r in rows if r["kind"] == "step"]
-    evals = [r["val_loss"] for r in rows if r["kind"] == "eval"]
     return dict(family=family, name=name, dim=model["dim"], n_layers=model["n_layers"],
                 trainable_params=summary["trainable_params"], fixed_params=summary.get("fixed_params", 0),
-                min_train_loss=min(steps) if steps else None,
-                final_val_loss=evals[-1] if evals else None,
+                min_train_loss=summary.get("min_train_loss"), final_val_loss=summary.get("final_val_loss"),
                 steps=summary.get("steps"), train_seconds=summary.get("train_seconds"))
 
 
@@ -160,20 +147,12 @@ def run_sweep(out: Path, dataset: TokenDataset, sweep: str | Sweep = "cpu", fami
     plan = _plan(sw, families, train_overrides, dataset)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for i, (fam, name, model, train, cfg) in enumerate(plan, 1):
+    for i, (fam, name, model, train_over) in enumerate(plan, 1):
         run_dir = out / name
-        max_steps = cfg["train"]["max_steps"]
-        if (run_dir / CONFIG).is_file():
-            check_same_run(run_dir, cfg)
-            summary = _finished(run_dir, max_steps)
-            what = "done, skipped" if summary else "resuming"
-        else:
-            create_token_run(run_dir, fam, model, train, dataset)
-            summary, what = None, "starting"
+        what = ensure_run(run_dir, fam, model, train_over, dataset)
         if progress:
             print(f"[{i}/{len(plan)}] {name}: {what}", file=sys.stderr, flush=True)
-        if summary is None:
-            summary = train_token_run(run_dir, progress=progress)
+        summary = read_json(run_dir / SUMMARY) if what == "done" else train(run_dir, progress=progress)
         rows.append(_row(fam, name, model, run_dir, summary))
     return rows
 
@@ -272,8 +251,6 @@ def _plot(plt, rows: list[dict], fits: dict, path: Path) -> None:
 
 def param_table(sweep: str | Sweep, vocab_size: int, families=("laerc", "gpt")) -> list[dict]:
     """Trainable/fixed parameter counts of a sweep's models at a vocabulary size (closed forms)."""
-    from reslm.models.gpt import GPTConfig, gpt_param_count
-    from reslm.models.laerc import LAERCConfig, laerc_param_count
     sw = get_sweep(sweep)
     table = []
     for fam in families:

@@ -1,106 +1,158 @@
-"""Character-level training, the paper's protocol (section "Training", "Dataset and Methodology"):
+"""Stage 5, training: one loop for every family; only the batch source differs.
 
-    for cycle in 1..C:                       (a full pass over the five training shards)
-        for shard in training shards:
-            features = model.features(shard)          reservoir states computed once per shard
-            for epoch in 1..E:                        E = 5 shard-epochs (paper)
-                Adam steps over shuffled batches of 1024 samples (lr 1e-4, cross-entropy)
-                test cross-entropy on the test shard  (nats and bits per character)
-                checkpoint
+    for step in 0..total-1:
+        lr(step)                                   constant (chars) or warmup-hold-cosine (tokens)
+        grad_accum micro-batches from the source   drawn from a generator seeded by step_seed(seed, .)
+        Adam / AdamW step (clipping, fp16 loss scaling), non-finite loss or gradient -> stop
+        at the source's evaluation points: evaluate, log, checkpoint (atomically)
 
-Every shard-epoch draws its shuffle and dropout from a seed derived from (seed, its index in the
-schedule), so a resumed run is the same computation as an uninterrupted one.
+Batch sources:
+
+* `CharShards`, the paper's character protocol ("Training", "Dataset and Methodology"): for each
+  cycle, for each training shard, the model's features (reservoir states) are computed once, then
+  E shard-epochs of shuffled batches over them, each followed by the test cross-entropy on the test
+  shard (nats and bits per character). The shuffle of shard-epoch k is seeded by step_seed(seed, k).
+* `TokenWindows`, token level (Appendix A.3 and the authors' code, see TOKEN_TRAIN in
+  reslm.models): random windows of the model's context from train.bin, seeded per step; every
+  eval_every steps the mean CE over eval_batches fixed-seed val windows.
+
+Dropout is seeded per step, so a run resumed from any checkpoint is the same computation as an
+uninterrupted one (bitwise, on the same machine). Under `torchrun --nproc_per_node=K` (token families)
+each step's windows are drawn as in one process and rank r trains on its 1/K of the rows; only rank 0
+writes. The run directory (reslm.run) is the interface to everything after training.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from reslm.data import CharDataset
-from reslm.device import (PRECISIONS, grad_scaler, pick_device, resolve_precision, setup_cuda, state_dtype,
-                          synchronize)
-from reslm.device import autocast as autocast_ctx
+import reslm
+from reslm import distributed as dist_
+from reslm.checkpoint import SUMMARY, check_dataset, describe_dataset, load_model, open_dataset, read_json
+from reslm.device import (PRECISIONS, autocast, grad_scaler, pick_device, resolve_precision, setup_cuda,
+                          state_dtype, synchronize)
 from reslm.errors import ReslmError
-from reslm.evaluate import bits, cross_entropy
-from reslm.models import build_model, make_config
-from reslm.models.base import count_params
-from reslm.run import MetricsLog, load_checkpoint, read_config, read_metrics, save_checkpoint, write_json
+from reslm.models import MODELS, family, make_config
+from reslm.models.base import bits, count_params, decay_groups, estimate_loss, feature_batches
+from reslm.progress import bar as progress_bar
+from reslm.progress import say
+from reslm.run import (CONFIG, MetricsLog, check_same_run, create_run_dir, load_checkpoint, read_config,
+                       read_metrics, save_checkpoint, write_json)
+
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("constant", "cosine")
+_EVAL_SEED = 0x5EED_E7A1
 
 
 @dataclass
 class TrainConfig:
-    lr: float = 1e-4                # Adam learning rate (paper)
-    batch_size: int = 1024          # samples per step (paper)
+    # optimiser and schedule (family defaults: reslm.models CHAR_TRAIN / TOKEN_TRAIN)
+    optimizer: str = "adam"         # adam (paper, characters) | adamw (token level)
+    lr: float = 1e-4                # (peak) learning rate
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.0       # adamw: on linear weight matrices only
+    grad_clip: float = 0.0          # max global gradient norm; 0 = no clipping
+    schedule: str = "constant"      # constant | cosine (linear warmup, hold, cosine to lr * min_lr_frac)
+    warmup_steps: int = 0           # cosine: linear warmup steps
+    hold_steps: int = 0             # cosine: steps at the peak lr after warmup
+    min_lr_frac: float = 0.1        # cosine: floor = lr * min_lr_frac
+    # batches
+    batch_size: int = 1024          # samples (characters) or windows (tokens) per optimizer step
+    grad_accum: int = 1             # micro-batches the step is split into (tokens: each batch_size windows)
+    # character protocol (rc, aerc, tf)
     epochs_per_shard: int = 5       # E: epochs on a shard before the next (paper)
     cycles: int = 1                 # C: passes over the training shards
     epoch_samples: int = 0          # samples per shard-epoch, a fresh random subset each time; 0 = all
     shard_chars: int = 0            # use only the first K characters of each training shard; 0 = all
     eval_samples: int = 0           # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
+    state_dtype: str = "float32"    # reservoir states: float32 | bfloat16
+    # token level (laerc, gpt)
+    max_steps: int = 1000           # optimizer steps in all
+    eval_every: int = 100           # steps between evaluations (+ checkpoints)
+    eval_batches: int = 20          # val batches of batch_size windows per evaluation
+    # bookkeeping
     log_every: int = 100            # steps between "step" rows in metrics.jsonl
-    seed: int = 0                   # shuffling and dropout (model weights have their own seed field)
+    seed: int = 0                   # shuffling, batch draws and dropout
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     precision: str = "auto"         # auto | fp32 | bf16 | fp16
-    state_dtype: str = "float32"    # reservoir states: float32 | bfloat16
     threads: int = 0                # torch CPU threads; 0 = torch's default
 
-    def validate(self):
-        for name in ("lr", "batch_size", "epochs_per_shard", "cycles", "log_every"):
-            v = getattr(self, name)
-            if not (v > 0 and math.isfinite(v)):
-                raise ReslmError(f"{name} must be > 0, got {v}")
-        for name in ("epoch_samples", "shard_chars", "eval_samples", "threads"):
+    def validate(self) -> "TrainConfig":
+        for f in fields(self):
+            v = getattr(self, f.name)
+            want = type(f.default)
+            if want is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+                setattr(self, f.name, v)
+            if type(v) is not want:
+                raise ReslmError(f"{f.name} must be of type {want.__name__}, got {v!r}")
+            if want is float and not math.isfinite(v):
+                raise ReslmError(f"{f.name} must be a finite number, got {v!r}")
+        for name in ("lr", "batch_size", "grad_accum", "epochs_per_shard", "cycles", "max_steps", "eval_every",
+                     "eval_batches", "log_every"):
+            if not getattr(self, name) > 0:
+                raise ReslmError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.lr > 10:
+            raise ReslmError(f"lr {self.lr:g} is not a usable learning rate (> 10)")
+        for name in ("warmup_steps", "hold_steps", "epoch_samples", "shard_chars", "eval_samples", "threads",
+                     "seed", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ReslmError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.precision not in PRECISIONS:
-            raise ReslmError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ReslmError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.min_lr_frac <= 1:
+            raise ReslmError(f"min_lr_frac must be in [0, 1], got {self.min_lr_frac}")
+        for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS)):
+            if getattr(self, name) not in allowed:
+                raise ReslmError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         state_dtype(self.state_dtype)
+        return self
 
 
-def train_fields() -> set[str]:
-    return {f.name for f in fields(TrainConfig)}
-
-
-def make_run_config(family: str, model_overrides: dict, train_overrides: dict, dataset: CharDataset,
-                    preset: str | None = None) -> dict:
-    """Resolve and validate everything a run needs, before anything is written."""
-    vocab = dataset.vocab_size
-    if model_overrides.get("vocab_size", vocab) != vocab:
-        raise ReslmError(f"vocab_size {model_overrides['vocab_size']} does not match the dataset's {vocab}")
-    model_cfg = make_config(family, **{**model_overrides, "vocab_size": vocab})
-    unknown = sorted(set(train_overrides) - train_fields())
+def train_config(family_name: str, **overrides) -> TrainConfig:
+    """TrainConfig with the family's defaults, then `overrides`, validated."""
+    unknown = sorted(set(overrides) - {f.name for f in fields(TrainConfig)})
     if unknown:
         raise ReslmError(f"unknown training option(s): {', '.join(unknown)}")
-    train_cfg = TrainConfig(**train_overrides)
-    train_cfg.validate()
-    shortest = min(e - s for s, e in dataset.shards)
-    if model_cfg.context >= shortest:
-        raise ReslmError(f"context {model_cfg.context} is not shorter than the smallest shard ({shortest} chars)")
-    if 0 < train_cfg.shard_chars <= model_cfg.context:
-        raise ReslmError(f"shard_chars {train_cfg.shard_chars} must exceed the context ({model_cfg.context})")
-    import reslm
-    return dict(family=family, preset=preset, model=asdict(model_cfg), train=asdict(train_cfg),
-                data=dict(path=str(Path(dataset.path).resolve()), name=dataset.name, vocab=dataset.vocab,
-                          shards=dataset.shards, train_shards=dataset.train_shards,
-                          test_shard=dataset.test_shard),
-                versions=dict(reslm=reslm.__version__, torch=torch.__version__))
+    return TrainConfig(**{**family(family_name).train, **overrides}).validate()
 
 
-def load_model(cfg: dict, device="cpu"):
-    """Build the model a run config describes (weights not loaded)."""
-    family = cfg["family"]
-    return build_model(family, make_config(family, **cfg["model"])).to(device)
+def run_train_config(cfg: dict) -> TrainConfig:
+    """The TrainConfig a run config holds (ReslmError on unknown or mistyped fields)."""
+    unknown = sorted(set(cfg["train"]) - {f.name for f in fields(TrainConfig)})
+    if unknown:
+        raise ReslmError(f"the run config has unknown training field(s): {', '.join(unknown)}")
+    return TrainConfig(**cfg["train"]).validate()
 
 
-def schedule(tc: TrainConfig, train_shards: list[int]) -> list[tuple[int, int, int]]:
-    """The shard-epochs in order: (cycle, shard, epoch)."""
-    return [(c, s, e) for c in range(tc.cycles) for s in train_shards for e in range(tc.epochs_per_shard)]
+def step_seed(seed: int, position: int) -> int:
+    """The seed of one schedule position (a step, or a shard-epoch's shuffle): one scheme for all."""
+    return int(np.random.SeedSequence([seed, position]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
+def lr_at(tc: TrainConfig, step: int, total: int) -> float:
+    """Learning rate of optimizer step `step` (0-based) of `total`."""
+    if tc.schedule == "constant":
+        return tc.lr
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    start = tc.warmup_steps + tc.hold_steps
+    if step < start:
+        return tc.lr
+    progress = min(1.0, (step - start) / max(1, total - start))
+    floor = tc.lr * tc.min_lr_frac
+    return floor + (tc.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# --- batch sources ---------------------------------------------------------------------------------
 def eval_slices(n_tokens: int, context: int, eval_samples: int, blocks: int = 8) -> list[slice]:
     """Token slices of the test stream to evaluate on: all of it, or `blocks` evenly spread blocks
     holding `eval_samples` samples in total (each block brings its own `context` tokens)."""
@@ -111,153 +163,427 @@ def eval_slices(n_tokens: int, context: int, eval_samples: int, blocks: int = 8)
     return [slice(a, a + per + context) for a in (span * i // max(1, blocks - 1) for i in range(blocks))]
 
 
-def _available_memory(device: torch.device) -> int | None:
+def available_memory(device: torch.device) -> int | None:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
 
 
-def train_run(run_dir: Path, *, progress: bool = True) -> dict:
-    """Train (or continue training) the run in run_dir; returns the final summary."""
-    run_dir = Path(run_dir)
-    cfg = read_config(run_dir)
-    tc = TrainConfig(**cfg["train"])
-    tc.validate()
-    dataset = CharDataset.load(cfg["data"]["path"])
-    if dataset.vocab != cfg["data"]["vocab"]:
-        raise ReslmError(f"the dataset at {dataset.path} no longer has the vocabulary this run was made with")
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    device = pick_device(tc.device)
-    precision = resolve_precision(tc.precision, device)
-    setup_cuda()
-    sdtype = state_dtype(tc.state_dtype)
-    model = load_model(cfg, device)
-    context = model.config.context
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=tc.lr)
-    scaler = grad_scaler(precision, device)
-    log = MetricsLog(run_dir)
+class CharShards:
+    """Shard-cyclic batches over precomputed features (the paper's protocol), see the module doc.
 
-    plan = schedule(tc, dataset.train_shards)
-    start, step, train_seconds = 0, 0, 0.0
-    ck = load_checkpoint(run_dir, map_location=device)
-    if ck is not None:
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        scaler.load_state_dict(ck["scaler"])
-        start, step, train_seconds = ck["position"], ck["step"], ck["train_seconds"]
-        log.truncate(ck["metrics_rows"])
-    if start >= len(plan):
-        return _summary(run_dir, model, cfg)
+    The schedule is a list of shard-epochs (cycle, shard, epoch); shard-epoch k has ceil(n_k / batch)
+    steps over a permutation seeded by step_seed(seed, k). Evaluation after every shard-epoch."""
 
-    def tokens_of(shard: int) -> torch.Tensor:
-        a, b = dataset.shards[shard]
-        if shard != dataset.test_shard and tc.shard_chars:
-            b = min(b, a + tc.shard_chars)
-        return torch.from_numpy(dataset.tokens[a:b].astype("int64")).to(device)
+    eval_kind = "test"
 
-    # Memory: a reservoir model holds one training shard's states plus the test states.
-    if hasattr(model, "reservoir"):
-        longest = max(b - a for a, b in dataset.shards)
-        longest = min(longest, tc.shard_chars or longest)
-        n_test = sum(s.stop - s.start - context for s in
-                     eval_slices(dataset.shards[dataset.test_shard][1] - dataset.shards[dataset.test_shard][0],
-                                 context, tc.eval_samples))
-        row = model.reservoir.size * sdtype.itemsize                      # bytes per state
+    def __init__(self, model, dataset, tc: TrainConfig, device: torch.device, log: MetricsLog | None,
+                 progress: bool, world: int = 1):
+        if world > 1:
+            raise ReslmError("multi-process training (torchrun) is for the token families (laerc, gpt)")
+        self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
+        self.context = model.config.context
+        self.dtype = state_dtype(tc.state_dtype)
+        self.plan = [(c, s, e) for c in range(tc.cycles) for s in dataset.train_shards
+                     for e in range(tc.epochs_per_shard)]
+        self.samples = [self._n_samples(s) for _, s, _ in self.plan]
+        steps = [math.ceil(n / tc.batch_size) for n in self.samples]
+        self.ends = list(np.cumsum(steps))                  # the step after which shard-epoch k ends
+        self.eval_points = [int(e) for e in self.ends]
+        self.total = self.eval_points[-1] if self.eval_points else 0
+        self._feats, self._feats_shard, self._order_k, self._order = None, None, None, None
+        self._test = None
+        self.state_seconds = 0.0
+        self._check_memory()
+
+    def _span(self, shard: int) -> tuple[int, int]:
+        a, b = self.ds.shards[shard]
+        if shard != self.ds.test_shard and self.tc.shard_chars:
+            b = min(b, a + self.tc.shard_chars)
+        return a, b
+
+    def _n_samples(self, shard: int) -> int:
+        a, b = self._span(shard)
+        n = b - a - self.context
+        return min(n, self.tc.epoch_samples) if self.tc.epoch_samples else n
+
+    def _tokens(self, shard: int) -> torch.Tensor:
+        a, b = self._span(shard)
+        return torch.from_numpy(np.asarray(self.ds.tokens[a:b], dtype=np.int64)).to(self.device)
+
+    def _check_memory(self):
+        """A reservoir model holds one training shard's states plus the test states."""
+        if not hasattr(self.model, "reservoir"):
+            return
+        longest = max(b - a for a, b in (self._span(s) for s in self.ds.train_shards))
+        ta, tb = self._span(self.ds.test_shard)
+        n_test = sum(s.stop - s.start - self.context
+                     for s in eval_slices(tb - ta, self.context, self.tc.eval_samples))
+        row = self.model.reservoir.size * self.dtype.itemsize                 # bytes per state
         need = (longest + n_test) * row
-        avail = _available_memory(device)
+        avail = available_memory(self.device)
         if avail is not None and need > 0.9 * avail:
-            fits = int(0.9 * avail / row) - longest                         # test samples that would fit
+            fits = int(0.9 * avail / row) - longest                          # test samples that would fit
             hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
             raise ReslmError(f"reservoir states need {need / 2**30:.1f} GiB (train shard + test states) but "
                              f"{avail / 2**30:.1f} GiB is available: use --state-dtype bfloat16 or {hint}")
 
-    test_tokens = tokens_of(dataset.test_shard)
-    test_feats = [model.features(test_tokens[s], dtype=sdtype, progress=progress)
-                  for s in eval_slices(test_tokens.numel(), context, tc.eval_samples)]
-    feats, feats_shard = None, None
-    model.train()
-    for k in range(start, len(plan)):
-        cycle, shard, epoch = plan[k]
-        if feats_shard != shard:
-            feats = None  # free the previous shard's states first
+    def position(self, step: int) -> int:
+        """The shard-epoch that step `step` (0-based) belongs to."""
+        return int(np.searchsorted(self.ends, step, side="right"))
+
+    def segment(self, step: int) -> dict:
+        k = self.position(step)
+        cycle, shard, epoch = self.plan[k]
+        return dict(index=k, cycle=cycle, shard=shard, epoch=epoch)
+
+    def _features(self, shard: int, cycle: int):
+        if self._feats_shard != shard:
+            self._feats = None  # free the previous shard's states first
             t0 = time.perf_counter()
-            feats = model.features(tokens_of(shard), dtype=sdtype, progress=progress)
-            synchronize(device)
+            self._feats = self.model.features(self._tokens(shard), dtype=self.dtype, progress=self.progress)
+            synchronize(self.device)
             dt = time.perf_counter() - t0
-            log.write(dict(kind="states", cycle=cycle, shard=shard, seconds=round(dt, 4),
-                           tokens_per_s=round(len(feats) / dt, 1)))
-            feats_shard = shard
-        gen = torch.Generator().manual_seed(tc.seed * 1_000_003 + k)
-        torch.manual_seed(tc.seed * 1_000_003 + k)  # dropout
-        order = torch.randperm(len(feats), generator=gen)
-        if tc.epoch_samples:
-            order = order[:tc.epoch_samples]
-        order = order.to(device)
-        batches = order.split(tc.batch_size)
-        bar = tqdm(batches, desc=f"cycle {cycle + 1}/{tc.cycles} shard {shard} epoch {epoch + 1}/{tc.epochs_per_shard}",
-                   disable=not progress, leave=False, unit="batch")
-        epoch_loss, window_loss, window_n, t_window = 0.0, 0.0, 0, time.perf_counter()
-        t_epoch = time.perf_counter()
-        for index in bar:
-            x, y = feats.batch(index), feats.targets[index]
-            with autocast_ctx(precision, device):
-                _, loss = model.forward_features(x, y)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            step += 1
-            lv = loss.item()
-            epoch_loss += lv * y.numel()
-            window_loss += lv
-            window_n += 1
-            if step % tc.log_every == 0:
-                now = time.perf_counter()
-                sps = window_n * tc.batch_size / (now - t_window)
-                log.write(dict(kind="step", step=step, cycle=cycle, shard=shard, epoch=epoch,
-                               train_loss=window_loss / window_n, samples_per_s=round(sps, 1),
-                               wall=round(train_seconds + now - t_epoch, 3)))
-                bar.set_postfix(loss=f"{window_loss / window_n:.3f}", samples_s=f"{sps:,.0f}")
-                window_loss, window_n, t_window = 0.0, 0, now
-        synchronize(device)
-        epoch_seconds = time.perf_counter() - t_epoch
-        train_seconds += epoch_seconds
-        test_loss = cross_entropy(model, test_feats, batch_size=tc.batch_size, device=device, precision=precision)
-        train_loss = epoch_loss / max(1, order.numel())
-        log.write(dict(kind="epoch", index=k, step=step, cycle=cycle, shard=shard, epoch=epoch,
-                       train_loss=train_loss, test_loss=test_loss, test_bpc=bits(test_loss),
-                       samples_per_s=round(order.numel() / epoch_seconds, 1), epoch_seconds=round(epoch_seconds, 3),
-                       wall=round(train_seconds, 3)))
-        if progress:
-            tqdm.write(f"cycle {cycle + 1} shard {shard} epoch {epoch + 1}: train {train_loss:.4f}  "
-                       f"test {test_loss:.4f} nats ({bits(test_loss):.3f} bpc)  "
-                       f"{order.numel() / epoch_seconds:,.0f} samples/s")
-        save_checkpoint(run_dir, dict(model=model.state_dict(), optimizer=opt.state_dict(),
-                                      scaler=scaler.state_dict(), position=k + 1, step=step,
-                                      train_seconds=train_seconds, metrics_rows=log.rows))
-    return _summary(run_dir, model, cfg)
+            self.state_seconds += dt
+            if self.log is not None:
+                self.log.write(dict(kind="states", cycle=cycle, shard=shard, seconds=round(dt, 4),
+                                    tokens_per_s=round(len(self._feats) / dt, 1)))
+            self._feats_shard = shard
+        return self._feats
+
+    def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The micro-batches of optimizer step `step`."""
+        k = self.position(step)
+        cycle, shard, _ = self.plan[k]
+        feats = self._features(shard, cycle)
+        if self._order_k != k:
+            order = torch.randperm(len(feats), generator=torch.Generator().manual_seed(step_seed(self.tc.seed, k)))
+            self._order, self._order_k = order[:self.samples[k]].to(self.device), k
+        first = self.ends[k - 1] if k else 0
+        index = self._order[(step - first) * self.tc.batch_size:(step - first + 1) * self.tc.batch_size]
+        return [(feats.batch(i), feats.targets[i]) for i in index.tensor_split(self.tc.grad_accum) if i.numel()]
+
+    def evaluate(self, model, precision: str) -> dict:
+        if self._test is None:
+            tokens = self._tokens(self.ds.test_shard)
+            self._test = [model.features(tokens[s], dtype=self.dtype, progress=self.progress)
+                          for s in eval_slices(tokens.numel(), self.context, self.tc.eval_samples)]
+        total, count = 0.0, 0
+        for feats in self._test:
+            loss, n = estimate_loss(model, feature_batches(feats, self.tc.batch_size), precision=precision)
+            total, count = total + loss * n, count + n
+        loss = total / max(count, 1)
+        return dict(test_loss=loss, test_bpc=bits(loss))
 
 
-def _summary(run_dir: Path, model, cfg: dict) -> dict:
-    """Final figures of a run (also written to summary.json)."""
+def token_batch(data, batch: int, context: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch` random windows of context+1 tokens: x = chunk[:-1], y = chunk[1:], (batch, context) int64."""
+    n = len(data)
+    if n <= context:
+        raise ReslmError(f"context {context} is not shorter than the data ({n} tokens)")
+    offsets = torch.randint(0, n - context, (batch,), generator=generator).tolist()
+    chunks = torch.from_numpy(np.stack([np.asarray(data[o:o + context + 1], dtype=np.int64) for o in offsets]))
+    return chunks[:, :-1].contiguous(), chunks[:, 1:].contiguous()
+
+
+class TokenWindows:
+    """Random windows of the model's context from train.bin (memory-mapped), seeded per step; every
+    eval_every steps (and at the end) the mean CE over eval_batches fixed-seed val batches."""
+
+    eval_kind = "val"
+
+    def __init__(self, model, dataset, tc: TrainConfig, device: torch.device, log: MetricsLog | None,
+                 progress: bool, world: int = 1, rank: int = 0):
+        if tc.batch_size % world:
+            raise ReslmError(f"batch_size {tc.batch_size} is not divisible by the number of processes ({world})")
+        self.tc, self.device, self.ds = tc, device, dataset
+        self.context = model.config.context
+        self.rows = slice(rank * (tc.batch_size // world), (rank + 1) * (tc.batch_size // world))
+        self.world = world
+        self.total = tc.max_steps
+        self.eval_points = sorted({*range(tc.eval_every, tc.max_steps, tc.eval_every), tc.max_steps})
+        self.state_seconds = 0.0
+
+    def segment(self, step: int) -> dict:
+        return {}
+
+    def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        gen = torch.Generator().manual_seed(step_seed(self.tc.seed, step))
+        out = []
+        for _ in range(self.tc.grad_accum):
+            x, y = token_batch(self.ds.train, self.tc.batch_size, self.context, gen)  # the same draws on every rank
+            if self.world > 1:
+                x, y = x[self.rows], y[self.rows]
+            out.append((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)))
+        return out
+
+    def evaluate(self, model, precision: str) -> dict:
+        gen = torch.Generator().manual_seed(_EVAL_SEED + self.tc.seed)
+        batches = (tuple(t.to(self.device) for t in token_batch(self.ds.val, self.tc.batch_size, self.context, gen))
+                   for _ in range(self.tc.eval_batches))
+        loss, _ = estimate_loss(model, batches, precision=precision)
+        return dict(val_loss=loss, val_bits_per_token=bits(loss))
+
+
+SOURCES = {"chars": CharShards, "tokens": TokenWindows}
+
+
+# --- creating a run --------------------------------------------------------------------------------
+def make_run_config(family_name: str, model_overrides: dict, train_overrides: dict, dataset,
+                    preset: str | None = None) -> dict:
+    """Resolve and validate everything a run needs, before anything is written."""
+    fam = family(family_name)
+    data = describe_dataset(dataset)
+    if data["kind"] != fam.data:
+        raise ReslmError(f"family {family_name} trains on {fam.data} datasets; {dataset.name} holds {data['kind']} "
+                         f"(make one with `reslm data {'bpe' if fam.data == 'tokens' else 'shakespeare|text'}`)")
+    vocab = dataset.vocab_size
+    if model_overrides.get("vocab_size", vocab) != vocab:
+        raise ReslmError(f"vocab_size {model_overrides['vocab_size']} does not match the dataset's {vocab}")
+    model_cfg = make_config(family_name, **{**model_overrides, "vocab_size": vocab})
+    tc = train_config(family_name, **train_overrides)
+    context = model_cfg.context
+    if fam.data == "chars":
+        shortest = min(e - s for s, e in dataset.shards)
+        if context >= shortest:
+            raise ReslmError(f"context {context} is not shorter than the smallest shard ({shortest} chars)")
+        if 0 < tc.shard_chars <= context:
+            raise ReslmError(f"shard_chars {tc.shard_chars} must exceed the context ({context})")
+    else:
+        for split, n in (("train", len(dataset.train)), ("val", len(dataset.val))):
+            if context >= n:
+                raise ReslmError(f"context {context} is not shorter than the {split} split ({n} tokens)")
+    return dict(family=family_name, preset=preset, model=asdict(model_cfg), train=asdict(tc),
+                data=data,
+                versions=dict(reslm=reslm.__version__, torch=torch.__version__))
+
+
+def create_run(out: Path, family_name: str, model_overrides: dict, train_overrides: dict, dataset,
+               preset: str | None = None) -> Path:
+    """Validate, then create the run directory (config.json only). Under torchrun, rank 0 creates it and
+    the other ranks wait for it (and fail with rank 0's error when it could not be made)."""
+    _, world, _ = dist_.init(str(train_overrides.get("device", "auto")))
+    if world == 1:
+        return create_run_dir(Path(out), make_run_config(family_name, model_overrides, train_overrides, dataset, preset))
+    err = None
+    if dist_.is_main():
+        try:
+            create_run_dir(Path(out), make_run_config(family_name, model_overrides, train_overrides, dataset, preset))
+        except Exception as e:  # tell the other ranks before raising
+            err = e
+    if not dist_.all_ok(err is None):
+        if err is not None:
+            raise err
+        raise ReslmError(f"rank 0 could not create the run directory {out}")
+    return Path(out)
+
+
+def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrides: dict, dataset,
+               preset: str | None = None) -> str:
+    """Create the run, or check that the one in `out` is the same model and budget. Returns what is to
+    be done: "starting", "resuming" or "done" (demo, reproduce and sweep skip finished runs with it)."""
+    cfg = make_run_config(family_name, model_overrides, train_overrides, dataset, preset)
+    if (Path(out) / CONFIG).is_file():
+        check_same_run(out, cfg)
+        return "done" if is_finished(out) else "resuming"
+    create_run_dir(Path(out), cfg)
+    return "starting"
+
+
+def is_finished(run_dir: Path) -> bool:
+    """True when the run's summary says it reached the end of its schedule."""
+    summary = read_json(Path(run_dir) / SUMMARY)
+    return bool(summary) and summary.get("finished") is True
+
+
+# --- the loop ----------------------------------------------------------------------------------------
+def make_optimizer(model, tc: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """Adam over the trainable parameters, or AdamW with decay on linear weights only. A model may
+    give its own groups (`param_groups(weight_decay)`, e.g. a lower embedding lr as `lr_mult`)."""
+    if tc.optimizer == "adam":
+        groups = [dict(params=[p for p in model.parameters() if p.requires_grad])]
+    else:
+        groups = (model.param_groups(tc.weight_decay) if hasattr(model, "param_groups")
+                  else decay_groups(model, tc.weight_decay))
+    cls = torch.optim.Adam if tc.optimizer == "adam" else torch.optim.AdamW
+    extra = {"fused": True} if device.type == "cuda" and tc.optimizer == "adamw" else {}
+    opt = cls(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), **extra)
+    for g in opt.param_groups:
+        g.setdefault("lr_mult", 1.0)
+    return opt
+
+
+def _finite(loss: torch.Tensor, params) -> bool:
+    if not torch.isfinite(loss).all():
+        return False
+    return all(p.grad is None or torch.isfinite(p.grad).all() for p in params)
+
+
+def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None) -> dict:
+    """Train (or continue training) the run in run_dir; returns the summary (also summary.json).
+
+    `stop_at`: stop (after an evaluation and a checkpoint) once this many steps are done; a later call
+    resumes. Under torchrun every rank calls this (see the module doc)."""
+    run_dir = Path(run_dir)
+    cfg = read_config(run_dir)
+    fam = family(cfg["family"])
+    tc = run_train_config(cfg)
+    rank, world, local_rank = dist_.init(tc.device)
+    main = rank == 0
+    dataset = open_dataset(cfg["data"])
+    check_dataset(cfg, dataset)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    device = pick_device(tc.device)
+    if world > 1 and device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+    precision = resolve_precision(tc.precision, device)
+    setup_cuda()
+    model = load_model(cfg, device)
+    log = MetricsLog(run_dir) if main else None
+    source = SOURCES[fam.data](model, dataset, tc, device, log, progress and main, world=world,
+                               **({"rank": rank} if fam.data == "tokens" else {}))
+    opt = make_optimizer(model, tc, device)
+    scaler = grad_scaler(precision, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    step, train_seconds, state_seconds = 0, 0.0, 0.0
+    ck = load_checkpoint(run_dir, map_location=device)
+    if ck is not None:
+        try:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            scaler.load_state_dict(ck["scaler"])
+            step, train_seconds = int(ck["step"]), float(ck["train_seconds"])
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise ReslmError(f"the checkpoint in {run_dir} does not fit its config: "
+                             f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+        if main:
+            log.truncate(int(ck["metrics_rows"]))
+    elif main and log.rows:  # metrics without a checkpoint: an interrupted start, begin afresh
+        log.truncate(0)
+    # DDP wraps the model for the training forward/backward; evaluation and checkpoints use `model`.
+    # A model with parameters that never get a gradient (LAERC's LN_res, which only feeds the no-grad
+    # reservoir) says so, and DDP then looks for them each step instead of waiting for them forever.
+    ddp = None
+    if world > 1:
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=bool(getattr(model, "has_unused_parameters", False)))
+    forward = ddp if ddp is not None else model.forward_features
+    end = source.total if stop_at is None else max(0, min(source.total, stop_at))
+    evals = set(source.eval_points) | {end}
+
+    if ck is None and fam.data == "tokens":  # the untrained model's val loss, for reference (step 0)
+        row = source.evaluate(model, precision)
+        if main:
+            log.write(dict(kind="eval", step=0, **row))
+    bar = progress_bar(total=source.total, initial=step, enabled=progress and main and step < end,
+                       desc=f"{cfg.get('preset') or cfg['family']}", unit="step")
+    model.train()
+    seg_loss, seg_n, win_loss, win_steps = 0.0, 0, 0.0, 0
+    t_seg = t_log = time.perf_counter()   # wall clock since the last checkpoint / step row
+    seg_start = step
+    samples_per_step = tc.batch_size * (tc.grad_accum if fam.data == "tokens" else 1)
+    while step < end:
+        lr = lr_at(tc, step, source.total)
+        for g in opt.param_groups:
+            g["lr"] = lr * g["lr_mult"]
+        micro = source.batches(step)
+        torch.manual_seed(step_seed(tc.seed, step))  # dropout
+        opt.zero_grad(set_to_none=True)
+        n_step = sum(y.numel() for _, y in micro) if fam.data == "chars" else len(micro)
+        step_loss = torch.zeros((), device=device)
+        for i, (x, y) in enumerate(micro):
+            weight = y.numel() / n_step if fam.data == "chars" else 1 / n_step
+            sync = contextlib.nullcontext() if ddp is None or i == len(micro) - 1 else ddp.no_sync()
+            with sync:
+                with autocast(precision, device):
+                    _, loss = forward(x, y)
+                scaler.scale(loss * weight).backward()
+            step_loss += loss.detach().float() * weight
+        if tc.grad_clip > 0:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+        if not scaler.is_enabled() and not _finite(step_loss, params):
+            raise ReslmError(f"non-finite loss or gradient at step {step + 1} (lr {lr:.3g}); stopped, the last "
+                             f"checkpoint is kept: lower --lr, add --grad-clip, or check the inputs")
+        scaler.step(opt)
+        scaler.update()
+        step += 1
+        lv = dist_.all_reduce_mean(step_loss).item()
+        seg_loss, seg_n = seg_loss + lv * (n_step if fam.data == "chars" else 1), seg_n + (n_step if fam.data == "chars" else 1)
+        win_loss, win_steps = win_loss + lv, win_steps + 1
+        bar.update(1)
+        if step % tc.log_every == 0:
+            synchronize(device)
+            now = time.perf_counter()
+            rate = win_steps * samples_per_step / max(now - t_log, 1e-9)
+            if main:
+                log.write(dict(kind="step", step=step, **source.segment(step - 1), lr=lr,
+                               train_loss=win_loss / win_steps, samples_per_s=round(rate, 1),
+                               **({"tokens_per_s": round(rate * source.context, 1)} if fam.data == "tokens" else {}),
+                               wall=round(train_seconds + now - t_seg, 3)))
+            bar.set_postfix(loss=f"{win_loss / win_steps:.3f}", lr=f"{lr:.2e}")
+            win_loss, win_steps, t_log = 0.0, 0, now
+        if step in evals:
+            synchronize(device)
+            seconds = time.perf_counter() - t_seg
+            train_seconds += seconds
+            row = source.evaluate(model, precision)  # every rank evaluates the same model; rank 0 logs
+            if main:
+                seg = source.segment(step - 1)
+                log.write(dict(kind="eval", step=step, **seg, train_loss=seg_loss / max(seg_n, 1), **row,
+                               samples_per_s=round((step - seg_start) * samples_per_step / max(seconds, 1e-9), 1),
+                               seconds=round(seconds, 3), wall=round(train_seconds, 3)))
+                first = next(iter(row))
+                say(f"step {step}/{source.total}" + "".join(f" {k} {v}" for k, v in seg.items())
+                    + f": train {seg_loss / max(seg_n, 1):.4f}  {first} {row[first]:.4f} nats "
+                    f"({bits(row[first]):.3f} bits)", enabled=progress)
+                save_checkpoint(run_dir, dict(model=model.state_dict(), optimizer=opt.state_dict(),
+                                              scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
+                                              metrics_rows=log.rows))
+            dist_.barrier()
+            seg_loss, seg_n, seg_start = 0.0, 0, step
+            t_seg = t_log = time.perf_counter()
+    bar.close()
+    summary = summarize(run_dir, model, cfg, source) if main else None
+    if world > 1:
+        dist_.barrier()  # summary.json is written
+    return summary if main else read_json(run_dir / SUMMARY)
+
+
+def summarize(run_dir: Path, model, cfg: dict, source) -> dict:
+    """Final figures of a run from its metrics (also written to summary.json)."""
     rows = read_metrics(run_dir)
-    epochs = [r for r in rows if r["kind"] == "epoch"]
+    steps = [r for r in rows if r["kind"] == "step"]
+    evals = [r for r in rows if r["kind"] == "eval" and r["step"] > 0]
     trainable, fixed = count_params(model)
-    last = epochs[-1] if epochs else {}
-    summary = dict(family=cfg["family"], preset=cfg.get("preset"), trainable_params=trainable,
-                   fixed_params=fixed, shard_epochs=len(epochs), steps=last.get("step", 0),
-                   final_train_loss=last.get("train_loss"), final_test_loss=last.get("test_loss"),
-                   final_test_bpc=last.get("test_bpc"),
-                   best_test_loss=min((r["test_loss"] for r in epochs), default=None),
-                   train_seconds=last.get("wall"),
-                   reservoir_seconds=round(sum(r["seconds"] for r in rows if r["kind"] == "states"), 3))
-    write_json(Path(run_dir) / "summary.json", summary)
+    last = evals[-1] if evals else {}
+    key = f"{source.eval_kind}_loss"
+    summary = dict(family=cfg["family"], preset=cfg.get("preset"), trainable_params=trainable, fixed_params=fixed,
+                   steps=last.get("step", 0), finished=last.get("step", 0) >= source.total,
+                   evaluations=len(evals), final_train_loss=last.get("train_loss"),
+                   min_train_loss=min((r["train_loss"] for r in steps), default=None))
+    for k, v in last.items():
+        if k.startswith(source.eval_kind):
+            summary[f"final_{k}"] = v
+    summary[f"best_{key}"] = min((r[key] for r in evals), default=None)
+    summary["train_seconds"] = last.get("wall")
+    summary["reservoir_seconds"] = round(sum(r["seconds"] for r in rows if r["kind"] == "states"), 3)
+    if cfg["family"] in MODELS and family(cfg["family"]).data == "tokens":
+        tc = cfg["train"]
+        summary["tokens_seen"] = summary["steps"] * tc["batch_size"] * tc["grad_accum"] * cfg["model"]["context"]
+    write_json(Path(run_dir) / SUMMARY, summary)
     return summary
+
+
+__all__ = ["TrainConfig", "train_config", "step_seed", "lr_at", "CharShards", "TokenWindows", "SOURCES",
+           "make_run_config", "create_run", "ensure_run", "is_finished", "train", "summarize", "bits"]

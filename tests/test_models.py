@@ -5,16 +5,42 @@ import pytest
 import torch
 
 from reslm.errors import ReslmError
-from reslm.models import MODELS, build_model, make_config, preset, preset_table
+from reslm.models import MODELS, build_model, families, make_config, preset, preset_table
 from reslm.models.aerc import AERC, AERCConfig
 from reslm.models.base import count_params
 
-TINY = {"rc": dict(size=48), "aerc": dict(size=24, hidden=6), "tf": dict(ff_dim=32, n_heads=2, n_layers=2)}
+TINY = {"rc": dict(size=48), "aerc": dict(size=24, hidden=6), "tf": dict(ff_dim=32, n_heads=2, n_layers=2),
+        "laerc": dict(dim=16, n_layers=2, r_mult=2), "gpt": dict(dim=16, n_layers=2, n_heads=2)}
 V = 13
 
 
 def tiny(family, **kw):
     return build_model(family, **{**TINY[family], "vocab_size": V, "context": 8, **kw})
+
+
+def batch(family, b, seed=0):
+    """(idx (b, 8), targets): (b,) for next-token models, (b, 8) for every-position models."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, V, (b, 8), generator=g)
+    y = torch.randint(0, V, (b,) if MODELS[family].data == "chars" else (b, 8), generator=g)
+    return idx, y
+
+
+def test_registry_lists_every_family_once():
+    assert set(families("chars")) == {"rc", "aerc", "tf"} and set(families("tokens")) == {"laerc", "gpt"}
+    for name, fam in MODELS.items():
+        assert fam.model.family == name and fam.data in ("chars", "tokens")
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_forward_returns_b_t_v(family):
+    """One output shape for every family: (B, T, V), T = 1 for next-token-only models."""
+    m = tiny(family).eval()
+    idx, y = batch(family, 3)
+    logits, loss = m(idx, y)
+    t = 1 if MODELS[family].data == "chars" else 8
+    assert logits.shape == (3, t, V) and loss.shape == ()
+    assert m(idx)[1] is None
 
 
 def test_table1_trainable_counts_exact():
@@ -34,8 +60,7 @@ def test_same_seed_same_weights_and_loss(family):
     b = tiny(family, seed=5)
     for (na, ta), (nb, tb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert na == nb and torch.equal(ta, tb), na
-    idx = torch.randint(0, V, (4, 8), generator=torch.Generator().manual_seed(0))
-    y = torch.randint(0, V, (4,))
+    idx, y = batch(family, 4)
     a.eval(), b.eval()
     assert torch.equal(a(idx, y)[1], b(idx, y)[1])
 
@@ -43,8 +68,7 @@ def test_same_seed_same_weights_and_loss(family):
 @pytest.mark.parametrize("family", list(MODELS))
 def test_loss_at_init_is_about_ln_v(family):
     m = tiny(family).eval()
-    idx = torch.randint(0, V, (256, 8), generator=torch.Generator().manual_seed(0))
-    y = torch.randint(0, V, (256,), generator=torch.Generator().manual_seed(1))
+    idx, y = batch(family, 256)
     _, loss = m(idx, y)
     assert abs(loss.item() - math.log(V)) < 0.35
 
@@ -52,11 +76,14 @@ def test_loss_at_init_is_about_ln_v(family):
 @pytest.mark.parametrize("family", list(MODELS))
 def test_tiny_batch_overfits(family):
     torch.manual_seed(0)
-    m = tiny(family, **({"dropout": 0.0} if family == "tf" else {}))
-    tokens = torch.randint(0, V, (40,), generator=torch.Generator().manual_seed(2))
-    feats = m.features(tokens)
-    index = torch.arange(len(feats))
-    x, y = feats.batch(index), feats.targets[index]
+    m = tiny(family, **({"dropout": 0.0} if family in ("tf", "gpt") else {}))
+    if MODELS[family].data == "chars":
+        tokens = torch.randint(0, V, (40,), generator=torch.Generator().manual_seed(2))
+        feats = m.features(tokens)
+        index = torch.arange(len(feats))
+        x, y = feats.batch(index), feats.targets[index]
+    else:
+        x, y = batch(family, 4, seed=2)
     opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-2)
     for _ in range(300):
         _, loss = m.forward_features(x, y)
@@ -66,7 +93,7 @@ def test_tiny_batch_overfits(family):
     assert loss.item() < 0.3
 
 
-@pytest.mark.parametrize("family", list(MODELS))
+@pytest.mark.parametrize("family", families("chars"))
 def test_forward_equals_features_path_in_window_mode(family):
     """forward(window) is forward_features(features): training and inference see the same model."""
     m = tiny(family, **({} if family == "tf" else {"context_mode": "window"})).eval()
@@ -90,7 +117,7 @@ def test_step_equals_stream_features(family):
         logits, state = m.step(tokens[t:t + 1], state)
         if t >= 7:
             ref, _ = m.forward_features(feats.batch(torch.tensor([t - 7])))
-            torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(logits, ref[:, 0], rtol=1e-5, atol=1e-5)
 
 
 def test_aerc_readout_equals_paper_equations():

@@ -58,12 +58,12 @@ def test_eval_logits_equal_torch_encoder(ff, h, L, T):
     with torch.no_grad():
         lf, loss_f = fast(x, y)
         lr, loss_r = ref(x, y)
-    assert lf.shape == (16, 59)
-    torch.testing.assert_close(lf, lr, atol=1e-5, rtol=1e-5)
+    assert lf.shape == (16, 1, 59)
+    torch.testing.assert_close(lf[:, 0], lr.reshape(16, 59), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
     back = copy_weights(ref, CharTransformer(cfg_of(ff, h, L, seed=9))).eval()
     with torch.no_grad():
-        torch.testing.assert_close(back(x)[0], lf, atol=1e-6, rtol=0)
+        torch.testing.assert_close(back(x)[0].reshape(16, 59), lf[:, 0], atol=1e-6, rtol=0)
 
 
 def test_train_mode_gradients_match_reference_without_dropout():
@@ -128,7 +128,7 @@ def test_features_contract_and_short_windows():
     logits, loss = m.forward_features(xb, feats.targets[idx])
     torch.testing.assert_close(logits, m(xb)[0])
     assert loss.ndim == 0 and m(xb)[1] is None
-    assert m(torch.randint(59, (3, 5)))[0].shape == (3, 59)
+    assert m(torch.randint(59, (3, 5)))[0].shape == (3, 1, 59)
     with pytest.raises(ReslmError):
         m(torch.randint(59, (2, 33)))
 

@@ -1,24 +1,62 @@
-"""Model families and the paper's presets (Table 1).
+"""Stage 3, states/tokens -> logits: the model families, their registry and the paper's presets.
 
-MODELS maps a family name to (config class, model class); PRESETS maps a preset name to its family
-and config overrides. `build_model(family, **fields)` is the one constructor everything uses.
+MODELS maps a family name to a `Family`: its config class, its model class, the kind of data it reads
+("chars": the sharded character datasets of `reslm data shakespeare|text`; "tokens": the BPE datasets
+of `reslm data bpe`) and the training defaults that differ from `reslm.train.TrainConfig`'s. Every
+other list of families (the CLI's, reproduce's, the sweep's) derives from it.
+
+PRESETS maps a Table-1 preset name to its family, config overrides and the paper's trainable count.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
 
 import torch
 
 from reslm.errors import ReslmError
 from reslm.models.aerc import AERC, AERCConfig
 from reslm.models.base import build_config, config_dict, count_params
+from reslm.models.gpt import GPT, GPTConfig
+from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.models.rc import RC, RCConfig
 from reslm.models.transformer import CharTransformer, TransformerConfig
 
-MODELS = {
-    "rc": (RCConfig, RC),
-    "aerc": (AERCConfig, AERC),
-    "tf": (TransformerConfig, CharTransformer),
+
+class Family(NamedTuple):
+    config: type          # the config dataclass
+    model: type           # the nn.Module built from it
+    data: str             # "chars" | "tokens"
+    train: dict           # training defaults for this family (overrides of TrainConfig's)
+    help: str             # one line for --help
+
+
+# The paper's character protocol: Adam 1e-4, batch 1024, 5 epochs per shard, constant lr.
+CHAR_TRAIN = dict(optimizer="adam", lr=1e-4, batch_size=1024, schedule="constant", weight_decay=0.0,
+                  grad_clip=0.0, log_every=100)
+# Token level (Appendix A.3 and the authors' code): AdamW, warmup-hold-cosine, accumulation, clipping.
+TOKEN_TRAIN = dict(optimizer="adamw", lr=6e-4, batch_size=32, grad_accum=4, schedule="cosine",
+                   warmup_steps=100, max_steps=1000, weight_decay=0.1, grad_clip=1.0, eval_every=100,
+                   log_every=10)
+
+MODELS: dict[str, Family] = {
+    "rc": Family(RCConfig, RC, "chars", CHAR_TRAIN, "classic reservoir: fixed ESN, trained linear readout"),
+    "aerc": Family(AERCConfig, AERC, "chars", CHAR_TRAIN, "attention-enhanced reservoir: readout generated per step"),
+    "tf": Family(TransformerConfig, CharTransformer, "chars", CHAR_TRAIN, "character transformer over a 32-char window"),
+    "laerc": Family(LAERCConfig, LAERC, "tokens", TOKEN_TRAIN, "layered reservoir LM (Appendix A), BPE tokens"),
+    "gpt": Family(GPTConfig, GPT, "tokens", TOKEN_TRAIN, "causal transformer baseline, BPE tokens"),
 }
+
+
+def families(data: str | None = None) -> tuple[str, ...]:
+    """Family names, all or those reading `data` ("chars" | "tokens"), in registry order."""
+    return tuple(name for name, f in MODELS.items() if data is None or f.data == data)
+
+
+def family(name: str) -> Family:
+    if name not in MODELS:
+        raise ReslmError(f"unknown model family {name!r} (known: {', '.join(MODELS)})")
+    return MODELS[name]
+
 
 # Table 1 of the paper (vocabulary 59, embedding 16), with the trainable-parameter count it reports.
 PRESETS: dict[str, tuple[str, dict, int]] = {}
@@ -32,37 +70,33 @@ for (_f, _h, _l), _p in zip([(64, 4, 4), (72, 8, 8), (128, 8, 8), (356, 8, 8), (
     PRESETS[f"tf-{_f}-{_h}-{_l}"] = ("tf", dict(ff_dim=_f, n_heads=_h, n_layers=_l), _p)
 
 
-def make_config(family: str, **overrides):
+def make_config(name: str, **overrides):
     """The family's config with overrides applied and validated (ReslmError on unknown fields)."""
-    if family not in MODELS:
-        raise ReslmError(f"unknown model family {family!r} (known: {', '.join(MODELS)})")
-    return build_config(MODELS[family][0], overrides, family)
+    return build_config(family(name).config, overrides, name)
 
 
-def build_model(family: str, cfg=None, **overrides):
-    cfg = cfg if cfg is not None else make_config(family, **overrides)
-    return MODELS[family][1](cfg)
+def build_model(name: str, cfg=None, **overrides):
+    """The family's model from a config (or from overrides of its defaults)."""
+    cfg = cfg if cfg is not None else make_config(name, **overrides)
+    return family(name).model(cfg)
 
 
 def preset(name: str) -> tuple[str, dict]:
     if name not in PRESETS:
         raise ReslmError(f"unknown preset {name!r} (see `reslm presets`)")
-    family, cfg, _ = PRESETS[name]
-    return family, dict(cfg)
+    fam, cfg, _ = PRESETS[name]
+    return fam, dict(cfg)
 
 
 def preset_table() -> list[dict]:
     """One row per preset: name, family, trainable/fixed parameter counts (measured on a shape-only
     model on the meta device, so no random matrices are drawn), the paper's count, the config."""
     rows = []
-    for name, (family, overrides, paper) in PRESETS.items():
-        cfg = make_config(family, **overrides)
-        try:  # shape-only, so rc-2600 needs no eigenvalue solve; a family that can't do that is cheap
-            with torch.device("meta"):
-                model = build_model(family, cfg)
-        except NotImplementedError:
-            model = build_model(family, cfg)
+    for name, (fam, overrides, paper) in PRESETS.items():
+        cfg = make_config(fam, **overrides)
+        with torch.device("meta"):
+            model = build_model(fam, cfg)
         trainable, fixed = count_params(model)
-        rows.append(dict(name=name, family=family, trainable_params=trainable, fixed_params=fixed,
+        rows.append(dict(name=name, family=fam, trainable_params=trainable, fixed_params=fixed,
                          paper_trainable_params=paper, config=config_dict(cfg)))
     return rows

@@ -1,24 +1,29 @@
-"""The contract every language model in reslm follows, and the small helpers they share.
+"""Stage 3, the model contract every family follows, and the small helpers they share.
 
-Every model maps a window of token ids to next-token logits:
+Every model maps token ids to next-token logits, always as (B, T, V) (nanoGPT's habit):
 
-    forward(idx, targets=None) -> (logits, loss)      idx (B, T) long -> logits (B, V); loss is a scalar or None
+    forward(idx (B,T), targets=None) -> (logits (B,T',V), loss)
+        token models (laerc, gpt): T' = T, every position predicts the next token, targets (B,T);
+        character models (rc, aerc, tf): T' = 1, the window predicts the token after it, targets (B,)
+        or (B,1). loss is the mean cross-entropy in nats, or None without targets.
 
-Training does not call `forward` directly. The paper precomputes reservoir responses once per shard
-and reuses them across epochs, so a model first turns a whole shard into *features*, and training
-draws batches from those:
+Training does not call `forward` on raw windows for every model. The paper precomputes reservoir
+responses once per shard and reuses them across epochs, so a model turns a token stream into
+*features* once, and training draws batches from those:
 
-    features(tokens, *, dtype=torch.float32, progress=False) -> Features
-                                          once per shard (no grad: fixed reservoir work happens here;
-                                          dtype is the reservoir's compute/storage dtype)
-    forward_features(x, targets) -> (logits, loss)     the trainable part only
+    features(tokens (S,), *, dtype, progress) -> Features      no grad: the fixed reservoir work
+    forward_features(x, targets) -> (logits, loss)              the trainable part only
 
-For a transformer the features are the raw windows; for a reservoir model they are reservoir
-states, so `forward_features` is just the readout. `forward(idx)` is always
-`forward_features(<features of idx>)`, which is what the tests check.
+For a reservoir model the features are the states and `forward_features` is the readout; for a
+window model (tf) they are the windows themselves; token models train on windows directly, so their
+`forward_features` is `forward`. `forward(idx)` is always `forward_features(<features of idx>)`.
 
-Recurrent models also provide `init_state(batch)` and `step(idx_t, state) -> (logits_t, state)`
-so that generation carries the state instead of re-running the window (see generate.py).
+Stateful models (`stateful` True) also provide `init_state(batch, device)` and
+`step(idx_t (B,), state) -> (logits (B,V), state)`, so generation carries the state instead of
+re-reading the window (generate.py); `max_positions` (None = unlimited) says how many steps a state
+can take from empty.
+
+`estimate_loss` is the one cross-entropy estimator: training's evaluations and `reslm eval` both use it.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from reslm.device import autocast
 from reslm.errors import ReslmError
 
 
@@ -85,11 +91,61 @@ def sample_count(n_tokens: int, context: int) -> int:
     return max(0, n_tokens - context)
 
 
+LN2 = math.log(2)
+
+
+def bits(nats: float) -> float:
+    """Nats per symbol -> bits per symbol (bits per character for a character model)."""
+    return nats / LN2
+
+
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
-    """Mean cross-entropy in nats (float32 even under autocast), or None without targets."""
+    """Mean cross-entropy in nats of logits (B,T,V) against targets (B,T) (or (B,) when T = 1),
+    in float32 even under autocast; None without targets."""
     if targets is None:
         return None
-    return F.cross_entropy(logits.float(), targets)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+@torch.no_grad()
+def estimate_loss(model, batches, *, precision: str = "fp32") -> tuple[float, int]:
+    """(mean cross-entropy in nats, number of predictions) of `model.forward_features` over an
+    iterable of (x, targets) batches, in eval mode (the mode is restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for x, y in batches:
+            with autocast(precision, y.device):
+                logits, _ = model.forward_features(x, None)
+            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
+                                     reduction="sum").item()
+            count += y.numel()
+    finally:
+        model.train(was_training)
+    return total / max(count, 1), count
+
+
+def feature_batches(feats, batch_size: int):
+    """(x, targets) batches over every sample of a Features, in order."""
+    n = len(feats)
+    device = feats.targets.device
+    for i0 in range(0, n, batch_size):
+        index = torch.arange(i0, min(n, i0 + batch_size), device=device)
+        yield feats.batch(index), feats.targets[index]
+
+
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: decay on nn.Linear weight matrices; none on biases, LayerNorms,
+    embeddings (also when tied to the output), positional tables and scalars."""
+    decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear) and m.weight.requires_grad}
+    decay, no_decay, seen = [], [], set()
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if id(p) in decay_ids else no_decay).append(p)
+    return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
 
 
 def count_params(module: nn.Module) -> tuple[int, int]:

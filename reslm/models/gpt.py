@@ -1,4 +1,4 @@
-"""GPT baseline: a causal pre-LN transformer decoder, token-level (every position predicts the next).
+"""Stage 3, the GPT baseline: a causal pre-LN transformer decoder, token-level (every position predicts the next).
 
     x_0   = E[idx] + P[t]                        E (V, D) tied with the output projection, P (context, D) learned
     x'    = x + drop(Attn(LN_1(x)))              causal multi-head self-attention (F.scaled_dot_product_attention)
@@ -146,6 +146,10 @@ class GPT(nn.Module):
         if targets is not None:
             loss = next_token_loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return logits, loss
+
+    def forward_features(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Token models train on raw windows: the features are the ids themselves."""
+        return self.forward(idx, targets)
 
     def init_state(self, batch: int, device=None) -> dict:
         """{"cache": [(K, V) per layer, each (B, h, context, D/h) zeros], "pos": 0}."""

@@ -381,6 +381,10 @@ class LAERC(nn.Module):
             loss = next_token_loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return logits, loss
 
+    def forward_features(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Token models train on raw windows: the features are the ids themselves."""
+        return self.forward(idx, targets)
+
     def init_state(self, batch: int, device=None) -> dict:
         """{"states": [(B,R) zeros per block] (None entries without a reservoir), "pos": 0}."""
         device = device or self.embed.weight.device

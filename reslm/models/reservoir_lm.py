@@ -1,4 +1,4 @@
-"""What the classic reservoir (rc.py) and the attention-enhanced reservoir (aerc.py) share.
+"""Stage 3, what the classic reservoir (rc.py) and the attention-enhanced reservoir (aerc.py) share.
 
     x_t = E[c_t]                       fixed random character embedding (V x d), E ~ N(0, 1/d)
     r_t = reservoir(x_1..x_t)          fixed recurrent network (reservoir/), no gradient
@@ -112,9 +112,9 @@ class ReservoirLM(nn.Module):
 
     # --- trainable part ---------------------------------------------------------------------
     def forward_features(self, states: torch.Tensor, targets: torch.Tensor | None = None):
-        """Normalised states (B, N) -> logits (B, V), loss."""
+        """Normalised states (B, N) -> logits (B, 1, V), loss."""
         dtype = next(self.head.parameters()).dtype   # bf16-stored states meet an fp32 head
-        logits = self.head(states if states.dtype == dtype else states.to(dtype))
+        logits = self.head(states if states.dtype == dtype else states.to(dtype))[:, None]
         return logits, next_token_loss(logits, targets)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
@@ -131,7 +131,9 @@ class ReservoirLM(nn.Module):
     def init_state(self, batch: int, device=None) -> torch.Tensor:
         return self.reservoir.init_state(batch, device=device or self.embedding.device)
 
+    max_positions = None  # a carried state never runs out of positions
+
     def step(self, idx_t: torch.Tensor, state: torch.Tensor):
         """idx_t (B,) -> (logits (B, V), next state): one reservoir step and one readout."""
         state = self.reservoir.step(self.embed(idx_t), state)
-        return self.forward_features(self.normalize(state))[0], state
+        return self.forward_features(self.normalize(state))[0][:, 0], state

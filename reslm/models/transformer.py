@@ -1,4 +1,4 @@
-"""Character-level transformer baseline (Köster & Uchida, "Reservoir Computing as a Language Model", Table 1).
+"""Stage 3, the character-level transformer baseline (Köster & Uchida, "Reservoir Computing as a Language Model", Table 1).
 
 The model maps a window of `context` (= 32) character ids to logits for the next character:
 
@@ -179,7 +179,8 @@ class CharTransformer(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(d, cfg.n_heads, cfg.ff_dim, cfg.dropout)
                                     for _ in range(cfg.n_layers))
         self.head = nn.utils.skip_init(nn.Linear, d, cfg.vocab_size)
-        self.reset_parameters()
+        if not torch.empty(0).is_meta:  # shape-only construction (counting parameters): draw nothing
+            self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self):
@@ -219,7 +220,7 @@ class CharTransformer(nn.Module):
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             h = layer(h, last_only=(i == last))
-        logits = self.head(h[:, -1])
+        logits = self.head(h[:, -1:])                   # (B, 1, V): the next character only
         return logits, next_token_loss(logits, targets)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
