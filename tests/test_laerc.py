@@ -1,14 +1,17 @@
 """LAERC (layered reservoir LM, paper Appendix A) and the GPT baseline."""
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn as nn
 
 from reslm.errors import ReslmError
+from reslm.generate import sample
 from reslm.models.base import count_params
 from reslm.models.gpt import GPT, GPTConfig, gpt_param_count
-from reslm.models.laerc import AUTHORS_VARIANT, LAERC, LAERCConfig, laerc_param_count
-from reslm.reservoir.esn import spectral_radius
+from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT, LAERC, LAERCConfig, laerc_param_count
+from reslm.reservoir import ESN, RESERVOIRS, ESNConfig, spectral_radius
 
 V = 37
 
@@ -22,7 +25,7 @@ def small(**kw) -> LAERCConfig:
 def closed_form(cfg: LAERCConfig) -> tuple[int, int]:
     """Written out independently of laerc_param_count: per block terms from the equations."""
     V_, D, L, T, R = cfg.vocab_size, cfg.dim, cfg.n_layers, cfg.context, cfg.r_mult * cfg.dim
-    H = round(cfg.alpha_res * R)
+    H = round(cfg.alpha_res * (R if cfg.readout_hidden == "res" else D))
     if cfg.reservoir:
         gate = (2 * D * D + D) if cfg.gate_layers == 1 else (2 * D * D + D + D * D + D)
         block = (2 * D) + (2 * R) + (R * H + H) + (H * D + D) + 1 + (4 * D) + gate \
@@ -54,16 +57,16 @@ def test_radius_schedule():
     cfg = small(n_layers=4)
     model = LAERC(cfg)
     want = [0.95 + 0.04 * (l - 1) / 3 for l in range(1, 5)]
-    got = [spectral_radius(b.reservoir.W_res) for b in model.blocks]
+    got = [spectral_radius(b.reservoir.W_T) for b in model.blocks]   # rho(W^T) = rho(W)
     assert got == pytest.approx(want, abs=1e-5)
     one = LAERC(small(n_layers=1))
-    assert spectral_radius(one.blocks[0].reservoir.W_res) == pytest.approx(0.95, abs=1e-5)
+    assert spectral_radius(one.blocks[0].reservoir.W_T) == pytest.approx(0.95, abs=1e-5)
 
 
 def test_authors_variant_singular_norm():
     model = LAERC(small(**AUTHORS_VARIANT))
     for b in model.blocks:
-        W = b.reservoir.W_res.double()
+        W = b.reservoir.W_T.double()
         assert torch.linalg.matrix_norm(W, ord=2).item() == pytest.approx(0.9, abs=1e-5)
         assert torch.count_nonzero(b.reservoir.bias) == 0
     assert model.pos is None
@@ -92,8 +95,7 @@ def test_no_gradient_into_reservoir():
     for b in model.blocks:
         assert b.ln_res.weight.grad is None and b.ln_res.bias.grad is None   # detached input
         assert b.res_w1.weight.grad is not None and b.ln_res_out.weight.grad is not None
-        states = b.reservoir(torch.randn(1, 3, 8, requires_grad=True), None)
-        assert not states.requires_grad
+    assert model.has_unused_parameters
 
 
 def assert_step_matches_forward(model, T: int = 12) -> dict:
@@ -183,7 +185,9 @@ def test_no_reservoir_variant():
                                 dict(radius_start=0.0), dict(bias_scaling=-1.0), dict(input_scaling=float("nan")),
                                 dict(pos_encoding="rope"), dict(radius_norm="frobenius"), dict(gate_layers=3),
                                 dict(dim=7, pos_encoding="sinusoidal"), dict(vocab_size=2.5),
-                                dict(reservoir="yes")])
+                                dict(reservoir="yes"), dict(reservoir_type="nope"), dict(readout_hidden="x"),
+                                dict(input_init="cauchy"), dict(reservoir_grad=1), dict(embed_lr_mult=0.0),
+                                dict(seed=-1), dict(reservoir_dtype="int8")])
 def test_bad_laerc_configs(kw):
     with pytest.raises(ReslmError):
         LAERC(small(**kw))
@@ -214,10 +218,6 @@ def test_past_context_raises():
 def test_sampler_carries_state_for_token_models():
     """The one sampler drives LAERC and GPT through step(); greedy output equals greedy decoding
     with the full forward pass re-run over the prefix."""
-    from reslm.generate import sample
-    from reslm.models.gpt import GPT, GPTConfig
-    from reslm.models.laerc import LAERC, LAERCConfig
-
     for model in (LAERC(LAERCConfig(vocab_size=50, dim=16, n_layers=2, context=40, seed=1)),
                   GPT(GPTConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2, context=40, seed=1))):
         model.eval()
@@ -231,19 +231,124 @@ def test_sampler_carries_state_for_token_models():
         assert out == ids[len(prompt):]
 
 
-def test_reservoir_backends_and_precision():
-    """The cuDNN path (torch.rnn_tanh, also runnable on CPU) equals the loop; bf16 stays close."""
-    from reslm.models.laerc import Reservoir
-    cfg = LAERCConfig(vocab_size=50, dim=8, n_layers=1, context=16)
-    res = Reservoir(cfg, 1)
-    u, s0 = torch.randn(3, 7, 8), torch.randn(3, 32).tanh()
-    loop = res(u, s0, backend="loop")
-    assert loop.dtype == torch.float32 and res.compute_dtype(torch.device("cpu")) == torch.float32
-    torch.testing.assert_close(res(u, s0, backend="rnn"), loop, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(res(u, None, backend="rnn"), res(u, None, backend="loop"), atol=1e-5, rtol=1e-5)
-    low = Reservoir(LAERCConfig(vocab_size=50, dim=8, n_layers=1, context=16, reservoir_dtype="bfloat16"), 1)
-    out = low(u, s0)
-    assert out.dtype == torch.bfloat16 and (out.float() - loop).abs().max() < 0.05
-    assert Reservoir(cfg, 1).compute_dtype(torch.device("cuda")) == torch.float16  # auto on a GPU
-    with pytest.raises(ReslmError, match="reservoir_dtype"):
-        LAERCConfig(reservoir_dtype="int8").validate()
+@pytest.mark.parametrize("D,L,want", [(128, 4, 7_494_536), (512, 16, 93_046_304)])
+def test_authors_variant_matches_their_parameter_count(D, L, want):
+    """The authors' released model, instantiated at V = 50,257, T = 512, has these trainable counts."""
+    cfg = LAERCConfig(vocab_size=50257, dim=D, n_layers=L, context=512, **AUTHORS_VARIANT)
+    with torch.device("meta"):   # shapes only: no R x R draws, no eigendecompositions
+        model = LAERC(cfg)
+    assert count_params(model)[0] == laerc_param_count(cfg)[0] == want
+    assert model.blocks[0].res_w1.out_features == D and isinstance(model.blocks[0].gate, torch.nn.Sequential)
+    assert AUTHORS_TRAIN == dict(lr=4e-4, warmup_frac=0.01, hold_frac=0.10)
+
+
+def test_authors_variant_reservoir_inputs():
+    """W_in ~ N(0, 1) / sqrt(D), zero bias, and LN_res trained (no unused parameters)."""
+    model = LAERC(LAERCConfig(vocab_size=V, dim=64, n_layers=1, context=8, **AUTHORS_VARIANT))
+    w_in = model.blocks[0].reservoir.W_in_T * 64 ** 0.5           # (D, R) entries ~ N(0, 1)
+    assert abs(w_in.mean().item()) < 0.02 and w_in.std().item() == pytest.approx(1.0, abs=0.02)
+    assert (w_in < -1).any() and (w_in > 1).any()                  # not uniform in [-1, 1]
+    assert not model.has_unused_parameters
+
+
+def _earlier_position_grad(model, idx):
+    """Gradient of the last position's logits w.r.t. the embedding output at the earlier positions:
+    only the reservoir path mixes positions, so it is the gradient through the reservoir."""
+    out = {}
+
+    def keep(_, __, x):
+        x.retain_grad()
+        out["x"] = x
+    handle = model.embed.register_forward_hook(keep)
+    logits, _ = model(idx)
+    handle.remove()
+    logits[:, -1].sum().backward()
+    return out["x"].grad[:, :-1]
+
+
+def test_reservoir_grad_reaches_the_embedding():
+    idx = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(3))
+    default = LAERC(small(pos_encoding="none"))
+    assert torch.count_nonzero(_earlier_position_grad(default, idx)) == 0
+    through = LAERC(small(pos_encoding="none", reservoir_grad=True))
+    assert _earlier_position_grad(through, idx).abs().min() > 0
+    for b in through.blocks:
+        assert b.ln_res.weight.grad is not None and b.ln_res.weight.grad.abs().sum() > 0
+    assert all(not t.requires_grad for t in through.buffers())       # reservoir weights stay fixed
+    assert not through.has_unused_parameters
+
+
+def test_param_groups():
+    model = LAERC(small(embed_lr_mult=0.2, tie_embeddings=False, pos_encoding="none"))
+    groups = model.param_groups(0.1)
+    params = [p for g in groups for p in g["params"]]
+    assert len(params) == len({id(p) for p in params}) == len(list(model.parameters()))
+    decay, no_decay, embed = groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decay["params"])
+    assert any(p is model.head.weight for p in decay["params"])     # an untied head is a linear map
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() <= 1 for p in no_decay["params"])
+    assert embed == dict(params=[model.embed.weight], weight_decay=0.0, lr_mult=0.2)
+    torch.optim.AdamW(groups, lr=1e-3)                               # AdamW takes them as they are
+    tied = LAERC(small(pos_encoding="learned")).param_groups(0.1)
+    assert sum(len(g["params"]) for g in tied) == len(list(LAERC(small()).parameters()))
+    assert any(p.dim() == 2 and p.shape[0] == 16 for p in tied[1]["params"])   # positions: no decay
+
+
+def test_layers_get_different_reservoirs():
+    model = LAERC(small(radius_start=0.9, radius_end=0.9))
+    Ws = [b.reservoir.W_T for b in model.blocks]
+    assert not torch.equal(Ws[0], Ws[1]) and not torch.equal(Ws[1], Ws[2])
+    assert not torch.equal(model.blocks[0].reservoir.W_in_T, model.blocks[1].reservoir.W_in_T)
+
+
+@dataclass
+class LeakyConfig:
+    """A reservoir with its own config: only size, input_dim and seed (LAERC fills what exists)."""
+    size: int = 8
+    input_dim: int = 4
+    seed: int = 0
+
+    def validate(self):
+        pass
+
+
+class Leaky(nn.Module):
+    """A non-ESN reservoir for the registry test: s_t = 0.5 s_{t-1} + tanh(W_in u_t)."""
+
+    def __init__(self, cfg: LeakyConfig):
+        super().__init__()
+        self.size, self.input_dim = cfg.size, cfg.input_dim
+        self.register_buffer("W_in_T", torch.randn(cfg.input_dim, cfg.size,
+                                                   generator=torch.Generator().manual_seed(cfg.seed)))
+
+    def init_state(self, batch, device=None, dtype=None):
+        return torch.zeros(batch, self.size, device=device, dtype=dtype)
+
+    def forward(self, u, s0=None):
+        s = s0 if s0 is not None else self.init_state(u.shape[0], u.device, u.dtype)
+        out = []
+        for t in range(u.shape[1]):
+            s = 0.5 * s + torch.tanh(u[:, t] @ self.W_in_T)
+            out.append(s)
+        return torch.stack(out, 1), s
+
+    def step(self, u_t, s):
+        return self.forward(u_t[:, None], s)[1]
+
+
+class TinyESN(ESN):
+    """An ESN subclass registered under its own name."""
+
+
+@pytest.mark.parametrize("name,entry", [("leaky", (LeakyConfig, Leaky)), ("tiny", (ESNConfig, TinyESN))])
+def test_registered_reservoir_runs_inside_laerc(monkeypatch, name, entry):
+    monkeypatch.setitem(RESERVOIRS, name, entry)
+    model = LAERC(small(reservoir_type=name)).eval()
+    assert all(type(b.reservoir) is entry[1] and b.reservoir.size == 32 for b in model.blocks)
+    with torch.no_grad():
+        for b in model.blocks:
+            b.alpha.fill_(0.7)
+    assert_step_matches_forward(model)
+    assert count_params(model)[0] == laerc_param_count(model.config)[0]
+    with pytest.raises(ReslmError, match="reservoir_type"):
+        small(reservoir_type="absent").validate()

@@ -1,9 +1,11 @@
-"""Reservoir engine invariants: spectral radius, seeding, step == batch, window == from scratch."""
+"""Reservoir engine invariants: radius, seeding, step == batch, backends and precision, window == from scratch."""
+import numpy as np
 import pytest
 import torch
 
 from reslm.errors import ReslmError
-from reslm.reservoir import ESN, ESNConfig, shard_states, spectral_radius
+from reslm.reservoir import ESN, ESNConfig, child_seed, generator, shard_states, spectral_radius
+from reslm.reservoir.matrices import largest_singular_value
 
 
 @pytest.mark.parametrize("radius,density", [(0.9, 1.0), (1.3, 0.2), (0.5, 0.05)])
@@ -19,12 +21,14 @@ def test_same_seed_same_reservoir_and_states():
     assert not torch.equal(a.W_T, ESN(ESNConfig(size=64, seed=8)).W_T)
 
 
-@pytest.mark.parametrize("leak,bias", [(1.0, 0.0), (0.3, 0.5)])
-def test_step_by_step_equals_batched_and_equations(leak, bias):
-    esn = ESN(ESNConfig(size=40, leak_rate=leak, bias_scaling=bias, seed=1))
+@pytest.mark.parametrize("leak,bias,backend,start", [(1.0, 0.0, "loop", "zero"), (0.3, 0.5, "loop", "zero"),
+                                                      (0.3, 0.5, "loop", "s0"), (1.0, 0.5, "rnn", "zero"),
+                                                      (1.0, 0.5, "rnn", "s0")])
+def test_step_by_step_equals_batched_and_equations(leak, bias, backend, start):
+    esn = ESN(ESNConfig(size=40, leak_rate=leak, bias_scaling=bias, backend=backend, seed=1))
     u = torch.randn(5, 12, 16)
-    states, last = esn(u)
-    s = esn.init_state(5)
+    s = esn.init_state(5) if start == "zero" else torch.randn(5, 40).tanh()
+    states, last = esn(u, None if start == "zero" else s)
     W, W_in = esn.W_T.T, esn.W_in_T.T
     for t in range(12):
         ref = (1 - leak) * s + leak * torch.tanh(s @ W.T + u[:, t] @ W_in.T + esn.bias)  # paper eq. 1 + leak
@@ -36,7 +40,9 @@ def test_step_by_step_equals_batched_and_equations(leak, bias):
 
 def test_bad_reservoir_configs():
     for bad in [dict(spectral_radius=0), dict(spectral_radius=-1), dict(leak_rate=0), dict(density=0),
-                dict(size=0)]:
+                dict(size=0), dict(radius_norm="frobenius"), dict(dtype="int8"), dict(backend="cudnn"),
+                dict(backend="rnn", leak_rate=0.5), dict(input_init="cauchy"), dict(seed=-1),
+                dict(input_scale_by_dim="yes")]:
         with pytest.raises(ReslmError):
             ESN(ESNConfig(**bad))
 
@@ -71,3 +77,111 @@ def test_stream_mode_matches_sequential_run(streams, warmup):
     torch.testing.assert_close(states[:n0], ref[:n0])       # stream 0 is the sequential run itself
     if warmup >= 32:                                        # 0.5^32: fading memory has washed out the start
         torch.testing.assert_close(states, ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("norm,measure", [("spectral", spectral_radius), ("singular", largest_singular_value)])
+def test_radius_norm_gives_the_requested_radius(norm, measure):
+    esn = ESN(ESNConfig(size=80, spectral_radius=0.9, radius_norm=norm, seed=5))
+    assert measure(esn.W_T) == pytest.approx(0.9, rel=1e-6)
+    if norm == "singular":   # sigma_max >= rho, so the spectral radius lies below the request
+        assert spectral_radius(esn.W_T) < 0.9
+
+
+def test_seeding_is_reservoirpy_spawn():
+    """child_seed(seed, k) is SeedSequence(seed).spawn(...)[k]; keys and seeds give independent streams."""
+    kids = np.random.SeedSequence(11).spawn(3)
+    assert [child_seed(11, k) for k in range(3)] == [int(c.generate_state(1, np.uint64)[0]) for c in kids]
+    assert child_seed(11, 0, 2) == int(kids[0].spawn(3)[2].generate_state(1, np.uint64)[0])
+    assert len({child_seed(11), child_seed(11, 0), child_seed(11, 1), child_seed(12, 0)}) == 4
+    assert torch.equal(torch.rand(4, generator=generator(3, 1)), torch.rand(4, generator=generator(3, 1)))
+    with pytest.raises(ReslmError):
+        child_seed(-1)
+
+
+def test_matrices_come_from_independent_streams():
+    """Changing W_in's density or distribution leaves W (and b) as they were."""
+    a = ESN(ESNConfig(size=30, bias_scaling=0.5, seed=2))
+    b = ESN(ESNConfig(size=30, bias_scaling=0.5, input_density=0.3, input_init="normal", seed=2))
+    assert torch.equal(a.W_T, b.W_T) and torch.equal(a.bias, b.bias) and not torch.equal(a.W_in_T, b.W_in_T)
+
+
+def test_input_options():
+    base = ESN(ESNConfig(size=30, input_dim=25, input_scaling=2.0, seed=3))
+    scaled = ESN(ESNConfig(size=30, input_dim=25, input_scaling=2.0, input_scale_by_dim=True, seed=3))
+    torch.testing.assert_close(scaled.W_in_T, base.W_in_T / 5)
+    assert base.W_in_T.abs().max() <= 2.0
+    normal = ESN(ESNConfig(size=200, input_dim=25, input_scaling=1.0, input_init="normal", seed=3))
+    assert normal.W_in_T.std().item() == pytest.approx(1.0, abs=0.05) and normal.W_in_T.abs().max() > 1
+
+
+def test_rnn_backend_equals_loop():
+    """torch.rnn_tanh (cuDNN's fused RNN on a GPU) runs on the CPU too: same states as the loop."""
+    cfg = dict(size=32, input_dim=8, bias_scaling=0.2, seed=4)
+    loop, rnn = ESN(ESNConfig(**cfg, backend="loop")), ESN(ESNConfig(**cfg, backend="rnn"))
+    assert loop.backend(torch.device("cpu")) == "loop" == ESN(ESNConfig(**cfg)).backend(torch.device("cpu"))
+    assert ESN(ESNConfig(**cfg)).backend(torch.device("cuda")) == "rnn"
+    assert ESN(ESNConfig(**cfg, leak_rate=0.5)).backend(torch.device("cuda")) == "loop"
+    u, s0 = torch.randn(3, 7, 8), torch.randn(3, 32).tanh()
+    for start in (None, s0):
+        (a, a_T), (b, b_T) = loop(u, start), rnn(u, start)
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b_T, a_T, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["loop", "rnn"])
+def test_low_precision(backend):
+    cfg = dict(size=32, input_dim=8, seed=4, backend=backend)
+    u, s0 = torch.randn(3, 7, 8), torch.randn(3, 32).tanh()
+    ref, _ = ESN(ESNConfig(**cfg))(u, s0)
+    low = ESN(ESNConfig(**cfg, dtype="bfloat16"))
+    out, last = low(u, s0)
+    assert out.dtype == last.dtype == torch.bfloat16 and (out.float() - ref).abs().max() < 0.05
+    assert low.W_T.dtype == torch.float32                    # the buffers (the checkpoint) stay float32
+    assert low._weights(torch.bfloat16)[0] is low._weights(torch.bfloat16)[0]   # cast once, cached
+    assert ESN(ESNConfig(**cfg))(u.bfloat16())[0].dtype == torch.bfloat16   # "input": u's dtype (bench)
+    auto = ESN(ESNConfig(**cfg, dtype="auto"))
+    assert auto.compute_dtype(torch.device("cuda")) == torch.float16
+    assert auto.compute_dtype(torch.device("cpu"), torch.bfloat16) == torch.float32
+    assert auto(u.bfloat16())[0].dtype == torch.float32
+
+
+def test_cast_cache_follows_the_buffers():
+    """Loading other weights into an ESN that has cached a low-precision copy uses the new weights."""
+    a = ESN(ESNConfig(size=16, input_dim=4, dtype="bfloat16", seed=1))
+    b = ESN(ESNConfig(size=16, input_dim=4, dtype="bfloat16", seed=2))
+    u = torch.randn(2, 5, 4)
+    a(u)
+    a.load_state_dict(b.state_dict())
+    assert torch.equal(a(u)[0], b(u)[0])
+
+
+@pytest.mark.parametrize("backend,leak", [("loop", 1.0), ("loop", 0.4), ("rnn", 1.0)])
+def test_gradient_through_the_recurrence(backend, leak):
+    """With u requiring grad the recurrence is recorded (same states as the in-place loop) and u gets
+    a gradient; without, it runs under no_grad. The weights never get one."""
+    esn = ESN(ESNConfig(size=24, input_dim=6, leak_rate=leak, bias_scaling=0.1, backend=backend, seed=6))
+    u = torch.randn(2, 9, 6, requires_grad=True)
+    s0 = torch.randn(2, 24).tanh()
+    states, last = esn(u, s0)
+    ref, _ = esn(u.detach(), s0)
+    assert states.requires_grad and not ref.requires_grad
+    torch.testing.assert_close(states, ref, atol=1e-5, rtol=1e-5)
+    states[:, -1].sum().backward()
+    assert u.grad[:, 0].abs().sum() > 0                     # the first input reaches the last state
+    assert all(not t.requires_grad and t.grad is None for t in esn.buffers())
+    with torch.no_grad():
+        assert not esn(u, s0)[0].requires_grad
+
+
+def test_empty_sequence():
+    esn = ESN(ESNConfig(size=10, input_dim=3))
+    states, last = esn(torch.zeros(2, 0, 3))
+    assert states.shape == (2, 0, 10) and torch.equal(last, torch.zeros(2, 10))
+    s0 = torch.randn(2, 10)
+    assert torch.equal(esn(torch.zeros(2, 0, 3), s0)[1], s0)
+
+
+def test_shape_only_construction_draws_nothing():
+    with torch.device("meta"):
+        esn = ESN(ESNConfig(size=5000, input_dim=8))
+    assert esn.W_T.is_meta and esn.W_T.shape == (5000, 5000)

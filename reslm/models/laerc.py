@@ -1,4 +1,4 @@
-"""Layered reservoir language model (LAERC), paper Appendix "LAERC technical specification" (sec:app_1).
+"""Stage 3, tokens -> logits (token family): the layered reservoir LM (LAERC), paper Appendix A (sec:app_1).
 
 A token-level causal LM: every position predicts the next token. Per block l = 1..L (input x, (B,T,D)):
 
@@ -13,32 +13,39 @@ A token-level causal LM: every position predicts the next token. Per block l = 1
 then logits = E^T LN_f(x^(L+1)) (output projection tied to the embedding E). The input is
 x^(1) = E[idx] + P[t], with P learned (N(0, 0.02), `context` rows), sinusoidal (fixed buffer) or none.
 
-Reservoir (fixed, buffers, never seen by the optimiser):
+Reservoir: each block's `reservoir` is built from the registry `reslm.reservoir.RESERVOIRS`
+(`reservoir_type`, default "esn", the one reservoir engine in reservoir/esn.py) with size R, input
+size D and the fields below, so any registered reservoir runs inside LAERC. With the ESN (fixed
+buffers, never seen by the optimiser):
 * W_res (R x R): dense U(-1, 1), rescaled so that its spectral radius (radius_norm="spectral") or its
   largest singular value (radius_norm="singular") equals rho_l = radius_start + (radius_end -
   radius_start) (l-1)/max(1, L-1); the paper's 0.95 + 0.04 (l-1)/max(1, L-1) is the default.
-* W_in (R x D): U(-1, 1) * input_scaling / sqrt(D). The appendix gives no input distribution; the
-  1/sqrt(D) keeps the pre-activation variance (x~ is layer-normed, unit scale) at input_scaling^2/3
-  whatever D is, so the reservoir does not saturate for large D.
+* W_in (R x D): U(-1, 1) (input_init="uniform") or N(0, 1) ("normal"), times input_scaling / sqrt(D).
+  The appendix gives no input distribution; the 1/sqrt(D) keeps the pre-activation variance (x~ is
+  layer-normed, unit scale) at input_scaling^2/3 (uniform) whatever D is, so the reservoir does not
+  saturate for large D.
 * b (R): U(-bias_scaling, bias_scaling), default bias_scaling = 0.1. The appendix has a bias b but no
   distribution; a small random bias breaks the tanh's odd symmetry. bias_scaling = 0 gives no bias.
-Each matrix comes from its own generator (`esn._generator(seed, 1000 l + k)`), so the same seed
-always gives the same reservoir.
+Seeds: block l's reservoir seed is child l-1 of the model seed (`reslm.reservoir.seeding`), and the
+reservoir spawns one generator per matrix from it; the same seed always gives the same reservoirs.
 Precision and kernels (Appendix A.3: "reservoir parameters are stored in low precision when
 possible"): the float32 buffers are what a checkpoint holds; the recurrence runs in
-`reservoir_dtype`, "auto" = float16 on CUDA (cuDNN's fused tanh RNN through `torch.rnn_tanh`, states
-in [-1, 1] lose little in float16) and float32 on CPU (the `tanh_recurrence` loop; "bfloat16" on a
-CPU with avx512_bf16 measured 2.2x faster at R = 1024 but 1.2x slower at R = 256, B = 16, T = 512).
-The low-precision copies are cast once and cached.
+`reservoir_dtype` ("auto" = float16 on CUDA, where the ESN uses cuDNN's fused tanh RNN through
+`torch.rnn_tanh`, and float32 on CPU, the `tanh_recurrence` loop); states in [-1, 1] lose little in
+float16. The low-precision copies are cast once and cached. README has measured speeds.
 
-Gradients. "Gradients are not propagated through the reservoir dynamics": the recurrence runs under
-torch.no_grad on a detached x~, so nothing upstream of s gets a gradient from the reservoir path.
-A consequence: LN_res (whose output only feeds the reservoir) never receives a gradient; its 2D
-parameters per block are counted as trainable but stay at their initial values (1, 0). The readout
-(LN_res_out onward) is trained normally; the block input x still gets gradients through the gate
-and the (1 - g) x path.
+Gradients. Appendix: "gradients are not propagated through the reservoir dynamics". With
+reservoir_grad = False (default) the recurrence runs under no_grad on a detached x~, so nothing
+upstream of s gets a gradient from the reservoir path. A consequence: LN_res (whose output only
+feeds the reservoir) never receives a gradient; its 2D parameters per block are counted as trainable
+but stay at their initial values (1, 0) (`has_unused_parameters` tells DDP). The readout
+(LN_res_out onward) is trained normally; the block input x still gets gradients through the gate and
+the (1 - g) x path. reservoir_grad = True (the authors' code) keeps the reservoir weights fixed but
+records the recurrence with autograd, so x~, LN_res, the lower blocks and the embedding get
+gradients through s.
 
-Trainable parameters (reservoir=True, gate_layers=1, H = alpha_res R, R = r_mult D):
+Trainable parameters (reservoir=True, gate_layers=1, R = r_mult D, H = alpha_res R, or alpha_res D
+with readout_hidden="dim"):
 
     V D                                    embedding (tied with the output projection)
   + T D                                    if pos_encoding == "learned"
@@ -48,7 +55,7 @@ Trainable parameters (reservoir=True, gate_layers=1, H = alpha_res R, R = r_mult
 
 where per block: LN_res 2D, LN_res_out 2R, W_1/b_1 RH + H, W_2/b_2 HD + D, beta 1, LN_mix 4D,
 W_g/b_g 2D^2 + D, LN_ffn 2D, FFN 8D^2 + 5D, alpha 1. gate_layers=2 adds D^2 + D per block
-(2D -> D -> D). Fixed (buffers): L (R^2 + R D + R).
+(2D -> D -> D). Fixed (ESN buffers): L (R^2 + R D + R).
 
 reservoir=False (the `--no-reservoir` ablation) removes the whole reservoir path of every block:
 LN_res, W_res, W_in, b, LN_res_out, the readout MLP, beta, and also the mixing gate (with r = 0 the
@@ -60,16 +67,28 @@ bigram-like baseline that measures what the reservoir contributes.
 
 Initialisation: embedding, positions and all linear weights ~ N(0, 0.02), biases 0, LayerNorms
 (1, 0), beta = 0, alpha = 0; drawn on the CPU from a generator seeded by `seed` (same seed, same
-weights, on any device).
+weights, on any device). Optimiser groups: `param_groups(weight_decay)` (decay on linear weight
+matrices only; the embedding group carries lr_mult = embed_lr_mult).
 
-Authors' variant (their released code, as described to us; differences from the appendix):
-* every layer's W_res is scaled to largest singular value 0.9 (not spectral radius 0.95..0.99);
-* the reservoir bias is zero;
-* the gate is a two-layer MLP instead of a single linear map;
-* there is no positional encoding.
-`AUTHORS_VARIANT` holds these as config overrides (radius_norm="singular", radius 0.9 at both ends,
-bias_scaling=0, gate_layers=2, pos_encoding="none"). The hidden width of their gate MLP is not known
-here; we use D with GELU.
+Authors' variant: where the authors' released code differs from the appendix text (and from reslm's
+defaults, which follow the text). `AUTHORS_VARIANT` holds the model overrides, `AUTHORS_TRAIN` the
+training-side values:
+* readout MLP hidden width H = D, not alpha_res R = 4D (readout_hidden="dim");
+* gradients flow through the (fixed) reservoir recurrence into LN_res, the lower blocks and the
+  embedding, not stopped at the reservoir (reservoir_grad=True);
+* the gate is a two-layer MLP Linear(2D, D) GELU Linear(D, D), not a single W_g (gate_layers=2);
+* W_in ~ N(0, 1) / sqrt(D) (input_init="normal", input_scaling=1); the text gives no distribution;
+* the reservoir bias is zero (bias_scaling=0); the text has a bias b;
+* every layer's W_res has largest singular value 0.9 (radius_norm="singular", radius 0.9 at both
+  ends), not spectral radius 0.95..0.99;
+* no positional encoding (pos_encoding="none"); the text's x^(1) = E e(x_t) has none either, and
+  reslm's default adds a learned table (the reservoir alone carries order);
+* embedding learning rate x0.2 (embed_lr_mult=0.2), lr 4e-4, a hold of 10% and a warm-up of 1% of
+  the steps (AUTHORS_TRAIN); the text gives neither.
+The rest agrees: R = 4D, LN_res present (2D per block), tied embeddings, final LN, ReZero FFN of
+width 4D. With these, the trainable count equals the authors' model instantiated at V = 50,257,
+T = 512: 7,494,536 at (D, L) = (128, 4) and 93,046,304 at (512, 16). The closed form above with
+R = 4D, H = D and the two-layer gate: V D + 2 D + L (16 D^2 + 25 D + 2).
 
 Generation: `init_state(batch)` gives each block's reservoir state (zeros) and a position counter;
 `step(idx_t, state)` advances every block by one token (one (B,R)x(R,R) product per block), so a
@@ -78,7 +97,7 @@ token costs O(1) regardless of how many came before. Step-by-step logits equal `
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -87,15 +106,21 @@ import torch.nn.functional as F
 from reslm.errors import ReslmError
 from reslm.models.base import check_positive, next_token_loss
 from reslm.models.transformer import sinusoidal_encoding
-from reslm.reservoir.esn import _generator, random_sparse, scale_spectral_radius, tanh_recurrence
+from reslm.reservoir import RESERVOIRS
+from reslm.reservoir.seeding import child_seed
 
 POS_ENCODINGS = ("learned", "sinusoidal", "none")
 RADIUS_NORMS = ("spectral", "singular")
 RESERVOIR_DTYPES = ("auto", "float32", "bfloat16", "float16")
+INPUT_INITS = ("uniform", "normal")
+READOUT_HIDDEN = ("res", "dim")
 
 # Config overrides that turn the appendix model into the authors' released variant (see docstring).
-AUTHORS_VARIANT = dict(radius_norm="singular", radius_start=0.9, radius_end=0.9, bias_scaling=0.0,
-                       gate_layers=2, pos_encoding="none")
+AUTHORS_VARIANT = dict(r_mult=4, readout_hidden="dim", alpha_res=1.0, reservoir_grad=True, gate_layers=2,
+                       input_init="normal", input_scaling=1.0, bias_scaling=0.0, radius_norm="singular",
+                       radius_start=0.9, radius_end=0.9, pos_encoding="none", embed_lr_mult=0.2)
+# Their training-side values (read by the training loop): peak lr, warm-up and hold as fractions of the steps.
+AUTHORS_TRAIN = dict(lr=4e-4, warmup_frac=0.01, hold_frac=0.10)
 
 
 @dataclass
@@ -105,17 +130,22 @@ class LAERCConfig:
     n_layers: int = 6               # L
     context: int = 512              # T: longest window (rows of the learned positional table)
     r_mult: int = 4                 # R = r_mult * D
-    alpha_res: float = 1.0          # readout hidden width H = alpha_res * R
+    alpha_res: float = 1.0          # readout hidden width H = alpha_res * R (or * D, see readout_hidden)
+    readout_hidden: str = "res"     # H = alpha_res * R ("res", appendix) or alpha_res * D ("dim", authors' code)
     radius_start: float = 0.95      # rho_1
     radius_end: float = 0.99        # rho_L
     radius_norm: str = "spectral"   # "spectral": rho(W_res) = rho_l; "singular": sigma_max(W_res) = rho_l
-    input_scaling: float = 1.0      # W_in ~ U(-1, 1) * input_scaling / sqrt(D)
+    input_scaling: float = 1.0      # W_in ~ U(-1, 1) (or N(0, 1)) * input_scaling / sqrt(D)
+    input_init: str = "uniform"     # W_in entries: "uniform" U(-1, 1) or "normal" N(0, 1) (authors' code)
     bias_scaling: float = 0.1       # b ~ U(-bias_scaling, bias_scaling)
     gate_layers: int = 1            # 1: W_g (appendix); 2: Linear(2D, D) GELU Linear(D, D) (authors)
     tie_embeddings: bool = True
     pos_encoding: str = "learned"   # "learned" | "sinusoidal" | "none"
     reservoir: bool = True          # False: --no-reservoir ablation (see docstring)
+    reservoir_type: str = "esn"     # key in reslm.reservoir.RESERVOIRS: the reservoir of every block
     reservoir_dtype: str = "auto"   # recurrence precision: auto (float16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16
+    reservoir_grad: bool = False    # True: gradients flow through the fixed reservoir into x~ (authors' code)
+    embed_lr_mult: float = 1.0      # embedding learning rate = lr * embed_lr_mult (0.2 in the authors' code)
     seed: int = 0
 
     @property
@@ -124,12 +154,27 @@ class LAERCConfig:
 
     @property
     def res_hidden(self) -> int:
-        return max(1, round(self.alpha_res * self.res_size))
+        base = self.res_size if self.readout_hidden == "res" else self.dim
+        return max(1, round(self.alpha_res * base))
 
     def radius(self, layer: int) -> float:
         """rho_l for layer l = 1..L (linear depth schedule)."""
         frac = (layer - 1) / max(1, self.n_layers - 1)
         return self.radius_start + (self.radius_end - self.radius_start) * frac
+
+    def reservoir_config(self, layer: int):
+        """The config of layer l's reservoir (l = 1..L): RESERVOIRS[reservoir_type]'s config class with
+        whichever of these fields it has (size, input_dim and seed at least)."""
+        cfg_cls, _ = RESERVOIRS[self.reservoir_type]
+        want = dict(size=self.res_size, input_dim=self.dim, seed=child_seed(self.seed, layer - 1),
+                    spectral_radius=self.radius(layer), radius_norm=self.radius_norm,
+                    input_scaling=self.input_scaling, input_init=self.input_init, input_scale_by_dim=True,
+                    bias_scaling=self.bias_scaling, dtype=self.reservoir_dtype)
+        have = {f.name for f in fields(cfg_cls)}
+        missing = {"size", "input_dim", "seed"} - have
+        if missing:
+            raise ReslmError(f"reservoir {self.reservoir_type!r} has no config field {', '.join(sorted(missing))}")
+        return cfg_cls(**{k: v for k, v in want.items() if k in have})
 
     def validate(self) -> "LAERCConfig":
         for name in ("vocab_size", "dim", "n_layers", "context", "r_mult", "gate_layers", "seed"):
@@ -138,29 +183,33 @@ class LAERCConfig:
                 raise ReslmError(f"{name} must be an integer, got {v!r}")
         check_positive(vocab_size=self.vocab_size, dim=self.dim, n_layers=self.n_layers,
                        context=self.context, r_mult=self.r_mult, alpha_res=self.alpha_res,
-                       radius_start=self.radius_start, radius_end=self.radius_end)
+                       radius_start=self.radius_start, radius_end=self.radius_end,
+                       embed_lr_mult=self.embed_lr_mult)
+        if self.seed < 0:
+            raise ReslmError(f"seed must be >= 0, got {self.seed}")
         for name in ("input_scaling", "bias_scaling"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ReslmError(f"{name} must be >= 0, got {v!r}")
-        if self.pos_encoding not in POS_ENCODINGS:
-            raise ReslmError(f"pos_encoding must be one of {', '.join(POS_ENCODINGS)}, got {self.pos_encoding!r}")
-        if self.radius_norm not in RADIUS_NORMS:
-            raise ReslmError(f"radius_norm must be one of {', '.join(RADIUS_NORMS)}, got {self.radius_norm!r}")
-        if self.reservoir_dtype not in RESERVOIR_DTYPES:
-            raise ReslmError(f"reservoir_dtype must be one of {', '.join(RESERVOIR_DTYPES)}, got {self.reservoir_dtype!r}")
+        for name, allowed in (("pos_encoding", POS_ENCODINGS), ("radius_norm", RADIUS_NORMS),
+                              ("reservoir_dtype", RESERVOIR_DTYPES), ("input_init", INPUT_INITS),
+                              ("readout_hidden", READOUT_HIDDEN), ("reservoir_type", RESERVOIRS)):
+            if getattr(self, name) not in allowed:
+                raise ReslmError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.gate_layers not in (1, 2):
             raise ReslmError(f"gate_layers must be 1 or 2, got {self.gate_layers}")
         if self.pos_encoding == "sinusoidal" and self.dim % 2:
             raise ReslmError(f"dim must be even for the sinusoidal encoding, got {self.dim}")
-        for name in ("tie_embeddings", "reservoir"):
+        for name in ("tie_embeddings", "reservoir", "reservoir_grad"):
             if not isinstance(getattr(self, name), bool):
                 raise ReslmError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.reservoir:
+            self.reservoir_config(1).validate()
         return self
 
 
 def laerc_param_count(cfg: LAERCConfig) -> tuple[int, int]:
-    """(trainable, fixed) from the closed form in the module docstring."""
+    """(trainable, fixed) from the closed form in the module docstring (fixed: the ESN's buffers)."""
     V, D, L, T = cfg.vocab_size, cfg.dim, cfg.n_layers, cfg.context
     R, H = cfg.res_size, cfg.res_hidden
     trainable = V * D + 2 * D
@@ -175,77 +224,6 @@ def laerc_param_count(cfg: LAERCConfig) -> tuple[int, int]:
     return trainable + L * block, fixed
 
 
-class Reservoir(nn.Module):
-    """Fixed tanh RNN s_t = tanh(W_res s_{t-1} + W_in u_t + b); all weights are buffers."""
-
-    def __init__(self, cfg: LAERCConfig, layer: int):
-        super().__init__()
-        R, D = cfg.res_size, cfg.dim
-        self.size = R
-        if torch.empty(0).is_meta:  # shape-only construction (counting parameters): draw nothing
-            W, W_in, b = torch.empty(R, R), torch.empty(R, D), torch.empty(R)
-        else:
-            stream = 1000 * layer
-            W = random_sparse(R, R, 1.0, _generator(cfg.seed, stream + 1))
-            rho = cfg.radius(layer)
-            if cfg.radius_norm == "spectral":
-                W = scale_spectral_radius(W, rho, key=("laerc", R, cfg.seed, stream))
-            else:
-                W = W * (rho / torch.linalg.matrix_norm(W, ord=2).item())
-            W_in = random_sparse(R, D, 1.0, _generator(cfg.seed, stream + 2)) * (cfg.input_scaling / math.sqrt(D))
-            b = (torch.rand(R, generator=_generator(cfg.seed, stream + 3), dtype=torch.float64) * 2 - 1)
-            b = b * cfg.bias_scaling
-        # Stored transposed, so the per-step product is a row-major (B, R) @ (R, R) GEMM.
-        self.register_buffer("W_T", W.T.contiguous().float())          # (R, R)
-        self.register_buffer("W_in_T", W_in.T.contiguous().float())    # (D, R)
-        self.register_buffer("bias", b.float())                        # (R,)
-        self.dtype_name = cfg.reservoir_dtype
-        self._low: dict = {}
-
-    @property
-    def W_res(self) -> torch.Tensor:
-        return self.W_T.T
-
-    def compute_dtype(self, device: torch.device) -> torch.dtype:
-        """The recurrence's precision on `device` (see LAERCConfig.reservoir_dtype)."""
-        if self.dtype_name == "auto":
-            return torch.float16 if device.type == "cuda" else torch.float32
-        return getattr(torch, self.dtype_name)
-
-    def _weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(W_T, W_in_T, bias) in `dtype`; low-precision copies are made once and cached (not saved)."""
-        if dtype == self.W_T.dtype:
-            return self.W_T, self.W_in_T, self.bias
-        key = (dtype, self.W_T.device)
-        if self._low.get("key") != key:
-            self._low = {"key": key, "w": tuple(t.to(dtype) for t in (self.W_T, self.W_in_T, self.bias))}
-        return self._low["w"]
-
-    @torch.no_grad()
-    def forward(self, u: torch.Tensor, s0: torch.Tensor | None, backend: str | None = None) -> torch.Tensor:
-        """u (B,T,D) (detached), s0 (B,R) or None (zeros) -> states (T,B,R), time-major, in the compute dtype.
-
-        backend "loop" (the default on CPU): as `ESN.forward`, the input term W_in u + b of all steps is
-        one GEMM into a (T,B,R) buffer, then the shared `tanh_recurrence` loop runs the steps in place.
-        backend "rnn" (the default on CUDA): `torch.rnn_tanh`, which is cuDNN's fused RNN on a GPU; same
-        equation (its second bias is zero). Autocast is off; the caller casts the states back."""
-        dtype = self.compute_dtype(u.device)
-        W_T, W_in_T, bias = self._weights(dtype)
-        backend = backend or ("rnn" if u.is_cuda else "loop")
-        with torch.autocast(u.device.type, enabled=False):
-            u = u.to(dtype)
-            B, T, D = u.shape
-            s0 = s0.to(dtype) if s0 is not None else None
-            if backend == "rnn":
-                h0 = (s0 if s0 is not None else u.new_zeros(B, self.size))[None]
-                params = [W_in_T.T, W_T.T, bias, torch.zeros_like(bias)]
-                states, _ = torch.rnn_tanh(u.transpose(0, 1), h0, params, True, 1, 0.0, False, False, False)
-                return states
-            states = torch.addmm(bias, u.transpose(0, 1).reshape(T * B, D), W_in_T).view(T, B, self.size)
-            tanh_recurrence(states, s0, W_T)
-        return states
-
-
 def _linear(d_in: int, d_out: int, bias: bool = True) -> nn.Linear:
     return nn.utils.skip_init(nn.Linear, d_in, d_out, bias=bias)
 
@@ -256,10 +234,11 @@ class LAERCBlock(nn.Module):
     def __init__(self, cfg: LAERCConfig, layer: int):
         super().__init__()
         D, R, H = cfg.dim, cfg.res_size, cfg.res_hidden
-        self.has_reservoir = cfg.reservoir
+        self.has_reservoir, self.reservoir_grad = cfg.reservoir, cfg.reservoir_grad
         if cfg.reservoir:
+            _, reservoir_cls = RESERVOIRS[cfg.reservoir_type]
             self.ln_res = nn.LayerNorm(D)
-            self.reservoir = Reservoir(cfg, layer)
+            self.reservoir = reservoir_cls(cfg.reservoir_config(layer))   # fixed; evaluation times it by name
             self.ln_res_out = nn.LayerNorm(R)
             self.res_w1 = _linear(R, H)
             self.res_w2 = _linear(H, D)
@@ -278,9 +257,11 @@ class LAERCBlock(nn.Module):
         """x (B,T,D), s0 (B,R) or None -> (m (B,T,D), s_T (B,R) or None). m = x without a reservoir."""
         if not self.has_reservoir:
             return x, None
-        states = self.reservoir(self.ln_res(x).detach(), s0)       # (T,B,R), no grad
-        s_last = states[-1] if states.shape[0] else s0
-        s = states.transpose(0, 1).to(x.dtype)                      # (B,T,R)
+        u = self.ln_res(x)
+        if not self.reservoir_grad:
+            u = u.detach()                                          # the reservoir runs without autograd
+        states, s_last = self.reservoir(u, s0)                      # (B,T,R), (B,R) in the compute dtype
+        s = states.to(x.dtype)
         r = self.res_w2(F.gelu(self.res_w1(self.ln_res_out(s)))) * self.beta.exp()
         g = torch.sigmoid(self.gate(self.ln_mix(torch.cat([x, r], dim=-1))))
         return g * r + (1 - g) * x, s_last
@@ -306,8 +287,8 @@ class LAERC(nn.Module):
 
     @property
     def has_unused_parameters(self) -> bool:
-        """LN_res never gets a gradient (see the module docstring); DDP must be told."""
-        return self.config.reservoir
+        """Without reservoir_grad LN_res never gets a gradient (see the module docstring); DDP must be told."""
+        return self.config.reservoir and not self.config.reservoir_grad
 
     def __init__(self, cfg: LAERCConfig | None = None):
         super().__init__()
@@ -351,6 +332,23 @@ class LAERC(nn.Module):
             if b.has_reservoir:
                 b.beta.zero_()
 
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW parameter groups: weight decay on nn.Linear weight matrices only; none on biases,
+        LayerNorms, positions and scalars; the embedding (also the tied output projection) in a group
+        of its own, without decay, carrying lr_mult = embed_lr_mult (the training loop sets each
+        group's lr to lr * lr_mult). Empty groups are left out."""
+        linear = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
+        embed = self.embed.weight
+        decay, no_decay = [], []
+        for p in self.parameters():            # each shared tensor once
+            if p.requires_grad and p is not embed:
+                (decay if id(p) in linear else no_decay).append(p)
+        groups = [dict(params=decay, weight_decay=weight_decay, lr_mult=1.0),
+                  dict(params=no_decay, weight_decay=0.0, lr_mult=1.0),
+                  dict(params=[embed] if embed.requires_grad else [], weight_decay=0.0,
+                       lr_mult=self.config.embed_lr_mult)]
+        return [g for g in groups if g["params"]]
+
     def _positions(self, start: int, T: int) -> torch.Tensor | None:
         if self.pos is None:
             return None
@@ -388,8 +386,7 @@ class LAERC(nn.Module):
     def init_state(self, batch: int, device=None) -> dict:
         """{"states": [(B,R) zeros per block] (None entries without a reservoir), "pos": 0}."""
         device = device or self.embed.weight.device
-        states = [torch.zeros(batch, b.reservoir.size, device=device) if b.has_reservoir else None
-                  for b in self.blocks]
+        states = [b.reservoir.init_state(batch, device=device) if b.has_reservoir else None for b in self.blocks]
         return {"states": states, "pos": 0}
 
     @torch.no_grad()

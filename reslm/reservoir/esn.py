@@ -1,35 +1,71 @@
-"""Echo state network reservoir: a fixed random recurrent network (paper eq. 1, with leak and bias).
+"""Stage 2, tokens -> reservoir states: the echo state network, the one reservoir engine of reslm.
 
-    s_t = (1 - leak_rate) * s_{t-1} + leak_rate * tanh(W s_{t-1} + input_scaling * W_in u_t + b)
+    s_t = (1 - leak_rate) s_{t-1} + leak_rate tanh(W s_{t-1} + W_in u_t + b)        (paper eq. 1)
 
-W (N x N) is a random matrix with a fraction `density` of non-zeros, rescaled so that its spectral
-radius (largest |eigenvalue|) equals `spectral_radius` exactly; W_in (N x d) is uniform in [-1, 1]
-with density `input_density`; b is uniform in [-bias_scaling, bias_scaling]. The paper's setting is
-leak_rate = 1 and no bias. Every matrix comes from its own seeded generator (reservoirpy's habit),
-so changing the input density does not change W, and the same seed always gives the same reservoir.
+* W (N x N): U(-1, 1) entries, a fraction `density` non-zero, rescaled so that its spectral radius
+  (radius_norm="spectral") or its largest singular value (radius_norm="singular") equals the
+  `spectral_radius` field exactly.
+* W_in (N x d): U(-1, 1) ("uniform") or N(0, 1) ("normal") entries (`input_init`), a fraction
+  `input_density` non-zero, times input_scaling, and divided by sqrt(d) when input_scale_by_dim
+  (then the pre-activation's scale does not grow with the input size d).
+* b (N): U(-bias_scaling, bias_scaling); 0 = no bias.
 
-All weights are buffers: they are saved with the model but never seen by the optimiser.
+The paper's character models use leak_rate = 1 and no bias; LAERC (models/laerc.py) builds one ESN
+per block with its own radius, norm, input scaling and seed. Every matrix comes from its own
+generator spawned from the seed (seeding.py), so changing the input density does not change W, and
+the same seed always gives the same reservoir.
+
+All weights are float32 buffers: they are saved with the model but never seen by the optimiser.
+
+Precision (`dtype`): "input" computes in the dtype of u (what the character models and the bench
+pass in); "auto" is float16 on CUDA and float32 on CPU; or a fixed "float32" | "bfloat16" |
+"float16". Low-precision weight copies are cast once and cached (not saved; recast when the buffers
+change). States come back in the compute dtype.
+
+Kernels (`backend`): "loop" is `tanh_recurrence`, one GEMM + tanh per step in place; "rnn" is
+`torch.rnn_tanh` (cuDNN's fused RNN on a GPU; it also runs on a CPU) and needs leak_rate = 1; "auto"
+picks rnn on CUDA when leak_rate = 1, else loop.
+
+Gradients: the weights never get one, but when u (or s0) requires grad and grad mode is on, the
+recurrence is recorded by autograd so that u gets a gradient through the reservoir (LAERC's
+reservoir_grad, the authors' variant). Otherwise it runs under no_grad, in place.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from reslm.errors import ReslmError
+from reslm.reservoir.matrices import (DISTRIBUTIONS, RADIUS_NORMS, random_sparse, scale_radius,
+                                      scale_spectral_radius, spectral_radius)
+from reslm.reservoir.seeding import generator
+
+DTYPES = ("input", "auto", "float32", "bfloat16", "float16")
+BACKENDS = ("auto", "loop", "rnn")
+W_KEY, W_IN_KEY, BIAS_KEY = 0, 1, 2   # seeding keys: one generator per matrix
+
+__all__ = ["ESN", "ESNConfig", "tanh_recurrence", "random_sparse", "spectral_radius", "scale_spectral_radius",
+           "scale_radius"]
 
 
 @dataclass
 class ESNConfig:
     size: int = 750                 # N, reservoir units
     input_dim: int = 16             # d, input vector size (the char embedding)
-    spectral_radius: float = 0.9    # rho(W) after scaling
+    spectral_radius: float = 0.9    # radius of W after scaling: rho(W) or sigma_max(W), see radius_norm
+    radius_norm: str = "spectral"   # "spectral": rho(W) = spectral_radius; "singular": largest singular value
     input_scaling: float = 2.0      # multiplies W_in
+    input_init: str = "uniform"     # W_in entries: "uniform" U(-1, 1) or "normal" N(0, 1)
+    input_scale_by_dim: bool = False  # also divide W_in by sqrt(input_dim)
     leak_rate: float = 1.0          # 1 = no leak (paper)
     density: float = 1.0            # fraction of non-zero entries in W
     input_density: float = 1.0      # fraction of non-zero entries in W_in
     bias_scaling: float = 0.0       # b ~ U(-bias_scaling, bias_scaling); 0 = no bias (paper)
+    dtype: str = "input"            # compute precision: input (u's dtype) | auto (float16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16
+    backend: str = "auto"           # loop (tanh_recurrence) | rnn (torch.rnn_tanh, cuDNN on CUDA) | auto (rnn on CUDA if no leak)
     seed: int = 0
 
     def validate(self):
@@ -44,41 +80,16 @@ class ESNConfig:
                 raise ReslmError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if self.input_scaling < 0 or self.bias_scaling < 0:
             raise ReslmError("input_scaling and bias_scaling must be >= 0")
-
-
-def _generator(seed: int, stream: int) -> torch.Generator:
-    """One independent generator per matrix, derived from the reservoir seed."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + stream)
-
-
-def random_sparse(rows: int, cols: int, density: float, gen: torch.Generator) -> torch.Tensor:
-    """Uniform(-1, 1) entries, each kept with probability `density` (float64 for exact scaling)."""
-    w = torch.rand(rows, cols, generator=gen, dtype=torch.float64) * 2 - 1
-    if density < 1:
-        w *= torch.rand(rows, cols, generator=gen, dtype=torch.float64) < density
-    return w
-
-
-def spectral_radius(w: torch.Tensor) -> float:
-    """Largest absolute eigenvalue of a square matrix (computed in float64)."""
-    return torch.linalg.eigvals(w.double()).abs().max().item()
-
-
-_RADII: dict = {}  # spectral radius per draw key: an eigendecomposition at N=2600 takes seconds
-
-
-def scale_spectral_radius(w: torch.Tensor, radius: float, key: tuple | None = None) -> torch.Tensor:
-    """Rescale w so that rho(w) == radius. `key` names the random draw that made w (e.g. its size,
-    density, seed and stream): the same key is always the same matrix, so its radius is computed once
-    per process (building a model to load a checkpoint into, as evaluation does, then costs no eig)."""
-    rho = _RADII.get(key) if key is not None else None
-    if rho is None:
-        rho = spectral_radius(w)
-        if key is not None:
-            _RADII[key] = rho
-    if rho == 0:
-        raise ReslmError("the random recurrent matrix is nilpotent (spectral radius 0); raise density")
-    return w * (radius / rho)
+        for name, allowed in (("radius_norm", RADIUS_NORMS), ("input_init", DISTRIBUTIONS), ("dtype", DTYPES),
+                              ("backend", BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise ReslmError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if not isinstance(self.input_scale_by_dim, bool):
+            raise ReslmError(f"input_scale_by_dim must be true or false, got {self.input_scale_by_dim!r}")
+        if self.backend == "rnn" and self.leak_rate != 1:
+            raise ReslmError("the rnn backend (torch.rnn_tanh) has no leak; use backend loop or leak_rate 1")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ReslmError(f"seed must be a non-negative integer, got {self.seed!r}")
 
 
 @torch.no_grad()
@@ -89,7 +100,7 @@ def tanh_recurrence(states: torch.Tensor, s: torch.Tensor | None, W_T: torch.Ten
     states (T,B,N) holds the input term W_in u_t + b of every step on entry and the states on exit:
     s_t = (1-a) s_{t-1} + a tanh(s_{t-1} W_T + states[t]); s is s_{-1} (None = zero state). Each step is
     one addmm into a scratch buffer and its tanh written back into the step's own contiguous (B,N)
-    slice (an in-place addmm_ into the slice measured ~18% slower). Returns the last state (a view).
+    slice (an in-place addmm_ into the slice was slower). Returns the last state (a view).
     """
     scratch = torch.empty_like(states[0]) if len(states) else None
     for t in range(len(states)):
@@ -107,6 +118,19 @@ def tanh_recurrence(states: torch.Tensor, s: torch.Tensor | None, W_T: torch.Ten
     return s
 
 
+def _recurrence_with_grad(inputs: torch.Tensor, s: torch.Tensor | None, W_T: torch.Tensor,
+                          leak_rate: float) -> torch.Tensor:
+    """tanh_recurrence out of place, so that autograd records it: inputs (T,B,N) -> states (T,B,N)."""
+    out = []
+    for x in inputs:                               # x (B, N) = W_in u_t + b
+        h = torch.tanh(x if s is None else torch.addmm(x, s, W_T))
+        if leak_rate != 1.0:
+            h = leak_rate * h if s is None else leak_rate * h + (1 - leak_rate) * s
+        out.append(h)
+        s = h
+    return torch.stack(out)
+
+
 class ESN(nn.Module):
     """Fixed tanh reservoir. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N), s_T); step(u_t, s) -> s."""
 
@@ -115,49 +139,83 @@ class ESN(nn.Module):
         cfg.validate()
         self.config = cfg
         self.size, self.input_dim = cfg.size, cfg.input_dim
+        N, d = cfg.size, cfg.input_dim
         if torch.empty(0).is_meta:  # shape-only construction (counting parameters): draw nothing
-            W, W_in, b = (torch.empty(cfg.size, cfg.size), torch.empty(cfg.size, cfg.input_dim),
-                          torch.empty(cfg.size))
+            W, W_in, b = torch.empty(N, N), torch.empty(N, d), torch.empty(N)
         else:
-            W = random_sparse(cfg.size, cfg.size, cfg.density, _generator(cfg.seed, 1))
-            W = scale_spectral_radius(W, cfg.spectral_radius, key=("esn", cfg.size, cfg.density, cfg.seed))
-            W_in = random_sparse(cfg.size, cfg.input_dim, cfg.input_density, _generator(cfg.seed, 2))
-            b = (torch.rand(cfg.size, generator=_generator(cfg.seed, 3), dtype=torch.float64) * 2 - 1)
+            W = random_sparse(N, N, cfg.density, generator(cfg.seed, W_KEY))
+            W = scale_radius(W, cfg.spectral_radius, cfg.radius_norm, key=("esn", N, cfg.density, cfg.seed))
+            W_in = random_sparse(N, d, cfg.input_density, generator(cfg.seed, W_IN_KEY), cfg.input_init)
+            W_in *= cfg.input_scaling / (math.sqrt(d) if cfg.input_scale_by_dim else 1.0)
+            b = torch.rand(N, generator=generator(cfg.seed, BIAS_KEY), dtype=torch.float64) * 2 - 1
             b *= cfg.bias_scaling
         # Stored transposed, so that the per-step product is a row-major (B, N) @ (N, N) GEMM.
-        self.register_buffer("W_T", W.T.contiguous().float())                             # (N, N)
-        self.register_buffer("W_in_T", (W_in * cfg.input_scaling).T.contiguous().float())  # (d, N)
-        self.register_buffer("bias", b.float())                                          # (N,)
+        self.register_buffer("W_T", W.T.contiguous().float())        # (N, N)
+        self.register_buffer("W_in_T", W_in.T.contiguous().float())  # (d, N)
+        self.register_buffer("bias", b.float())                      # (N,)
+        self._cast: tuple | None = None  # (key, low-precision weights); a plain attribute, never saved
 
     def init_state(self, batch: int, device=None, dtype=None) -> torch.Tensor:
         return torch.zeros(batch, self.size, device=device or self.W_T.device, dtype=dtype or self.W_T.dtype)
 
+    def compute_dtype(self, device: torch.device, input_dtype: torch.dtype = torch.float32) -> torch.dtype:
+        """The recurrence's precision for inputs of `input_dtype` on `device` (see ESNConfig.dtype)."""
+        name = self.config.dtype
+        if name == "input":
+            return input_dtype
+        if name == "auto":
+            return torch.float16 if device.type == "cuda" else torch.float32
+        return getattr(torch, name)
+
+    def backend(self, device: torch.device) -> str:
+        """"loop" or "rnn" on `device` (see ESNConfig.backend)."""
+        if self.config.backend == "auto":
+            return "rnn" if device.type == "cuda" and self.config.leak_rate == 1 else "loop"
+        return self.config.backend
+
     def _weights(self, dtype: torch.dtype):
-        """(W_T, W_in_T, bias) in the compute dtype; low-precision copies are made once and cached."""
+        """(W_T, W_in_T, bias) in `dtype`; low-precision copies are made once and cached, and made
+        again when the buffers move or change (loading a checkpoint bumps their version)."""
+        bufs = (self.W_T, self.W_in_T, self.bias)
         if dtype == self.W_T.dtype:
-            return self.W_T, self.W_in_T, self.bias
-        key = (dtype, self.W_T.device)
-        if getattr(self, "_cast", (None,))[0] != key:
-            self._cast = (key, tuple(t.to(dtype) for t in (self.W_T, self.W_in_T, self.bias)))
+            return bufs
+        key = (dtype, self.W_T.device, *((t.data_ptr(), t._version) for t in bufs))
+        if self._cast is None or self._cast[0] != key:
+            self._cast = (key, tuple(t.to(dtype) for t in bufs))
         return self._cast[1]
 
-    @torch.no_grad()
     def forward(self, u: torch.Tensor, s0: torch.Tensor | None = None):
-        """Run T steps for B sequences in u's dtype. u (B,T,d); s0 (B,N) or None (zero state).
+        """Run T steps for B sequences. u (B,T,d); s0 (B,N) or None (zero state).
 
-        Returns (states (B,T,N), s_T (B,N)). Internally time-major: the input term W_in u + b of all
-        steps is one GEMM into a (T,B,N) buffer, then `tanh_recurrence` runs the steps in place (one
-        BLAS call and one tanh per step, no copies). The returned states are a (B,T,N) view.
+        Returns (states (B,T,N), s_T (B,N)) in the compute dtype. Loop backend, time-major: the input
+        term W_in u + b of all steps is one GEMM into a (T,B,N) buffer, then `tanh_recurrence` runs
+        the steps in place (one BLAS call and one tanh per step, no copies); the returned states are
+        a (B,T,N) view. Autocast is off inside: the compute dtype is the config's, not autocast's.
         """
-        W_T, W_in_T, bias = self._weights(u.dtype)
         B, T, d = u.shape
-        states = torch.addmm(bias, u.transpose(0, 1).reshape(T * B, d), W_in_T).view(T, B, self.size)
-        s = tanh_recurrence(states, s0.to(u.dtype) if s0 is not None else None, W_T, self.config.leak_rate)
-        if s is None:  # T == 0
-            s = s0 if s0 is not None else self.init_state(B, u.device, u.dtype)
-        return states.transpose(0, 1), s
+        dtype = self.compute_dtype(u.device, u.dtype)
+        grad = torch.is_grad_enabled() and (u.requires_grad or (s0 is not None and s0.requires_grad))
+        W_T, W_in_T, bias = self._weights(dtype)
+        with torch.autocast(u.device.type, enabled=False):
+            u = u.to(dtype)
+            s0 = s0.to(dtype) if s0 is not None else None
+            if T == 0:
+                return u.new_zeros(B, 0, self.size), s0 if s0 is not None else self.init_state(B, u.device, dtype)
+            if self.backend(u.device) == "rnn":
+                h0 = (s0 if s0 is not None else u.new_zeros(B, self.size))[None]   # (1, B, N)
+                params = [W_in_T.T, W_T.T, bias, torch.zeros_like(bias)]          # w_ih, w_hh, b_ih, b_hh
+                with torch.set_grad_enabled(grad):
+                    states, s = torch.rnn_tanh(u.transpose(0, 1), h0, params, True, 1, 0.0, grad, False, False)
+                return states.transpose(0, 1), s[0]
+            inputs = torch.addmm(bias, u.transpose(0, 1).reshape(T * B, d), W_in_T).view(T, B, self.size)
+            if grad:
+                states = _recurrence_with_grad(inputs, s0, W_T, self.config.leak_rate)
+            else:
+                with torch.no_grad():
+                    tanh_recurrence(inputs, s0, W_T, self.config.leak_rate)
+                states = inputs
+            return states.transpose(0, 1), states[-1]
 
-    @torch.no_grad()
     def step(self, u_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """One step: u_t (B,d), s (B,N) -> next state (B,N)."""
         return self.forward(u_t[:, None], s)[1]
