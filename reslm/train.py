@@ -41,6 +41,7 @@ from reslm.errors import ReslmError
 from reslm.models import MODELS, family, make_config
 from reslm.models.base import bits, count_params, decay_groups, estimate_loss, feature_batches
 from reslm.progress import bar as progress_bar
+from reslm.reservoir.seeding import child_seed
 from reslm.progress import say
 from reslm.run import (CONFIG, MetricsLog, check_same_run, create_run_dir, load_checkpoint, read_config,
                        read_metrics, save_checkpoint, write_json)
@@ -133,9 +134,13 @@ def run_train_config(cfg: dict) -> TrainConfig:
     return TrainConfig(**cfg["train"]).validate()
 
 
+TRAIN_KEY = 100  # seeding key of training draws, apart from the reservoir's matrix keys (0, 1, 2, layers)
+
+
 def step_seed(seed: int, position: int) -> int:
-    """The seed of one schedule position (a step, or a shard-epoch's shuffle): one scheme for all."""
-    return int(np.random.SeedSequence([seed, position]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+    """The seed of one schedule position (a step's draws and dropout, a shard-epoch's shuffle): a child of
+    the run seed in the one seeding scheme (reslm.reservoir.seeding)."""
+    return child_seed(seed, TRAIN_KEY, position)
 
 
 def lr_at(tc: TrainConfig, step: int, total: int) -> float:
