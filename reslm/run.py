@@ -1,114 +1,610 @@
-"""The run directory: the interface between training, generation, evaluation and reports.
+"""Stage 4, the run directory: the interface between training, generation, evaluation and reports.
 
     RUN_DIR/config.json      resolved config: family, preset, model fields, train fields, data, versions
     RUN_DIR/metrics.jsonl    one JSON row per logged step ("kind": "step"), per shard-epoch ("epoch"),
                              per shard's reservoir precomputation ("states"), and a final "done" row
     RUN_DIR/checkpoint.pt    model + optimizer + grad scaler + schedule position (plain tensors and
                              numbers: torch.load(..., weights_only=True) reads it)
+    RUN_DIR/summary.json     written by train at the end (write_json)
+    RUN_DIR/.lock            flock'ed by the one process that writes the run (lock_run); it may stay
 
-Files are written atomically (temp file + rename), so an interrupted run leaves the last complete
-checkpoint, never a half-written one. A new run directory appears only once its config is valid.
+Writers hold `lock_run(run_dir)` (train, resume, eval; reproduce/sweep lock their output folder the
+same way); readers (generate, reports) need no lock. A second writer gets RunInUse, a ReslmError:
+"RUN is in use by pid N (reslm train ... since 12:34:56); wait for it or stop it". The kernel drops
+the lock when its process ends in any way, so a killed run leaves no stale lock.
+
+Files are written atomically and durably (temp file, fsync, rename, fsync of the folder), so a kill
+or a power cut leaves the last complete checkpoint, never a half-written one. A failed write (disk
+full) raises ReslmError "could not write PATH: no space left on device", keeps the previous file and
+leaves no temp file; temp files left by a kill are removed by clean_stale_temps (lock_run calls it).
+metrics.jsonl is appended and fsynced row by row; a last row cut off by a kill or a full disk is
+dropped with a warning on stderr when the log is read again (a damaged row before it is an error).
+
+JSON files are strict JSON: write_json and MetricsLog.write refuse NaN and +-Infinity with a
+ReslmError naming the key, before anything is written. Callers pass None for a missing value and
+check a loss is finite before logging it (a diverged run should stop with its own message).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import math
 import os
+import re
+import shlex
+import shutil
+import socket
+import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.errors import ReslmError, RunInUse, describe
 
-CONFIG, METRICS, CHECKPOINT = "config.json", "metrics.jsonl", "checkpoint.pt"
+CONFIG, METRICS, CHECKPOINT, SUMMARY, LOCK = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json", ".lock"
+
+NAME_MAX = 255  # bytes in one path component (Linux, macOS)
+_TEMP_DIR = re.compile(r"^\..*\.tmp-[A-Za-z0-9_]{8}$")  # create_run_dir's tempfile.mkdtemp folders
+_TEMP_DIR_AGE = 60.0  # seconds: a younger temp folder may be another creator's, mid-rename
+
+
+# ---------------------------------------------------------------------------------------------------
+# writing files
+
+def _reason(e: OSError) -> str:
+    """'no space left on device' for OSError(ENOSPC); describe() for anything else."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror[:1].lower() + e.strerror[1:]
+    return describe(e)
+
+
+def _low_on_space(folder: Path) -> bool:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 2**20
+
+
+def _write_error(path: Path, e: BaseException) -> ReslmError | None:
+    """The one-line error for a failed write of `path`, or None to re-raise `e` as it is."""
+    if isinstance(e, OSError):
+        return ReslmError(f"could not write {path}: {_reason(e)}")
+    if isinstance(e, RuntimeError) and any(s in str(e) for s in ("unexpected pos", "write failed")):
+        # torch.save given a path reports a full disk as "[enforce fail ...] unexpected pos 704 vs 598"
+        why = "no space left on device" if _low_on_space(path.parent) else describe(e)
+        return ReslmError(f"could not write {path}: {why}")
+    return None
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable; a file system that cannot fsync a folder is left as it is."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: Path, write) -> None:
-    """Call write(tmp_path) then rename tmp_path onto path."""
+    """Call write(tmp_path) on a temp file next to `path`, fsync it, rename it onto `path`, fsync the
+    folder. On any failure `path` keeps its previous content and the temp file is removed; an OSError
+    (ENOSPC, EACCES, ...) or torch's failed-write RuntimeError becomes a one-line ReslmError
+    "could not write PATH: no space left on device". A ReslmError from `write` passes through."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     try:
-        write(Path(tmp))
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=".tmp")
+    except OSError as e:
+        raise ReslmError(f"could not write {path}: {_reason(e)}") from None
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        write(tmp)
+        _fsync_file(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        err = _write_error(path, e)  # before the unlink, which frees the space _low_on_space looks at
+        tmp.unlink(missing_ok=True)
+        if err is not None:
+            raise err from None
         raise
+    _fsync_dir(path.parent)
+
+
+def _non_finite(obj, where: str = ""):
+    """(key path, value) of the first NaN/Infinity in a JSON-like object, or None."""
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else (where or "the value", obj)
+    if isinstance(obj, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for w, v in items:
+        bad = _non_finite(v, w)
+        if bad is not None:
+            return bad
+    return None
+
+
+def _strict_dumps(obj, path: Path, **kw) -> str:
+    bad = _non_finite(obj)
+    if bad is not None:
+        raise ReslmError(f"cannot write {path}: {bad[0]} is {bad[1]}, not a finite number "
+                         f"(JSON has no NaN or Infinity; use null for a missing value)")
+    return json.dumps(obj, allow_nan=False, **kw)
 
 
 def write_json(path: Path, obj) -> None:
-    atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2) + "\n"))
+    """Write `obj` as strict, indented JSON, atomically (see atomic_write). A NaN or Infinity anywhere
+    in `obj` raises ReslmError naming its key ("cannot write PATH: fits.rc.r2 is nan, not a finite
+    number ...") and nothing is written."""
+    text = _strict_dumps(obj, Path(path), indent=2) + "\n"
+    atomic_write(path, lambda p: p.write_text(text))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the lock
+
+_held: dict[tuple[int, str], list] = {}  # (pid, real path) -> [fd, depth]; pid: a forked child holds nothing
+_held_guard = threading.Lock()
+
+
+def _command_line() -> str:
+    argv = list(sys.argv) or ["python"]
+    name = os.path.basename(argv[0]) or "python"
+    if name == "__main__.py":  # python -m reslm
+        name = os.path.basename(os.path.dirname(argv[0])) or "python"
+    elif name in ("-c", "-m"):
+        name = f"python {name}"
+    line = " ".join([name] + [shlex.quote(a) for a in argv[1:]])
+    line = "".join(c if c.isprintable() else "?" for c in line)
+    return line if len(line) <= 100 else line[:97] + "..."
+
+
+def _holder(run_dir: Path) -> dict | None:
+    """What the holder of run_dir's lock wrote into the lock file (it may be mid-write: retry briefly)."""
+    for _ in range(5):
+        try:
+            info = json.loads((run_dir / LOCK).read_text())
+            if isinstance(info, dict) and "pid" in info:
+                return info
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    return None
+
+
+def _in_use(run_dir: Path) -> str:
+    info = _holder(run_dir)
+    if info is None:
+        return f"{run_dir} is in use by another process; wait for it or stop it"
+    who = f"pid {info['pid']}"
+    if info.get("host") and info["host"] != socket.gethostname():
+        who += f" on {info['host']}"
+    what = []
+    if info.get("command"):
+        what.append(str(info["command"]))
+    if isinstance(info.get("started"), (int, float)):
+        start = time.localtime(info["started"])
+        same_day = time.strftime("%Y-%m-%d", start) == time.strftime("%Y-%m-%d")
+        what.append("since " + time.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M:%S", start))
+    detail = f" ({' '.join(what)})" if what else ""
+    return f"{run_dir} is in use by {who}{detail}; wait for it or stop it"
+
+
+def _acquire(run_dir: Path) -> int:
+    path = run_dir / LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as e:
+        raise ReslmError(f"cannot lock {run_dir}: {_reason(e)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise RunInUse(_in_use(run_dir)) from None
+        raise ReslmError(f"cannot lock {run_dir}: {_reason(e)}") from None
+    info = dict(pid=os.getpid(), host=socket.gethostname(), command=_command_line(), started=time.time())
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    except OSError:
+        pass  # who holds it is a courtesy for the error message; the flock is the lock
+    return fd
+
+
+@contextlib.contextmanager
+def lock_run(run_dir: Path, *, create: bool = False):
+    """Hold an exclusive lock on a run directory or a folder of runs (any directory) for the `with` block.
+
+    Non-blocking: if another process holds it, raises RunInUse (a ReslmError) at once:
+    "RUN is in use by pid N (reslm train ... since HH:MM:SS); wait for it or stop it".
+    Re-entrant within one process (train holding it may call eval, which takes it again); threads of
+    one process share it. The lock is flock(2) on RUN/.lock, which records the holder; the kernel
+    releases it when the process exits or is killed, so there is no stale lock to remove. Only the
+    process that took it holds it (a forked child that calls lock_run is refused), so under torchrun
+    only rank 0 should take it. On first acquiring, temp files left by a killed writer are removed
+    (clean_stale_temps). A missing directory is a ReslmError unless create=True (then it is made).
+    Yields the directory as a Path.
+    """
+    run_dir = Path(run_dir)
+    if create:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ReslmError(f"cannot create {run_dir}: {_reason(e)}") from None
+    if not run_dir.is_dir():
+        raise ReslmError(f"{run_dir} is not a directory" if run_dir.exists() else f"{run_dir} does not exist")
+    key = (os.getpid(), os.path.realpath(run_dir))
+    with _held_guard:
+        entry = _held.get(key)
+        first = entry is None
+        if first:
+            entry = _held[key] = [_acquire(run_dir), 0]
+        entry[1] += 1
+    if first:
+        clean_stale_temps(run_dir)
+    try:
+        yield run_dir
+    finally:
+        with _held_guard:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[key]
+                os.close(entry[0])  # releases the flock
+
+
+def clean_stale_temps(run_dir: Path) -> list[Path]:
+    """Remove the temp files a killed writer left in `run_dir` (".checkpoint.pt.XXXX.tmp" and every
+    other ".*.tmp" from atomic_write) and create_run_dir's temp folders (".NAME.tmp-XXXXXXXX") older
+    than a minute. Call it only while holding lock_run(run_dir) (lock_run does), when no other writer
+    can be mid-write. Returns what was removed; never raises."""
+    removed = []
+    try:
+        entries = list(Path(run_dir).iterdir())
+    except OSError:
+        return removed
+    now = time.time()
+    for p in entries:
+        name = p.name
+        try:
+            if p.is_symlink() or not name.startswith("."):
+                continue
+            if name.endswith(".tmp") and p.is_file():
+                p.unlink()
+            elif _TEMP_DIR.match(name) and p.is_dir() and now - p.stat().st_mtime > _TEMP_DIR_AGE:
+                shutil.rmtree(p)
+            else:
+                continue
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------------
+# config.json
+
+def _shown(path) -> str:
+    s = str(path)
+    if any(not c.isprintable() for c in s):
+        s = repr(s)
+    return s if len(s) <= 160 else s[:80] + "..." + s[-40:]
+
+
+def _check_out_name(out: Path) -> None:
+    s = str(out)
+    if not s:
+        raise ReslmError("the run directory name is empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in s):
+        raise ReslmError(f"cannot create run directory {_shown(out)}: the name has control characters")
+    for part in out.parts:
+        try:
+            n = len(os.fsencode(part))
+        except UnicodeError:
+            raise ReslmError(f"cannot create run directory {_shown(out)}: the name is not valid text") from None
+        if n > NAME_MAX:
+            raise ReslmError(f"cannot create run directory {_shown(out)}: a name is {n} bytes long "
+                             f"(at most {NAME_MAX})")
+
+
+def _make_parents(out: Path) -> list[Path]:
+    """Create out's missing parent folders; return them (outermost first) so a failure can remove them."""
+    missing, p = [], out.parent
+    while not (p.exists() or p.is_symlink()) and p.parent != p:
+        missing.append(p)
+        p = p.parent
+    if not p.is_dir():
+        raise ReslmError(f"cannot create run directory {_shown(out)}: {_shown(p)} is not a directory")
+    created = []
+    for q in reversed(missing):
+        try:
+            q.mkdir()
+        except OSError as e:
+            _remove_dirs(created)
+            raise ReslmError(f"cannot create run directory {_shown(out)}: {_reason(e)}") from None
+        created.append(q)
+    return created
+
+
+def _remove_dirs(created: list[Path]) -> None:
+    for q in reversed(created):
+        with contextlib.suppress(OSError):
+            q.rmdir()
 
 
 def create_run_dir(out: Path, config: dict) -> Path:
-    """Make a new run directory holding config.json (atomically: a temp dir renamed into place)."""
+    """Make a new run directory holding config.json. It appears only once config.json is complete (a
+    temp folder renamed into place); an existing empty folder (or one holding only .lock: a caller
+    may lock it first) gets config.json written into it. A path that cannot work (under a file, in
+    /proc, unwritable, a name over 255 bytes or with control characters, an existing non-empty
+    folder, a file) raises a one-line ReslmError and creates nothing."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ReslmError(f"{out} already exists and is not empty (use --resume to continue a run there)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    _check_out_name(out)
+    text = _strict_dumps(config, out / CONFIG, indent=2) + "\n"  # a bad config fails before anything is made
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise ReslmError(f"{_shown(out)} exists and is not a directory")
+        try:
+            leftovers = [p for p in out.iterdir() if p.name != LOCK]
+        except OSError as e:
+            raise ReslmError(f"cannot use {_shown(out)} as a run directory: {_reason(e)}") from None
+        if leftovers:
+            raise ReslmError(f"{_shown(out)} already exists and is not empty "
+                             f"(use --resume to continue a run there)")
+        atomic_write(out / CONFIG, lambda p: p.write_text(text))
+        return out
+    created = _make_parents(out)
+    tmp = None
     try:
-        write_json(tmp / CONFIG, config)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
+        try:
+            tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:40]}.tmp-"))
+            (tmp / CONFIG).write_text(text)
+            _fsync_file(tmp / CONFIG)
+        except OSError as e:
+            raise ReslmError(f"cannot create run directory {_shown(out)}: {_reason(e)}") from None
+        try:
+            os.replace(tmp, out)
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise ReslmError(f"{_shown(out)} already exists (another process made it just now)") from None
+            raise ReslmError(f"cannot create run directory {_shown(out)}: {_reason(e)}") from None
+        tmp = None
     except BaseException:
-        for f in tmp.glob("*"):
-            f.unlink()
-        tmp.rmdir()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _remove_dirs(created)
         raise
+    _fsync_dir(out.parent)
     return out
 
 
+def _config_problem(cfg) -> str | None:
+    if not isinstance(cfg, dict):
+        return "it must be a JSON object"
+    if "family" not in cfg:
+        return "'family' is missing"
+    if not isinstance(cfg["family"], str) or not cfg["family"]:
+        return "'family' must be a non-empty string"
+    if cfg.get("preset") is not None and not isinstance(cfg["preset"], str):
+        return "'preset' must be a string or null"
+    for key in ("model", "train", "data"):
+        if key not in cfg:
+            return f"{key!r} is missing"
+        if not isinstance(cfg[key], dict):
+            return f"{key!r} must be an object"
+    if not isinstance(cfg["data"].get("path"), str):
+        return "'data.path' must be a string"
+    return None
+
+
 def read_config(run_dir: Path) -> dict:
+    """config.json of a run, checked: family a string, model/train/data objects, data.path a string.
+    Anything else raises ReslmError "RUN/config.json is not a valid run config: 'model' must be an object"."""
     run_dir = Path(run_dir)
     path = run_dir / CONFIG
     if not path.is_file():
         raise ReslmError(f"{run_dir} is not a reslm run directory (no {CONFIG})")
     try:
-        cfg = json.loads(path.read_text())
-        cfg["family"], cfg["model"], cfg["train"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ReslmError(f"{path} is not a valid run config ({e})") from None
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ReslmError(f"cannot read {path}: {_reason(e)}") from None
+    except UnicodeDecodeError:
+        raise ReslmError(f"cannot read {path}: it is not UTF-8 text") from None
+    if not text.strip():
+        raise ReslmError(f"{path} is not a valid run config: the file is empty")
+    try:
+        cfg = json.loads(text)
+    except ValueError as e:
+        raise ReslmError(f"{path} is not a valid run config: not JSON ({describe(e)})") from None
+    problem = _config_problem(cfg)
+    if problem:
+        raise ReslmError(f"{path} is not a valid run config: {problem}")
     return cfg
 
 
+# ---------------------------------------------------------------------------------------------------
+# checkpoint.pt
+
+def _torch_save(state: dict, path: Path) -> None:
+    with open(path, "wb") as f:  # a file object: a full disk surfaces as OSError(ENOSPC), not "unexpected pos"
+        torch.save(state, f)
+
+
 def save_checkpoint(run_dir: Path, state: dict) -> None:
-    atomic_write(Path(run_dir) / CHECKPOINT, lambda p: torch.save(state, p))
+    """Write checkpoint.pt atomically (see atomic_write): a failed save keeps the previous checkpoint
+    byte for byte and raises ReslmError "could not write RUN/checkpoint.pt: no space left on device"."""
+    atomic_write(Path(run_dir) / CHECKPOINT, lambda p: _torch_save(state, p))
 
 
 def load_checkpoint(run_dir: Path, map_location="cpu") -> dict | None:
+    """The checkpoint dict, or None when the run has none yet. An empty, foreign, truncated or unsafe
+    (objects other than tensors and plain values) file raises a one-line ReslmError."""
     path = Path(run_dir) / CHECKPOINT
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):
         return None
+    problem, state = None, None
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # a foreign or damaged file
-        raise ReslmError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if not head:
+            problem = "the file is empty"
+        elif head != b"PK\x03\x04":  # torch.save writes a zip archive
+            problem = "not a PyTorch checkpoint (a foreign file?)"
+        else:
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        msg = str(e)
+        if "Weights only load failed" in msg:
+            problem = "it holds objects other than tensors and plain values (weights_only refuses them)"
+        elif any(s in msg for s in ("zip archive", "central directory", "PytorchStreamReader")) or \
+                isinstance(e, EOFError):
+            problem = "the file is truncated or damaged"
+        else:
+            problem = describe(e)
+    if problem is None and not isinstance(state, dict):
+        problem = f"not a reslm checkpoint (it holds a {type(state).__name__}, not a dict)"
+    if problem is not None:
+        raise ReslmError(f"cannot read checkpoint {path}: {problem}")
+    return state
+
+
+# ---------------------------------------------------------------------------------------------------
+# metrics.jsonl
+
+def _scan_metrics(path: Path) -> tuple[list[dict], int | None, bool]:
+    """(rows, byte offset of a cut-off last line or None, whether the file lacks its final newline).
+
+    A row is a JSON object on one line; blank lines are skipped. A bad last line is reported, not
+    read (a kill or a full disk mid-append); a bad line before it raises ReslmError with its number."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], None, False
+    except OSError as e:
+        raise ReslmError(f"cannot read {path}: {_reason(e)}") from None
+    lines = data.split(b"\n")
+    last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
+    rows, pos = [], 0
+    for i, raw in enumerate(lines):
+        start, pos = pos, pos + len(raw) + 1
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError is a ValueError
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif i == last:
+            return rows, start, False
+        else:
+            raise ReslmError(f"{path} line {i + 1} is not a JSON row (the file is damaged; "
+                             f"remove that line or the run)")
+    return rows, None, bool(data) and not data.endswith(b"\n")
+
+
+def _warn_torn(path: Path) -> None:
+    print(f"reslm: warning: dropped a cut-off last line of {path}", file=sys.stderr)
+
+
+def _finite_or_none(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    return obj
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The rows of metrics.jsonl ([] if there is none). A cut-off last line is dropped with a warning on
+    stderr; a damaged line before it raises ReslmError naming the file and line number."""
     path = Path(run_dir) / METRICS
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, torn_at, _ = _scan_metrics(path)
+    if torn_at is not None:
+        _warn_torn(path)
+    return rows
 
 
 class MetricsLog:
-    """Append-only JSONL log; `truncate(n)` drops rows written after the checkpoint we resume from."""
+    """Append-only JSONL log; `truncate(n)` drops rows written after the checkpoint we resume from.
+
+    Opening it repairs the file: a cut-off last line is cut away (with read_metrics's warning) so the
+    next row starts on a line of its own; `rows` counts the good rows. `write(row)` appends one row,
+    flushes and fsyncs it; it raises ReslmError, writing nothing, for a NaN/Infinity value (naming the
+    key) or a failed write (disk full: the partial line is cut away again). Use it under lock_run."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / METRICS
-        self.rows = len(read_metrics(run_dir))
+        rows, torn_at, no_newline = _scan_metrics(self.path)
+        if torn_at is not None or no_newline:
+            if torn_at is not None:
+                _warn_torn(self.path)
+            try:
+                with open(self.path, "r+b") as f:
+                    if torn_at is not None:
+                        f.truncate(torn_at)  # the line before it, if any, ends with its newline
+                    else:
+                        f.seek(0, os.SEEK_END)
+                        f.write(b"\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise ReslmError(f"could not repair {self.path}: {_reason(e)}") from None
+        self.rows = len(rows)
 
     def truncate(self, n: int) -> None:
-        rows = read_metrics(self.path.parent)[:n]
-        atomic_write(self.path, lambda p: p.write_text("".join(json.dumps(r) + "\n" for r in rows)))
+        rows = [_finite_or_none(r) for r in read_metrics(self.path.parent)[:n]]  # NaN from older versions -> null
+        text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows)
+        atomic_write(self.path, lambda p: p.write_text(text))
         self.rows = len(rows)
 
     def write(self, row: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        bad = _non_finite(row)
+        if bad is not None:
+            raise ReslmError(f"cannot log {bad[0]}={bad[1]} to {self.path}: metrics must be finite numbers "
+                             f"(JSON has no NaN or Infinity; check a loss before logging it)")
+        line = memoryview((json.dumps(row, allow_nan=False) + "\n").encode())
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as e:
+            raise ReslmError(f"could not write {self.path}: {_reason(e)}") from None
+        start = None
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            while line:
+                line = line[os.write(fd, line):]
+            os.fsync(fd)
+        except OSError as e:
+            if start is not None:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)  # no half row left behind
+            raise ReslmError(f"could not write {self.path}: {_reason(e)}") from None
+        finally:
+            os.close(fd)
         self.rows += 1
 
 
