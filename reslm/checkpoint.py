@@ -103,7 +103,7 @@ def find_dataset(spec: str | Path, kind: str, root: Path | None = None, *, prepa
 
 def check_dataset(cfg: dict, ds) -> None:
     """ReslmError when the dataset at the run's path is not the one the run was made on."""
-    saved, now = cfg["data"], describe_dataset(ds)
+    saved, now = cfg["data"], json.loads(json.dumps(describe_dataset(ds)))  # as config.json holds it
     if data_kind(saved) != now["kind"]:
         raise ReslmError(f"the dataset at {ds.path} is a {now['kind']} dataset; this run was made on {data_kind(saved)}")
     for key in ("vocab", "vocab_size", "shards", "test_shard"):

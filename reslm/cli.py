@@ -25,12 +25,13 @@ from reslm.data import hf as data_hf
 from reslm.bench import format_summary, run_bench
 from reslm.checkpoint import find_dataset, load_run
 from reslm.demo import run_demo
+from reslm.device import pick_device
 from reslm.errors import ReslmError, describe
 from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.generate import sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, reproduce
-from reslm.run import CHECKPOINT, CONFIG, read_config
+from reslm.run import CHECKPOINT, CONFIG, lock_run, read_config
 from reslm.sweep import SWEEPS, run_sweep, write_scaling
 from reslm.train import TrainConfig, create_run, train
 
@@ -43,6 +44,14 @@ SHARED = {
     "--device": dict(default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default auto)"),
     "--no-progress": dict(action="store_true", help="no progress bars or progress lines"),
 }
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (argparse's own print the usage block first)."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _shared(parser, *names):
@@ -169,6 +178,21 @@ def cmd_train(args):
     if args.device != "auto":
         train_over["device"] = args.device
     out = Path(args.out) if args.out else Path("runs") / (args.preset or args.family or "run")
+    main_rank = os.environ.get("RANK", "0") == "0"   # under torchrun only rank 0 owns the run dir
+    if not main_rank:
+        _train_command(args, out, model_over, train_over)
+        return
+    existed = out.exists()
+    with lock_run(out, create=True):  # a second `reslm train` of the same run waits for nothing: it fails
+        try:
+            _train_command(args, out, model_over, train_over)
+        except BaseException:
+            if not existed and not (out / CHECKPOINT).exists():  # failed before its first checkpoint
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+
+
+def _train_command(args, out: Path, model_over: dict, train_over: dict):
     fresh = not (out / CONFIG).exists()
     if not fresh:
         if not args.resume:
@@ -190,14 +214,8 @@ def cmd_train(args):
         dataset = find_dataset(args.data or ("shakespeare" if kind == "chars" else "shakespeare-gpt2"), kind,
                                Path(args.root) if args.root else None)
         create_run(out, name, {**over, **model_over}, train_over, dataset, preset=args.preset)
-    main_rank = os.environ.get("RANK", "0") == "0"   # under torchrun only rank 0 owns the run dir
-    try:
-        summary = train(out, progress=not args.no_progress)
-    except BaseException:
-        if fresh and main_rank and not (out / CHECKPOINT).exists():  # failed before its first checkpoint
-            shutil.rmtree(out, ignore_errors=True)
-        raise
-    if main_rank:
+    summary = train(out, progress=not args.no_progress)
+    if os.environ.get("RANK", "0") == "0":
         print(json.dumps(summary, indent=2))
 
 
@@ -214,7 +232,7 @@ def _check_sampling(args):
 
 def cmd_generate(args):
     _check_sampling(args)
-    model, codec, _ = load_run(Path(args.run_dir), args.device)
+    model, codec, _ = load_run(Path(args.run_dir), pick_device(args.device))
     if not args.prompt:
         raise ReslmError("--prompt must not be empty")
     prompt_ids = codec.encode(args.prompt)
@@ -319,7 +337,7 @@ def _train_parser(sub, fam_name: str | None):
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="reslm", description="Reservoir-computing language models: data, "
+    p = _Parser(prog="reslm", description="Reservoir-computing language models: data, "
                                 "training, generation, evaluation, reproduction and benchmarks (Köster & Uchida).")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error (also RESLM_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -444,7 +462,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except SystemExit as e:  # --help, or a bad flag (one line already printed)
+        return int(e.code or 0)
     debug = args.debug or os.environ.get("RESLM_DEBUG", "") not in ("", "0")
     try:
         args.func(args)

@@ -30,7 +30,7 @@ from reslm.errors import ReslmError
 from reslm.generate import sample
 from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
 from reslm.ngram import NgramReference, distinct_n
-from reslm.run import write_json
+from reslm.run import lock_run, write_json
 
 EVAL_FILE = "eval.json"
 
@@ -155,5 +155,6 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
     if token_run:
         result["score_windows"] = n_windows
     if write:
-        write_json(run_dir / EVAL_FILE, result)
+        with lock_run(run_dir):  # not while a trainer is writing the run
+            write_json(run_dir / EVAL_FILE, result)
     return result

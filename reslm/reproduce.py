@@ -22,6 +22,7 @@ budget in an existing folder is refused rather than mixing budgets.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import platform
@@ -43,7 +44,7 @@ from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.models import PRESETS, families
 from reslm.models.base import bits
 from reslm.ngram import KneserNey, NgramReference, distinct_n, select_order
-from reslm.run import CHECKPOINT, CONFIG, atomic_write, read_metrics, write_json
+from reslm.run import CHECKPOINT, CONFIG, atomic_write, lock_run, read_metrics, write_json
 from reslm.sweep import run_sweep, write_scaling
 from reslm.train import ensure_run, make_run_config, train
 
@@ -353,80 +354,98 @@ def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = N
     bud = BUDGETS[budget]
     families = _parse_families(families)
     out = Path(out) if out is not None else Path(f"reproduce-{budget}")
-    dev = pick_device(device)
-    t_all = time.perf_counter()
-    timings = {}
-
     char_ds = tok_ds = None
     if any(f in CHAR_FAMILIES for f in families):
         char_ds = find_dataset(data, "chars", data_root, prepare=True)
     if any(f in TOKEN_FAMILIES for f in families):
         tok_ds = find_dataset(token_data or bud.token_data, "tokens", data_root, prepare=True)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = out / "budget.json"
-    have = read_json(stamp)
-    if have is not None and have.get("budget") != budget:
-        raise ReslmError(f"{out} holds a `{have.get('budget')}` reproduction; use another --out for `{budget}`")
-    write_json(stamp, dict(budget=budget))
+    with lock_run(out, create=True):  # one reproduction per folder at a time
+        stamp = out / "budget.json"
+        have = read_json(stamp)
+        if have is not None and have.get("budget") != budget:
+            raise ReslmError(f"{out} holds a `{have.get('budget')}` reproduction; use another --out for `{budget}`")
+        write_json(stamp, dict(budget=budget))
+        results = _stages(out, bud, families, char_ds, tok_ds, device, progress)
+        results["command"] = command or f"reslm reproduce --budget {budget}"
+        write_json(out / "results.json", results)
+        report = write_report(out, results)
+    _log(f"wrote {report} ({results['timings']['total']:.0f} s)")
+    return results
 
-    t = time.perf_counter()
-    char_dirs = _char_runs(out, bud, families, char_ds, device, progress) if char_ds is not None else []
-    timings["character training"] = time.perf_counter() - t
-    t = time.perf_counter()
-    sweep_rows = _token_runs(out, bud, families, tok_ds, device, progress) if tok_ds is not None else []
-    timings["token training"] = time.perf_counter() - t
 
-    t = time.perf_counter()
+class _Clock:
+    """Wall time per stage: `with clock("name"):` adds to clock.timings["name"]."""
+
+    def __init__(self):
+        self.timings, self.t0 = {}, time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t = time.perf_counter()
+        yield
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t
+
+
+def _stages(out: Path, bud: Budget, families, char_ds, tok_ds, device: str, progress: bool) -> dict:
+    """Train, evaluate, Kneser-Ney, figures: everything results.json holds but the command line."""
+    clock = _Clock()
+    with clock("character training"):
+        char_dirs = _char_runs(out, bud, families, char_ds, device, progress) if char_ds is not None else []
+    with clock("token training"):
+        sweep_rows = _token_runs(out, bud, families, tok_ds, device, progress) if tok_ds is not None else []
     settings = dict(length=bud.gen_length, score=bud.score, temperature=1.0, seed=0)
     reference = None
     if char_ds is not None:
         reference = NgramReference(np.asarray(char_ds.shard(char_ds.test_shard), dtype=np.int64),
                                    base=char_ds.vocab_size)
-    char_rows = []
-    for run in char_dirs:
-        ev = _evaluate(run, settings, reference, device)
-        summary = read_json(run / SUMMARY)
-        cfg = json.loads((run / CONFIG).read_text())
-        epochs = [r for r in read_metrics(run) if r["kind"] == "eval"]
-        char_rows.append(dict(ev, preset=cfg["preset"], name=cfg["preset"], family=cfg["family"], test_loss=summary["final_test_loss"],
-                              test_bpc=summary["final_test_bpc"], eval_chunk_loss=ev["test_loss"],
-                              train_seconds=summary["train_seconds"], reservoir_train_seconds=summary["reservoir_seconds"],
-                              epochs=epochs, shards_per_cycle=len(cfg["data"]["train_shards"])))
-    token_rows = []
-    if sweep_rows:
-        tok_ref = NgramReference(tok_ds.tokenizer().decode(np.asarray(tok_ds.val)))
-        tok_settings = dict(settings, length=max(50, bud.gen_length // 4), score=bud.score // 4)
-        for row in sweep_rows:
-            run = out / "tokens" / row["name"]
-            ev = _evaluate(run, tok_settings, tok_ref, device)
-            metrics = read_metrics(run)
-            token_rows.append(dict(row, test_loss=ev["test_loss"], test_bpc=ev["test_bpc"], overlap=ev["overlap"],
-                                   prompt=ev["prompt"], sample=ev["sample"],
-                                   steps_rows=[r for r in metrics if r["kind"] == "step"],
-                                   eval_rows=[r for r in metrics if r["kind"] == "eval"]))
-    timings["evaluation"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    kn = _kneser_ney(out, bud, char_ds, reference, settings) if char_ds is not None else None
-    timings["Kneser-Ney"] = time.perf_counter() - t
-    t = time.perf_counter()
-    figs = _figures(out, char_rows, token_rows, kn)
-    timings["figures"] = time.perf_counter() - t
-    timings["total"] = time.perf_counter() - t_all
-
-    results = dict(
-        command=command or f"reslm reproduce --budget {budget}", budget=asdict(bud), families=list(families),
-        data=str(char_ds.path) if char_ds else None, token_data=str(tok_ds.path) if tok_ds else None, eval_settings=settings,
+    with clock("evaluation"):
+        char_rows = [_char_row(run, _evaluate(run, settings, reference, device)) for run in char_dirs]
+        token_rows = _token_rows(out, bud, sweep_rows, tok_ds, settings, device)
+    with clock("Kneser-Ney"):
+        kn = _kneser_ney(out, bud, char_ds, reference, settings) if char_ds is not None else None
+    with clock("figures"):
+        figs = _figures(out, char_rows, token_rows, kn)
+    clock.timings["total"] = time.perf_counter() - clock.t0
+    dev = pick_device(device)
+    return dict(
+        budget=asdict(bud), families=list(families),
+        data=str(char_ds.path) if char_ds else None, token_data=str(tok_ds.path) if tok_ds else None,
+        eval_settings=settings,
         char_runs=[{k: v for k, v in r.items() if k != "epochs"} for r in char_rows],
         token_runs=[{k: v for k, v in r.items() if k not in ("steps_rows", "eval_rows")} for r in token_rows],
         kneser_ney=kn, scaling_fits=figs.get("fig7", {}).get("fits"), time_fits=figs.get("fig4", {}).get("fits"),
         figures={k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items() if kk in ("png", "csv", "note")}
                  for k, v in figs.items()},
-        paper=PAPER, timings=timings,
+        paper=PAPER, timings=clock.timings,
         environment=dict(device=str(dev), precision=resolve_precision("auto", dev), torch=torch.__version__,
                          python=platform.python_version(), threads=torch.get_num_threads(),
                          platform=platform.platform(), reslm=reslm.__version__, git=_git_commit(), seed=0))
-    write_json(out / "results.json", results)
-    report = write_report(out, results)
-    _log(f"wrote {report} ({timings['total']:.0f} s)")
-    return results
+
+
+def _char_row(run: Path, ev: dict) -> dict:
+    summary = read_json(run / SUMMARY)
+    cfg = read_json(run / CONFIG)
+    epochs = [r for r in read_metrics(run) if r["kind"] == "eval"]
+    return dict(ev, preset=cfg["preset"], name=cfg["preset"], family=cfg["family"], test_loss=summary["final_test_loss"],
+                test_bpc=summary["final_test_bpc"], eval_chunk_loss=ev["test_loss"],
+                train_seconds=summary["train_seconds"], reservoir_train_seconds=summary["reservoir_seconds"],
+                epochs=epochs, shards_per_cycle=len(cfg["data"]["train_shards"]))
+
+
+def _token_rows(out: Path, bud: Budget, sweep_rows: list[dict], tok_ds, settings: dict, device: str) -> list[dict]:
+    if not sweep_rows:
+        return []
+    tok_ref = NgramReference(tok_ds.tokenizer().decode(np.asarray(tok_ds.val)))
+    tok_settings = dict(settings, length=max(50, bud.gen_length // 4), score=bud.score // 4)
+    rows = []
+    for row in sweep_rows:
+        run = out / "tokens" / row["name"]
+        ev = _evaluate(run, tok_settings, tok_ref, device)
+        metrics = read_metrics(run)
+        rows.append(dict(row, test_loss=ev["test_loss"], test_bpc=ev["test_bpc"], overlap=ev["overlap"],
+                         prompt=ev["prompt"], sample=ev["sample"],
+                         steps_rows=[r for r in metrics if r["kind"] == "step"],
+                         eval_rows=[r for r in metrics if r["kind"] == "eval"]))
+    return rows
+
+

@@ -54,7 +54,7 @@ import numpy as np
 from reslm.checkpoint import SUMMARY, read_json
 from reslm.data.bpe import TokenDataset
 from reslm.errors import ReslmError
-from reslm.run import write_json
+from reslm.run import lock_run, write_json
 from reslm.models import families
 from reslm.models.gpt import GPTConfig, gpt_param_count
 from reslm.models.laerc import LAERCConfig, laerc_param_count
@@ -145,7 +145,11 @@ def run_sweep(out: Path, dataset: TokenDataset, sweep: str | Sweep = "cpu", fami
     sw = get_sweep(sweep)
     out = Path(out)
     plan = _plan(sw, families, train_overrides, dataset)
-    out.mkdir(parents=True, exist_ok=True)
+    with lock_run(out, create=True):  # one sweep per folder at a time
+        return _run_plan(out, plan, dataset, progress)
+
+
+def _run_plan(out: Path, plan: list, dataset, progress: bool) -> list[dict]:
     rows = []
     for i, (fam, name, model, train_over) in enumerate(plan, 1):
         run_dir = out / name

@@ -43,7 +43,7 @@ from reslm.models.base import bits, count_params, decay_groups, estimate_loss, f
 from reslm.progress import bar as progress_bar
 from reslm.reservoir.seeding import child_seed
 from reslm.progress import say
-from reslm.run import (CONFIG, MetricsLog, check_same_run, create_run_dir, load_checkpoint, read_config,
+from reslm.run import (CONFIG, MetricsLog, check_same_run, create_run_dir, load_checkpoint, lock_run, read_config,
                        read_metrics, save_checkpoint, write_json)
 
 OPTIMIZERS = ("adam", "adamw")
@@ -435,8 +435,14 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None) -
     """Train (or continue training) the run in run_dir; returns the summary (also summary.json).
 
     `stop_at`: stop (after an evaluation and a checkpoint) once this many steps are done; a later call
-    resumes. Under torchrun every rank calls this (see the module doc)."""
+    resumes. The run directory is locked while this runs (a second trainer of the same run gets
+    ReslmError). Under torchrun every rank calls this and rank 0 holds the lock (see the module doc)."""
     run_dir = Path(run_dir)
+    with lock_run(run_dir) if dist_.env_world()[0] == 0 else contextlib.nullcontext():
+        return _train(run_dir, progress, stop_at)
+
+
+def _train(run_dir: Path, progress: bool, stop_at: int | None) -> dict:
     cfg = read_config(run_dir)
     fam = family(cfg["family"])
     tc = run_train_config(cfg)
@@ -459,7 +465,7 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None) -
     scaler = grad_scaler(precision, device)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    step, train_seconds, state_seconds = 0, 0.0, 0.0
+    step, train_seconds = 0, 0.0
     ck = load_checkpoint(run_dir, map_location=device)
     if ck is not None:
         try:

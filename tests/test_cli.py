@@ -40,11 +40,11 @@ def test_data_train_generate(corpus, tmp_path, capsys, preset, extra):
     run = tmp_path / "run"
     assert train(corpus, run, "--preset", preset, *extra) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["shard_epochs"] == 5 and summary["final_test_loss"] < 2.5   # ln 16 = 2.77 at chance
+    assert summary["evaluations"] == 5 and summary["final_test_loss"] < 2.5   # ln 16 = 2.77 at chance
     rows = read_metrics(run)
-    assert {r["kind"] for r in rows} >= {"epoch"} and all("test_bpc" in r for r in rows if r["kind"] == "epoch")
+    assert {r["kind"] for r in rows} >= {"eval"} and all("test_bpc" in r for r in rows if r["kind"] == "eval")
     assert main(["generate", str(run), "--prompt", "To be", "--length", "40", "--seed", "3"]) == 0
-    text = capsys.readouterr().out.strip()
+    text = capsys.readouterr().out[:-1]                                # print's newline
     assert text.startswith("To be") and len(text) == 45
     assert main(["generate", str(run), "--prompt", "To be", "--length", "40", "--seed", "3"]) == 0
     assert capsys.readouterr().out.strip() == text                     # same seed, same sample
@@ -65,7 +65,7 @@ def test_data_train_generate(corpus, tmp_path, capsys, preset, extra):
 def test_same_seed_same_losses(corpus, tmp_path, capsys):
     for name in ("a", "b"):
         assert train(corpus, tmp_path / name, "--preset", "tf-64-4-4", "--seed", "7") == 0
-    losses = [[r["test_loss"] for r in read_metrics(tmp_path / n) if r["kind"] == "epoch"] for n in "ab"]
+    losses = [[r["test_loss"] for r in read_metrics(tmp_path / n) if r["kind"] == "eval"] for n in "ab"]
     assert losses[0] == losses[1]
 
 
@@ -82,10 +82,10 @@ def test_resume_equals_uninterrupted(corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(reslm.train, "save_checkpoint", save_then_die)
     assert train(corpus, tmp_path / "cut", "--preset", "aerc-75-13") == 130
     monkeypatch.setattr(reslm.train, "save_checkpoint", real_save)
-    assert len([r for r in read_metrics(tmp_path / "cut") if r["kind"] == "epoch"]) == 2
+    assert len([r for r in read_metrics(tmp_path / "cut") if r["kind"] == "eval"]) == 2
     assert train(corpus, tmp_path / "cut", "--resume") == 0
     full, cut = (read_metrics(tmp_path / n) for n in ("full", "cut"))
-    key = lambda rows: [(r["index"], r["train_loss"], r["test_loss"]) for r in rows if r["kind"] == "epoch"]
+    key = lambda rows: [(r["index"], r["train_loss"], r["test_loss"]) for r in rows if r["kind"] == "eval"]
     assert key(full) == key(cut)
 
 
@@ -156,7 +156,7 @@ def test_token_level_train_resume_generate(corpus, tmp_path, capsys, family, ext
     capsys.readouterr()
     run = str(tmp_path / "run")
     argv = ["train", "--family", family, "--data", "t", "--root", root, "--out", run, "--dim", "16",
-            "--n-layers", "1", "--context", "32", "--micro-batch", "4", "--grad-accum", "1", "--max-steps", "6",
+            "--n-layers", "1", "--context", "32", "--batch-size", "4", "--grad-accum", "1", "--max-steps", "6",
             "--warmup-steps", "2", "--eval-every", "3", "--eval-batches", "2", "--no-progress", *extra]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 6
@@ -171,3 +171,31 @@ def test_token_level_train_resume_generate(corpus, tmp_path, capsys, family, ext
     assert main([*argv[:7], "--out", str(tmp_path / "bad"), "--size", "10"]) == 2    # not a laerc/gpt option
     err_line(capsys)
     assert not (tmp_path / "bad").exists()
+
+
+def test_no_reservoir_ablation_flag(corpus, tmp_path, capsys):
+    """laerc's --no-reservoir (the feed-forward ablation) is its own flag, not rc's --reservoir NAME."""
+    pytest.importorskip("tokenizers")
+    root = str(tmp_path / "tok")
+    assert main(["data", "bpe", "--corpus", str(corpus / "a.txt"), "--tokenizer", "bpe:300", "--root", root,
+                 "--name", "t", "--val-fraction", "0.2"]) == 0
+    run = tmp_path / "abl"
+    assert main(["train", "--family", "laerc", "--data", "t", "--root", root, "--out", str(run), "--dim", "16",
+                 "--n-layers", "1", "--context", "16", "--batch-size", "2", "--grad-accum", "1", "--max-steps", "2",
+                 "--eval-every", "2", "--eval-batches", "1", "--no-reservoir", "--no-progress"]) == 0
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["model"]["reservoir"] is False
+    capsys.readouterr()
+    assert main(["train", "--family", "rc", "--no-reservoir"]) == 2     # rc's --reservoir takes a name
+    err_line(capsys)
+
+
+def test_train_help_shows_the_familys_defaults(capsys):
+    for fam, flag, default in (("rc", "--lr", "0.0001"), ("laerc", "--lr", "0.0006"), ("gpt", "--context", "512"),
+                               ("rc", "--context", "32")):
+        assert main(["train", "--family", fam, "--help"]) == 0
+        out = capsys.readouterr().out
+        line = " ".join(out.split(flag + " ", 1)[1].split("--")[0].split())
+        assert f"(default {default})" in line, (fam, flag, line)
+    assert main(["train", "--help"]) == 0
+    assert "--family F --help" in capsys.readouterr().out
