@@ -1,4 +1,4 @@
-"""N-gram statistics of symbol sequences: overlap / distinct-n, and a Kneser-Ney baseline.
+"""Evaluation, generated text -> scores: n-gram overlap / distinct-n, and the Kneser-Ney baseline.
 
 Everything works on 1-D integer id arrays (uint8/uint16/int64, ids in ``[0, base)``); the
 overlap and distinct functions also take ``str`` (characters, compared by code point).
@@ -19,6 +19,12 @@ number of generated texts.
 N-grams are compared exactly, never hashed: ``ngram_codes`` packs an n-gram into one int64,
 code = sum_k ids[i+k] * base**(n-1-k), when base**n < 2**63; otherwise each n-gram is a raw
 byte row (big-endian ids) compared as an ``np.void`` value.
+
+A str reference fixes the alphabet: its V characters are ids 0..V-1, and R_n is packed with
+base V + 1. Generated characters outside that alphabet are all mapped onto the id V for the
+intersection (no reference n-gram contains it, so that is exact), and |G_n| is counted
+separately on the generated text's own characters, so distinct unseen characters stay
+distinct: "abxaby" against "abab", n = 2, is 1/4 (ab, bx, xa, by; only ab in R_2).
 
 Kneser-Ney
 ----------
@@ -42,8 +48,10 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
+import torch
 
 from reslm.errors import ReslmError
+from reslm.generate import pick
 
 _INT64_LIMIT = 2**63
 _MIN_DISCOUNT = 0.1  # floor of an estimated discount: keeps every gamma(h) > 0
@@ -136,21 +144,15 @@ def _lookup(table: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return pos, table[pos] == keys
 
 
-def _fraction_in(g: np.ndarray, r: np.ndarray) -> float:
-    """|g ∩ r| / |g| for sorted unique arrays; nan if g is empty."""
-    if g.size == 0:
-        return float("nan")
-    return float(np.count_nonzero(_lookup(r, g)[1])) / g.size
-
-
 class NgramReference:
     """The unique n-grams R_n of a reference text, built once per n and cached.
 
     ``reference``: an id array (ids < ``base``, default max + 1; pass the vocabulary size
     so generated ids above the reference's largest id are accepted) or a str. For a str
     reference, generated text must be str too: its characters are mapped onto the
-    reference's characters, and any other character onto one extra id (which no
-    reference n-gram contains, so the overlap stays exact).
+    reference's characters and any other character onto one extra id, which no reference
+    n-gram contains, so the intersection is exact; |G_n| is counted on the generated
+    text's own characters, so two different unseen characters are two symbols.
     """
 
     def __init__(self, reference: np.ndarray | str, base: int | None = None):
@@ -174,24 +176,41 @@ class NgramReference:
             self._codes[n] = ngram_codes(self.ids, n, self.base)
         return self._codes[n]
 
-    def _map(self, generated: np.ndarray | str) -> np.ndarray:
+    def _map(self, generated: np.ndarray | str) -> tuple[np.ndarray, np.ndarray | None]:
+        """(ids for the intersection with R_n, compact ids of the generated text or None).
+
+        The second is set only when the text has characters outside the reference: the
+        first then maps all of them onto one id, so |G_n| must be counted on the second.
+        """
         if isinstance(generated, str) != self.is_text:
             raise ReslmError("generated and reference must both be str or both be id arrays")
         ids = _ids(generated, "generated ids")
         if not self.is_text:
             _check_base(ids, self.base, "generated ids")
-            return ids
+            return ids, None
         pos, known = _lookup(self._chars, ids)
-        return np.where(known, pos, self._chars.size)
+        if known.all():
+            return pos, None
+        compact = np.searchsorted(_unique(ids)[0], ids)  # one id per distinct character
+        return np.where(known, pos, self._chars.size), compact
+
+    def _overlap(self, mapped: tuple[np.ndarray, np.ndarray | None], n: int) -> float:
+        ids, compact = mapped
+        g = ngram_codes(ids, n, self.base)
+        if g.size == 0:
+            return float("nan")
+        found = np.count_nonzero(_lookup(self.codes(n), g)[1])
+        total = g.size if compact is None else ngram_codes(compact, n).size
+        return float(found) / total
 
     def overlap(self, generated: np.ndarray | str, n: int) -> float:
         """|G_n ∩ R_n| / |G_n| over unique n-grams; nan if n > len(generated)."""
-        return _fraction_in(ngram_codes(self._map(generated), n, self.base), self.codes(n))
+        return self._overlap(self._map(generated), _check_n(n))
 
     def overlaps(self, generated: np.ndarray | str, ns: Iterable[int] = (7, 8)) -> dict[int, float]:
         """{n: overlap(generated, n)} for each n in ns."""
-        ids = self._map(generated)
-        return {int(n): _fraction_in(ngram_codes(ids, n, self.base), self.codes(n)) for n in ns}
+        mapped = self._map(generated)
+        return {int(n): self._overlap(mapped, _check_n(n)) for n in ns}
 
 
 def overlap_n(generated: np.ndarray | str, reference: np.ndarray | str, n: int,
@@ -383,18 +402,26 @@ class KneserNey:
         return self._probs(windows, np.full(self.vocab_size, h.size))
 
     def sample(self, prompt: np.ndarray | list[int], length: int, seed: int = 0,
-               temperature: float = 1.0) -> np.ndarray:
-        """Closed-loop generation: `length` ids drawn one at a time from prob_table (numpy RNG `seed`)."""
-        rng = np.random.default_rng(seed)
+               temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None) -> np.ndarray:
+        """Closed-loop generation: ``length`` ids, each drawn from prob_table of the ids so far.
+
+        The draw is ``reslm.generate.pick`` on the log-probabilities, the sampler every model
+        uses (temperature 0 = greedy; top-k / top-p filtering), with a torch.Generator seeded
+        by ``seed``. Returns shape (length,), int64.
+        """
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+            raise ReslmError(f"length must be a non-negative integer, got {length!r}")
+        if not temperature >= 0:
+            raise ReslmError(f"temperature must be >= 0, got {temperature}")
+        gen = torch.Generator().manual_seed(int(seed))
         ids = [int(i) for i in np.asarray(prompt).reshape(-1)]
-        out = np.empty(length, dtype=np.int64)
-        for t in range(length):
-            p = self.prob_table(ids[-(self.order - 1):] if self.order > 1 else [])
-            if temperature != 1.0:
-                p = p ** (1.0 / temperature)
-                p /= p.sum()
-            out[t] = rng.choice(self.vocab_size, p=p)
-            ids.append(int(out[t]))
+        out = np.empty(int(length), dtype=np.int64)
+        with np.errstate(divide="ignore"):  # a fixed discount of 0 can give p = 0: -inf logit
+            for t in range(int(length)):
+                p = self.prob_table(ids[-(self.order - 1):] if self.order > 1 else [])
+                out[t] = pick(torch.from_numpy(np.log(p)), temperature, top_k, top_p, gen)
+                ids.append(int(out[t]))
         return out
 
 

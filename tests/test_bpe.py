@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from reslm.data import bpe  # noqa: E402
+from reslm.data import bpe, check_fingerprint  # noqa: E402
 from reslm.data.bpe import EOT, TokenDataset, load_tokenizer, prepare_bpe, train_bpe  # noqa: E402
 from reslm.errors import ReslmError  # noqa: E402
 
@@ -223,3 +223,42 @@ def test_load_rejects_damaged(tiny_ds: TokenDataset, tmp_path: Path) -> None:
     (path / "meta.json").write_text("{not json")
     with pytest.raises(ReslmError, match="cannot read"):
         TokenDataset.load(path)
+
+
+# --- fingerprint ------------------------------------------------------------------------
+
+
+def test_fingerprint_changes_with_another_tokenizer_of_the_same_size(files: list[Path], tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    ds = prepare_bpe(files, "bpe:300", root, name="t", val_fraction=0.1, verbose=False)
+    fp = ds.fingerprint()
+    assert json.loads(json.dumps(fp)) == fp and fp["kind"] == "bpe"
+    assert fp["tokenizer_sha256"] == bpe.sha256_file(ds.path / "tokenizer.json")
+    assert set(fp["files"]) == {"train.bin", "val.bin"}
+    assert fp["files"]["train.bin"]["bytes"] == 2 * ds.n_tokens["train"]
+    assert TokenDataset.load(ds.path).fingerprint() == fp  # unchanged dataset, same fingerprint
+    check_fingerprint(fp, TokenDataset.load(ds.path))
+    # Same corpus, same K, another training split: another tokenizer of the same size.
+    again = prepare_bpe(files, "bpe:300", root, name="t", val_fraction=0.4, overwrite=True, verbose=False)
+    assert again.vocab_size == ds.vocab_size
+    fp2 = again.fingerprint()
+    assert fp2["tokenizer_sha256"] != fp["tokenizer_sha256"]
+    with pytest.raises(ReslmError, match=r"the dataset at .*t no longer matches this run: tokenizer differs; "
+                                         r"train.bin size differs") as e:
+        check_fingerprint(fp, again)
+    assert "\n" not in str(e.value)
+    # Only the val tokens rewritten (same size): the sampled checksum sees it.
+    val = again.path / "val.bin"
+    data = bytearray(val.read_bytes())
+    data[:2] = data[2:4] if data[:2] != data[2:4] else bytes([data[0] ^ 1, data[1]])
+    val.write_bytes(bytes(data))
+    with pytest.raises(ReslmError, match=r"no longer matches this run: val.bin contents differ$"):
+        check_fingerprint(fp2, TokenDataset.load(again.path))
+
+
+@needs_gpt2
+def test_gpt2_fingerprint(files: list[Path], tmp_path: Path) -> None:
+    ds = prepare_bpe(files, "gpt2", tmp_path / "data", val_fraction=0.2, verbose=False)
+    fp = ds.fingerprint()
+    assert fp["vocab_size"] == 50257 and len(fp["tokenizer_sha256"]) == 64
+    check_fingerprint(fp, ds)

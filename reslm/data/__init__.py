@@ -1,4 +1,4 @@
-"""Data layer: obtaining text and turning it into character-level datasets.
+"""Stage 1, corpus -> tokens: obtaining text and turning it into character-level datasets.
 
 See ``reslm.data.chars`` for the vocabulary, sharding and on-disk rules and
 ``reslm.data.corpus`` for how the Shakespeare corpus is fetched and grouped.
@@ -10,6 +10,7 @@ from reslm.data.chars import (
     SHAKESPEARE_MIN_CHAR_COUNT,
     TEXT_MIN_CHAR_COUNT,
     CharDataset,
+    check_fingerprint,
     default_data_root,
     plan_shards,
     prepare_shakespeare,
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_N_SHARDS",
     "MIN_SHARD_CHARS",
     "PLAY_ALIASES",
+    "check_fingerprint",
     "SHAKESPEARE_MIN_CHAR_COUNT",
     "TEXT_MIN_CHAR_COUNT",
     "default_cache_dir",

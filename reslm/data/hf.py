@@ -1,4 +1,4 @@
-"""Token datasets from a Hugging Face ``datasets`` source, streamed: OpenWebText for users online.
+"""Stage 1, corpus -> tokens: token datasets streamed from a Hugging Face `datasets` source (OpenWebText).
 
 The paper trains LAERC on OpenWebText with the GPT-2 vocabulary. With internet access::
 
@@ -23,12 +23,17 @@ web pages, so an interleaved split leaks nothing between them. Every document is
 ``<|endoftext|>``, as in the file and Shakespeare paths (``reslm.data.bpe``); the output format is the
 same, so ``TokenDataset`` and training do not know where the tokens came from. ``bpe:K`` is trained on
 the training documents, which costs a second pass over the stream.
+
+Nothing downloaded is executed: ``load_dataset`` is called with ``trust_remote_code=False``, so a hub
+dataset that needs a loading script is refused (``datasets`` >= 4 has no scripts at all; 2.16 - 3.x
+would otherwise ask or run them, older versions would run them silently, hence ``datasets>=2.16``).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterator
 
+from reslm import progress
 from reslm.data.bpe import (
     _TRAIN, _VAL, TokenDataset, _chunks, _default_name, _encode_text, _import_tokenizers, _write_stream,
     gpt2_data_files, make_tokenizer, parse_spec, write_meta,
@@ -63,8 +68,10 @@ def _open_stream(source: str, config: str | None, split: str):
             if builder is None:
                 raise ReslmError(f"{path}: unknown data file type {path.suffix!r} "
                                  f"(use {', '.join(sorted(_BUILDERS))} or a folder)")
-            return datasets.load_dataset(builder, data_files=str(path), split=split, streaming=True)
-        return datasets.load_dataset(str(path) if path.is_dir() else source, config, split=split, streaming=True)
+            return datasets.load_dataset(builder, data_files=str(path), split=split, streaming=True,
+                                         trust_remote_code=False)
+        return datasets.load_dataset(str(path) if path.is_dir() else source, config, split=split, streaming=True,
+                                     trust_remote_code=False)
     except ReslmError:
         raise
     except Exception as e:  # network, unknown dataset, bad split/config: one line for the user
@@ -117,14 +124,12 @@ def prepare_bpe_hf(source: str, tokenizer: str, root: Path | None = None, name: 
             if not is_val(i):
                 yield from _chunks(text)
 
-    from tqdm.auto import tqdm
-
     with building(root, name) as tmp:
 
         tok, tok_meta = make_tokenizer(tokenizer, train_texts, tmp, log, verbose)
         counts, chars, docs = {"train": 0, "val": 0}, {"train": 0, "val": 0}, {"train": 0, "val": 0}
         with open(tmp / _TRAIN, "wb") as ftrain, open(tmp / _VAL, "wb") as fval, \
-                tqdm(total=max_docs, unit="doc", disable=not verbose, desc="reslm data: encoding") as bar:
+                progress.bar(total=max_docs, unit="doc", enabled=verbose, desc="reslm data: encoding") as bar:
             for i, text in _documents(stream, text_field, max_docs):
                 part, f = ("val", fval) if is_val(i) else ("train", ftrain)
                 counts[part] += _encode_text(text, tok, f) + _write_stream(f, [tok.eot_id])
