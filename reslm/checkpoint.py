@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from reslm.data.bpe import TokenDataset, prepare_bpe
-from reslm.data.chars import CharDataset, default_data_root, prepare_shakespeare, resolve_dataset
+from reslm.data.chars import CharDataset, check_fingerprint, default_data_root, prepare_shakespeare, resolve_dataset
 from reslm.errors import ReslmError
 from reslm.models import build_model, family, make_config
 from reslm.run import load_checkpoint, read_config
@@ -57,9 +57,10 @@ def describe_dataset(ds) -> dict:
     if isinstance(ds, CharDataset):
         return dict(kind="chars", path=str(Path(ds.path).resolve()), name=ds.name, vocab=ds.vocab,
                     vocab_size=ds.vocab_size, shards=ds.shards, train_shards=ds.train_shards,
-                    test_shard=ds.test_shard)
+                    test_shard=ds.test_shard, fingerprint=ds.fingerprint())
     if isinstance(ds, TokenDataset):
-        return dict(kind="tokens", path=str(Path(ds.path).resolve()), name=ds.name, vocab_size=ds.vocab_size)
+        return dict(kind="tokens", path=str(Path(ds.path).resolve()), name=ds.name, vocab_size=ds.vocab_size,
+                    fingerprint=ds.fingerprint())
     raise ReslmError(f"not a reslm dataset: {ds!r}")
 
 
@@ -102,14 +103,16 @@ def find_dataset(spec: str | Path, kind: str, root: Path | None = None, *, prepa
 
 
 def check_dataset(cfg: dict, ds) -> None:
-    """ReslmError when the dataset at the run's path is not the one the run was made on."""
-    saved, now = cfg["data"], json.loads(json.dumps(describe_dataset(ds)))  # as config.json holds it
-    if data_kind(saved) != now["kind"]:
-        raise ReslmError(f"the dataset at {ds.path} is a {now['kind']} dataset; this run was made on {data_kind(saved)}")
-    for key in ("vocab", "vocab_size", "shards", "test_shard"):
-        if key in saved and saved[key] != now[key]:
-            raise ReslmError(f"the dataset at {ds.path} no longer matches this run ({key.replace('_', ' ')} "
-                             f"differs): it was replaced or rebuilt; re-create it or retrain")
+    """ReslmError naming what differs when the dataset at the run's path is not the one the run was made
+    on (its fingerprint: vocabulary or tokenizer, split, token-file sizes and sampled checksums)."""
+    saved = cfg["data"]
+    kind = "chars" if isinstance(ds, CharDataset) else "tokens"
+    if data_kind(saved) != kind:
+        raise ReslmError(f"the dataset at {ds.path} is a {kind} dataset; this run was made on {data_kind(saved)}")
+    if "fingerprint" in saved:
+        check_fingerprint(saved["fingerprint"], ds)
+    elif "vocab" in saved and saved["vocab"] != ds.vocab:  # runs made before fingerprints
+        raise ReslmError(f"the dataset at {ds.path} no longer matches this run: vocabulary differs")
 
 
 def load_model(cfg: dict, device="cpu"):

@@ -165,7 +165,7 @@ def _kneser_ney(out: Path, budget: Budget, dataset, reference, settings: dict) -
     """Order chosen on the last 10% of the training text (fitted on the rest), then refitted on all
     training shards and scored on the whole test shard; a sample of gen_length characters."""
     path = out / "ngram.json"
-    want = dict(orders=list(budget.kn_orders), heldout_fraction=0.1, data=str(dataset.path),
+    want = dict(orders=list(budget.kn_orders), heldout_fraction=0.1, data=str(dataset.path), sampler="pick",
                 length=settings["length"], seed=settings["seed"], temperature=settings["temperature"])
     have = read_json(path)
     if have and have.get("settings") == want:
