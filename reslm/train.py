@@ -562,7 +562,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None) -> dict:
                                               scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
                                               metrics_rows=log.rows))
             dist_.barrier()
-            seg_loss, seg_n, seg_start = 0.0, 0, step
+            # windows restart at every checkpoint, so a resumed run logs exactly what an uninterrupted one does
+            seg_loss, seg_n, seg_start, win_loss, win_steps = 0.0, 0, step, 0.0, 0
             t_seg = t_log = time.perf_counter()
     bar.close()
     summary = summarize(run_dir, model, cfg, source) if main else None

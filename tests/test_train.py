@@ -1,0 +1,200 @@
+"""The one training loop: token windows (laerc, gpt) and character shards (rc, aerc, tf)."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import reslm.train as tt
+from reslm.models import build_model
+from reslm.models.base import bits, decay_groups
+from reslm.errors import ReslmError
+from reslm.run import read_config, read_metrics
+
+MODELS = {"laerc": dict(dim=16, n_layers=2, context=32, r_mult=2),
+          "gpt": dict(dim=32, n_layers=2, n_heads=2, context=32)}
+TRAIN = dict(batch_size=4, grad_accum=2, max_steps=30, warmup_steps=5, eval_every=10,
+             eval_batches=4, log_every=5, lr=3e-3, device="cpu", precision="fp32")
+
+
+
+def run(tmp_path, dataset, name, family="laerc", **train):
+    out = tt.create_run(tmp_path / name, family, MODELS[family], {**TRAIN, **train}, dataset)
+    return out, tt.train(out, progress=False)
+
+
+@pytest.mark.parametrize("family", ["laerc", "gpt"])
+def test_training_reduces_val_loss(family, dataset, tmp_path):
+    out, summary = run(tmp_path, dataset, family, family)
+    rows = read_metrics(out)
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 10, 20, 30]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.3
+    assert evals[-1]["val_bits_per_token"] == pytest.approx(evals[-1]["val_loss"] / np.log(2))
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [5, 10, 15, 20, 25, 30]
+    assert set(steps[0]) == {"kind", "step", "lr", "train_loss", "samples_per_s", "tokens_per_s", "wall"}
+    cfg = read_config(out)
+    assert cfg["data"]["vocab_size"] == dataset.vocab_size and cfg["family"] == family and "versions" in cfg
+    assert summary["final_val_loss"] == evals[-1]["val_loss"]
+    assert summary["tokens_seen"] == 30 * 4 * 2 * 32 and summary["trainable_params"] > 0
+    assert summary["min_train_loss"] == min(r["train_loss"] for r in steps)
+    assert (out / "summary.json").is_file() and (out / "checkpoint.pt").is_file()
+    # done: calling again trains nothing more
+    again = tt.train(out, progress=False)
+    assert again["final_val_loss"] == summary["final_val_loss"] and len(read_metrics(out)) == len(rows)
+
+
+def test_resume_equals_uninterrupted(dataset, tmp_path, monkeypatch):
+    full, _ = run(tmp_path, dataset, "full", "gpt", max_steps=20, eval_every=5, log_every=3)
+    real_save, calls = tt.save_checkpoint, []
+
+    def save_then_die(*a, **k):
+        real_save(*a, **k)
+        calls.append(1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, dataset, "cut", "gpt", max_steps=20, eval_every=5, log_every=3)
+    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    cut = tmp_path / "cut"
+    assert len(calls) == 1 and [r["step"] for r in read_metrics(cut) if r["kind"] == "eval"] == [0, 5]
+    with open(cut / "metrics.jsonl", "a") as f:  # rows written after the checkpoint are dropped on resume
+        f.write('{"kind": "step", "step": 6, "lr": 0, "train_loss": 9, "tokens_per_s": 1, "wall": 1}\n')
+    tt.train(cut, progress=False)
+    timing = ("wall", "tokens_per_s", "samples_per_s", "seconds")
+    key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows]
+    assert key(read_metrics(full)) == key(read_metrics(cut))
+    a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(cut / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("family", ["laerc", "gpt"])
+def test_weight_decay_groups(family, dataset):
+    model = build_model(family, **{**MODELS[family], "vocab_size": dataset.vocab_size})
+    decay, no_decay = decay_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    linear_w = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    assert decay["params"] and {id(p) for p in decay["params"]} == linear_w
+    assert all(p.dim() == 2 for p in decay["params"])
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert names[id(model.embed.weight)] and all(id(p) != id(model.embed.weight) for p in decay["params"])
+    assert all(not n.endswith("bias") and "ln" not in n for n in (names[id(p)] for p in decay["params"]))
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_schedule_and_batches(dataset):
+    tc = tt.TrainConfig(schedule="cosine", lr=1.0, warmup_steps=10, hold_steps=5, max_steps=115, min_lr_frac=0.1)
+    assert tt.lr_at(tc, 0, 115) == pytest.approx(0.1) and tt.lr_at(tc, 9, 115) == 1.0 and tt.lr_at(tc, 14, 115) == 1.0
+    assert tt.lr_at(tc, 65, 115) == pytest.approx(0.55) and tt.lr_at(tc, 115, 115) == pytest.approx(0.1)
+    assert tt.lr_at(tt.TrainConfig(lr=0.5), 77, 115) == 0.5                     # constant (characters)
+    lrs = [tt.lr_at(tc, k, 115) for k in range(15, 115)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    x, y = tt.token_batch(dataset.train, 5, 16, g1)
+    assert x.shape == y.shape == (5, 16) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert torch.equal(x, tt.token_batch(dataset.train, 5, 16, g2)[0])
+
+
+def test_bad_configs(dataset, tmp_path):
+    V = dataset.vocab_size
+    bad = [
+        ("laerc", {**MODELS["laerc"], "vocab_size": V + 1}, {}, "does not match the dataset"),
+        ("gpt", MODELS["gpt"], {"context": 64}, "unknown training"),               # a model field
+        ("gpt", {**MODELS["gpt"], "context": dataset.n_tokens["val"] + 10}, {}, "not shorter"),
+        ("gpt", MODELS["gpt"], {"lr": 0}, "lr"),
+        ("gpt", MODELS["gpt"], {"max_steps": 0}, "max_steps"),
+        ("gpt", MODELS["gpt"], {"batch_size": 2.5}, "batch_size"),
+        ("gpt", MODELS["gpt"], {"lr": float("nan")}, "finite"),
+        ("gpt", MODELS["gpt"], {"schedule": "linear"}, "schedule"),
+        ("gpt", MODELS["gpt"], {"precision": "fp8"}, "precision"),
+        ("gpt", MODELS["gpt"], {"min_lr_frac": 2}, "min_lr_frac"),
+        ("gpt", MODELS["gpt"], {"nope": 1}, "unknown training"),
+        ("gpt", {**MODELS["gpt"], "n_heads": 3}, {}, "divisible"),
+        ("gpt", {**MODELS["gpt"], "r_mult": 3}, {}, "unknown gpt"),
+        ("rnn", {}, {}, "unknown model family"),
+        ("rc", {"size": 8}, {}, "trains on chars"),
+    ]
+    for i, (family, model, train, msg) in enumerate(bad):
+        with pytest.raises(ReslmError, match=msg):
+            tt.create_run(tmp_path / f"r{i}", family, model, {**TRAIN, **train}, dataset)
+        assert not (tmp_path / f"r{i}").exists()
+    with pytest.raises(ReslmError, match="not shorter"):
+        tt.token_batch(np.zeros(10, dtype=np.uint16), 2, 10, torch.Generator())
+
+
+# --- character shards ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def chars(tmp_path_factory):
+    from reslm.data import prepare_text
+    root = tmp_path_factory.mktemp("chars")
+    rng = np.random.default_rng(0)
+    words = "to be or not that is the question whether tis nobler in mind".split()
+    (root / "a.txt").write_text(" ".join(rng.choice(words) for _ in range(1500)))
+    return prepare_text([root / "a.txt"], root, name="tiny", verbose=False)
+
+
+CHAR_TRAIN = dict(batch_size=64, epochs_per_shard=2, lr=3e-3, log_every=4, device="cpu", precision="fp32")
+
+
+def test_char_schedule_steps_and_eval_points(chars, tmp_path):
+    out = tt.create_run(tmp_path / "rc", "rc", dict(size=32), {**CHAR_TRAIN, "epoch_samples": 100}, chars)
+    summary = tt.train(out, progress=False)
+    evals = [r for r in read_metrics(out) if r["kind"] == "eval"]
+    # 5 training shards x 2 epochs, 100 samples per shard-epoch at batch 64: 2 steps each
+    assert [r["step"] for r in evals] == list(range(2, 21, 2))
+    assert [(r["shard"], r["epoch"]) for r in evals[:3]] == [(0, 0), (0, 1), (1, 0)]
+    assert summary["evaluations"] == 10 and summary["finished"] and summary["steps"] == 20
+    for r in evals:
+        assert r["test_bpc"] == pytest.approx(r["test_loss"] / np.log(2), rel=1e-12)
+        assert r["test_bpc"] == pytest.approx(bits(r["test_loss"]))
+    assert summary["final_test_loss"] == evals[-1]["test_loss"] < np.log(chars.vocab_size)
+
+
+@pytest.mark.parametrize("family,model", [("rc", dict(size=32)), ("tf", dict(ff_dim=16, n_heads=2, n_layers=1))])
+def test_char_resume_is_bitwise(chars, tmp_path, monkeypatch, family, model):
+    train = {**CHAR_TRAIN, "epoch_samples": 128, "epochs_per_shard": 1}
+    full = tt.create_run(tmp_path / "full", family, model, train, chars)
+    tt.train(full, progress=False)
+    cut = tt.create_run(tmp_path / "cut", family, model, train, chars)
+    tt.train(cut, progress=False, stop_at=4)            # an eval point (2 steps per shard-epoch)
+    tt.train(cut, progress=False)
+    mid = tt.create_run(tmp_path / "mid", family, model, train, chars)
+    tt.train(mid, progress=False, stop_at=5)            # mid shard-epoch: an extra evaluation, same weights
+    tt.train(mid, progress=False)
+    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
+    assert key(read_metrics(full)) == key(read_metrics(cut))
+    a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
+    for run in (cut, mid):
+        b = torch.load(run / "checkpoint.pt", weights_only=True)["model"]
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_eval_run_ce_equals_trainings_on_the_same_slice(chars, tmp_path):
+    """`reslm eval --score 0` (whole test shard) and training's last evaluation are one estimator."""
+    from reslm.evaluate import evaluate_run
+    out = tt.create_run(tmp_path / "rc", "rc", dict(size=32, context_mode="window"),
+                        {**CHAR_TRAIN, "epoch_samples": 64, "epochs_per_shard": 1}, chars)
+    summary = tt.train(out, progress=False)
+    ev = evaluate_run(out, length=20, score=0, write=False)
+    assert ev["test_loss"] == pytest.approx(summary["final_test_loss"], rel=1e-6)
+    assert ev["test_bits"] == pytest.approx(ev["test_loss"] / np.log(2))
+
+
+def test_non_finite_loss_stops_with_the_last_checkpoint_kept(chars, tmp_path):
+    out = tt.create_run(tmp_path / "nan", "tf", dict(ff_dim=16, n_heads=2, n_layers=1),
+                        {**CHAR_TRAIN, "epoch_samples": 128, "epochs_per_shard": 1, "lr": 1.0}, chars)
+    tt.train(out, progress=False, stop_at=2)
+    before = (out / "checkpoint.pt").read_bytes()
+    with torch.no_grad():  # poison the weights the way a diverged run would
+        pass
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    ck["model"]["head.weight"].fill_(float("nan"))
+    torch.save(ck, out / "checkpoint.pt")
+    with pytest.raises(ReslmError, match="non-finite loss or gradient at step 3"):
+        tt.train(out, progress=False)
+    assert (out / "checkpoint.pt").read_bytes() != before  # the poisoned file is what we wrote, untouched since
+    assert all(np.isfinite(r.get("train_loss", 0.0)) for r in read_metrics(out))
