@@ -1,4 +1,4 @@
-"""Token-level benchmark: LAERC vs the GPT baseline at matched trainable parameters.
+"""Benchmarks: the token level, LAERC vs the GPT baseline at matched trainable parameters.
 
 - training tokens/s (forward + backward + AdamW step on random tokens);
 - generation time per token at prefix lengths 64, 256 and 1024: our stateful sampler (LAERC carries
@@ -6,32 +6,22 @@
   token (what the authors' sampler does). The cost of producing the token at length n is measured
   directly: `step()` after n tokens have been read, versus one full forward pass over n tokens.
 Targets (issue 3): stateful per-token time at 1024 <= 1.2 x that at 64, and >= 20x faster than
-re-running the prefix at 1024.
+re-running the prefix at 1024. Timing goes through `reslm.bench_timing.repeat` (best repetition).
 """
 from __future__ import annotations
 
-import time
+import math
 
 import torch
 
-from reslm.device import synchronize
+from reslm.bench_timing import repeat
 from reslm.models.base import count_params
 from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig
 
 # matched pair (trainable parameters within ~3% at V = 4096; see reslm.sweep's cpu sweep)
 PAIR = {"laerc": dict(dim=64, n_layers=4), "gpt": dict(dim=88, n_layers=4, n_heads=4)}
-
-
-def _best(fn, device, reps: int) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        synchronize(device)
-        t = time.perf_counter()
-        fn()
-        synchronize(device)
-        best = min(best, time.perf_counter() - t)
-    return best
+TARGETS = dict(growth_long_vs_short_max=1.2, speedup_vs_rerun_at_longest_min=20.0)
 
 
 def build_pair(vocab: int, context: int, device, pair=PAIR) -> dict:
@@ -41,7 +31,9 @@ def build_pair(vocab: int, context: int, device, pair=PAIR) -> dict:
 
 @torch.no_grad()
 def generation_ms_per_token(model, lengths, device, steps: int = 16, reps: int = 3) -> dict:
-    """{n: {"stateful_ms", "rerun_ms", "speedup"}} for each prefix length n (best of reps)."""
+    """{n: {"stateful_ms", "rerun_ms", "speedup"}} for each prefix length n: `steps` step() calls
+    from the state after n tokens (per token) against one forward over the n-token prefix, timed
+    alternately, best of `reps` each."""
     model.eval()
     V = model.config.vocab_size
     ids = torch.randint(0, V, (1, max(lengths) + steps), generator=torch.Generator().manual_seed(0)).to(device)
@@ -51,44 +43,40 @@ def generation_ms_per_token(model, lengths, device, steps: int = 16, reps: int =
         for t in range(n):                                  # read the prefix (not timed)
             _, state = model.step(ids[:, t], state)
 
-        def stateful():
-            s = {k: (list(v) if isinstance(v, list) else v) for k, v in state.items()} \
-                if isinstance(state, dict) else state
+        def stateful(s=state, n=n):   # step() returns a new state (a GPT cache is rewritten in place)
             for t in range(n, n + steps):
                 _, s = model.step(ids[:, t], s)
 
-        def rerun():
-            model(ids[:, :n])
-
-        st = _best(stateful, device, reps) / steps
-        rr = _best(rerun, device, max(1, reps - 1))
+        t = repeat(dict(stateful=stateful, rerun=lambda n=n: model(ids[:, :n])), device,
+                   reps=reps, budget_s=math.inf)
+        st, rr = min(t["stateful"]) / steps, min(t["rerun"])
         out[n] = dict(stateful_ms=round(1e3 * st, 4), rerun_ms=round(1e3 * rr, 3), speedup=round(rr / st, 1))
     return out
 
 
-def training_tokens_per_s(model, *, batch: int, context: int, device, steps: int = 3) -> float:
+def training_tokens_per_s(model, *, batch: int, context: int, device, steps: int = 3, reps: int = 2) -> float:
+    """Tokens/s of forward + backward + AdamW steps on one random batch (best of `reps` x `steps`)."""
     model.train()
     V = model.config.vocab_size
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, V, (batch, context + 1), generator=g).to(device)
+    x = torch.randint(0, V, (batch, context + 1), generator=torch.Generator().manual_seed(0)).to(device)
 
-    def step():
-        _, loss = model(x[:, :-1], x[:, 1:])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    def train():
+        for _ in range(steps):
+            _, loss = model(x[:, :-1], x[:, 1:])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
 
-    step()
-    return batch * context * steps / _best(lambda: [step() for _ in range(steps)], device, 2)
+    t = repeat(dict(train=train), device, reps=reps, budget_s=math.inf)
+    return batch * context * steps / min(t["train"])
 
 
 def run(quick: bool, device, say=lambda msg: None, vocab: int = 4096, lengths=(64, 256, 1024),
         pair=PAIR, train_batch: int = 16, train_context: int = 128) -> dict:
-    """The token-level section of `reslm bench`."""
-    models = build_pair(vocab, max(lengths) + 16, device, pair)
+    """The token-level section of `reslm bench`: {"laerc": .., "gpt": .., "targets": TARGETS}."""
     result = {}
-    for name, model in models.items():
+    for name, model in build_pair(vocab, max(lengths) + 16, device, pair).items():
         trainable, fixed = count_params(model)
         tps = training_tokens_per_s(model, batch=train_batch, context=train_context, device=device,
                                     steps=1 if quick else 3)
@@ -100,5 +88,5 @@ def run(quick: bool, device, say=lambda msg: None, vocab: int = 4096, lengths=(6
                             speedup_vs_rerun_at_longest=hi["speedup"])
         say(f"{name}: {trainable:,} params, {tps:,.0f} train tokens/s, per token at {max(lengths)}: "
             f"{hi['stateful_ms']} ms stateful vs {hi['rerun_ms']} ms re-running the prefix")
-    result["targets"] = dict(growth_long_vs_short_max=1.2, speedup_vs_rerun_at_longest_min=20.0)
+    result["targets"] = TARGETS
     return result

@@ -2,10 +2,23 @@
 
 precision "auto" = bf16 autocast on CUDA GPUs that support it, fp16 autocast with a GradScaler on
 older GPUs, fp32 on CPU (deterministic; bf16 on CPU is available with precision="bf16").
+
+bf16 is only worth it where the hardware computes it: on a CPU without bf16 instructions (e.g. an
+AVX2-only x86) torch falls back to a scalar path that can be orders of magnitude slower than fp32.
+`bf16_fast(device)` says whether bf16 pays here (CUDA: torch's answer; CPU: the instruction set,
+confirmed once per process by a small bf16-vs-fp32 matmul), and `resolve_dtype` / `resolve_precision`
+use it: a bf16 the user asked for on a slow CPU is refused with a one-line error, a bf16 that was
+only a default falls back to fp32 with a one-line note on stderr. RESLM_BF16=1 (or 0) overrides the
+check, for tests and for users who know better.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
+import platform
+import sys
+import time
 
 import torch
 
@@ -14,6 +27,8 @@ from reslm.errors import ReslmError
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+BF16_MIN_SPEED = 0.5           # bf16 must run a matmul at >= this fraction of the fp32 speed
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")   # x86 instructions that compute bf16 natively
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -28,15 +43,125 @@ def pick_device(name: str = "auto") -> torch.device:
     return dev
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
+# --- is bf16 fast here? ------------------------------------------------------------------------------
+def cpu_bf16_flags() -> set[str] | None:
+    """The bf16 instruction flags /proc/cpuinfo lists (a subset of BF16_CPU_FLAGS), or None where
+    there is no /proc/cpuinfo to read (not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            words = set(f.read().split())
+    except OSError:
+        return None
+    return words & set(BF16_CPU_FLAGS)
+
+
+def bf16_matmul_speed(n: int = 256, reps: int = 5) -> float:
+    """fp32 time / bf16 time of an (n, n) @ (n, n) matmul on the CPU, one thread, best of `reps`
+    each (alternated, so that load from other processes hits both alike). > 1: bf16 is faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # the instruction set is the question, not the scheduling of threads
+    try:
+        g = torch.Generator().manual_seed(0)
+        a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+        pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
+        best = dict.fromkeys(pairs, float("inf"))
+        for _ in range(reps + 1):          # the first round warms up
+            for dtype, (x, y) in pairs.items():
+                t0 = time.perf_counter()
+                x @ y
+                best[dtype] = min(best[dtype], time.perf_counter() - t0)
+        return best[torch.float32] / best[torch.bfloat16]
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.cache
+def cpu_bf16() -> tuple[bool, str]:
+    """(fast, why not) for bf16 on this CPU, decided once per process.
+
+    An x86 CPU below AVX-512 that lacks the bf16 instructions is slow without asking (and without
+    spending the time of a slow bf16 matmul); every other CPU is asked by `bf16_matmul_speed`."""
+    cap = torch.backends.cpu.get_cpu_capability()          # "AVX512", "AVX2", "DEFAULT", ...
+    flags = cpu_bf16_flags()
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    if x86 and not flags and not cap.startswith("AVX512"):
+        return False, f"{cap} without bf16 instructions"
+    speed = bf16_matmul_speed()
+    if speed < BF16_MIN_SPEED:
+        return False, f"a bf16 matmul ran at {speed:.2g}x the fp32 speed"
+    return True, ""
+
+
+def bf16_status(device: torch.device | str) -> tuple[bool, str]:
+    """(fast, why not): whether bf16 computes at least about as fast as fp32 on `device`.
+
+    RESLM_BF16=1 / 0 decides without looking; otherwise CUDA asks torch and the CPU `cpu_bf16`.
+    Other devices are not checked and count as slow (fp32 is always safe)."""
+    device = torch.device(device)
+    forced = os.environ.get("RESLM_BF16", "")
+    if forced:
+        if forced not in ("0", "1"):
+            raise ReslmError(f"RESLM_BF16 must be 0 or 1, got {forced!r}")
+        return forced == "1", "RESLM_BF16=0"
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(), "this GPU has no bf16 support"
+    if device.type == "cpu":
+        return cpu_bf16()
+    return False, f"bf16 speed is not checked on {device.type}"
+
+
+def bf16_fast(device: torch.device | str) -> bool:
+    """True when bf16 pays on `device` (see `bf16_status`)."""
+    return bf16_status(device)[0]
+
+
+def _use_bf16(device: torch.device, *, explicit: bool, what: str, instead: str) -> bool:
+    """True when bf16 is fast; otherwise a ReslmError when the user asked for bf16 (`explicit`),
+    or a note on stderr and False (the caller uses `instead`)."""
+    fast, why = bf16_status(device)
+    if fast:
+        return True
+    where = "GPU" if device.type == "cuda" else device.type.upper()
+    if explicit:
+        raise ReslmError(f"bf16 is slow on this {where} ({why}); use {instead} for {what} "
+                         "(RESLM_BF16=1 forces bf16)")
+    print(f"reslm: bf16 is slow on this {where} ({why}); using {instead} for {what}", file=sys.stderr)
+    return False
+
+
+# --- dtypes and precisions ---------------------------------------------------------------------------
+def state_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ReslmError(f"unknown dtype {name!r} (use float32 or bfloat16)")
+    return DTYPES[name]
+
+
+def resolve_dtype(name: str, device: torch.device | str, *, explicit: bool, what: str) -> torch.dtype:
+    """The dtype `name` stands for, except that bfloat16 where it is slow becomes float32 (with a
+    note on stderr), or an error when the user asked for bf16 explicitly. `what` names the tensors
+    in the messages ("reservoir states")."""
+    dtype = state_dtype(name)
+    if dtype == torch.bfloat16 and not _use_bf16(torch.device(device), explicit=explicit, what=what,
+                                                 instead="float32"):
+        return torch.float32
+    return dtype
+
+
+def resolve_precision(precision: str, device: torch.device, *, explicit: bool = True) -> str:
+    """"auto" -> what suits the device; "bf16" is checked with `bf16_fast` (refused when slow and
+    explicit, else replaced by fp32 on CPU / fp16 on CUDA); "fp16" needs CUDA."""
     if precision not in PRECISIONS:
         raise ReslmError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "auto":
         if device.type != "cuda":
             return "fp32"
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if bf16_fast(device) else "fp16"
     if precision == "fp16" and device.type != "cuda":
         raise ReslmError("fp16 training needs a CUDA device (use bf16 or fp32 on CPU)")
+    if precision == "bf16":
+        instead = "fp16" if device.type == "cuda" else "fp32"
+        if not _use_bf16(device, explicit=explicit, what="training", instead=f"precision {instead}"):
+            return instead
     return precision
 
 
@@ -51,12 +176,6 @@ def autocast(precision: str, device: torch.device):
 def grad_scaler(precision: str, device: torch.device):
     """A GradScaler for fp16 (dynamic loss scaling); a disabled one otherwise."""
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-
-
-def state_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ReslmError(f"unknown dtype {name!r} (use float32 or bfloat16)")
-    return DTYPES[name]
 
 
 def synchronize(device: torch.device):

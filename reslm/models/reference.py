@@ -1,15 +1,18 @@
-"""The authors'-style transformer, for timing comparisons and equivalence checks only.
+"""Reference models: the authors' approach re-implemented, for timing comparisons and equivalence
+checks only (training code uses reslm's own models).
 
-`ReferenceTransformer` reproduces the authors' approach in plain PyTorch: nn.Embedding + fixed
-sinusoidal encoding, `nn.TransformerEncoder(nn.TransformerEncoderLayer(d_model=16, nhead=h,
-dim_feedforward=d_h, batch_first=True), L)` (post-LN, ReLU, dropout 0.1) and a Linear head on the
-last position. It has exactly the parameters of `CharTransformer` (same names under `encoder.`), so
-`copy_weights(fast, ref)` makes both compute the same function; the tests use that to show that the
-fast model is the same architecture. Training code should use `CharTransformer`.
+- `ReferenceTransformer` reproduces the authors' transformer in plain PyTorch: nn.Embedding + fixed
+  sinusoidal encoding, `nn.TransformerEncoder(nn.TransformerEncoderLayer(d_model=16, nhead=h,
+  dim_feedforward=d_h, batch_first=True), L)` (post-LN, ReLU, dropout 0.1) and a Linear head on the
+  last position. It has exactly the parameters of `CharTransformer` (same names under `encoder.`), so
+  `copy_weights(fast, ref)` makes both compute the same function; the tests use that to show that
+  the fast model is the same architecture.
+- `authors_window_states` / `authors_logits`: the authors' RC/AERC training step, which re-runs the
+  reservoir over every sample's window in every batch and materialises AERC's attention matrix,
+  applied to the fixed weights of a reslm reservoir model (same numbers as the model, see tests).
 
 `train_step_throughput` times full training steps (forward + backward + Adam) of any model that
-follows the `forward(idx, targets) -> (logits, loss)` contract; the benchmark runs it on both models
-in the same process so that their ratio is measured on the same machine state.
+follows the `forward(idx, targets) -> (logits, loss)` contract.
 """
 from __future__ import annotations
 
@@ -18,20 +21,22 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
+from reslm.device import synchronize
 from reslm.models.base import WindowFeatures, next_token_loss
 from reslm.models.transformer import CharTransformer, TransformerConfig, sinusoidal_encoding
 
 
 class ReferenceTransformer(nn.Module):
-    """nn.TransformerEncoder baseline (authors' approach); initialised by torch's defaults (global RNG)."""
+    """nn.TransformerEncoder baseline (authors' approach); initialised by torch's defaults (global RNG).
+    forward(idx (B,T), targets (B,)) -> (logits (B,1,V): the last position only, loss)."""
 
     family = "tf-ref"
 
     def __init__(self, cfg: TransformerConfig | None = None):
         super().__init__()
-        cfg = (cfg or TransformerConfig()).validate()
-        self.config = cfg
+        self.config = cfg = (cfg or TransformerConfig()).validate()
         d = cfg.embed_dim
         self.embed = nn.Embedding(cfg.vocab_size, d)
         self.register_buffer("pe", sinusoidal_encoding(cfg.context, d), persistent=False)
@@ -45,8 +50,9 @@ class ReferenceTransformer(nn.Module):
 
     def forward_features(self, x: torch.Tensor, targets: torch.Tensor | None = None):
         h = self.encoder(self.embed(x) + self.pe[: x.shape[1]])
-        logits = self.head(h[:, -1])
-        return logits, next_token_loss(logits, targets)
+        logits = self.head(h[:, -1:])                                   # (B, 1, V)
+        flat = logits.reshape(-1, logits.shape[-1])
+        return logits, next_token_loss(flat, None if targets is None else targets.reshape(-1))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.forward_features(idx, targets)
@@ -66,6 +72,37 @@ def copy_weights(src: nn.Module, dst: nn.Module) -> nn.Module:
     return dst
 
 
+@torch.no_grad()
+def authors_window_states(model, windows: torch.Tensor) -> torch.Tensor:
+    """The authors' per-batch reservoir: every sample's state recomputed from a zero state over its
+    own window, one plain step at a time,
+        s_t = (1 - a) s_{t-1} + a tanh(W_in x_t + W s_{t-1} + b),
+    i.e. `context` products (B,N) x (N,N) per training batch. windows (B, T) -> s_T (B, N)."""
+    esn = model.reservoir
+    a = esn.config.leak_rate
+    u = model.embed(windows)                                              # (B, T, d)
+    s = torch.zeros(windows.shape[0], esn.size, device=u.device, dtype=u.dtype)
+    for t in range(windows.shape[1]):
+        pre = u[:, t] @ esn.W_in_T + s @ esn.W_T + esn.bias
+        s = torch.tanh(pre) if a == 1 else (1 - a) * s + a * torch.tanh(pre)
+    return s
+
+
+def authors_logits(model, states: torch.Tensor) -> torch.Tensor:
+    """The readout as the paper writes it: LayerNorm of the state (every step: the authors' model
+    normalises inside its forward), then RC: W_out r + b; AERC: W_att = reshape(W_2 ReLU(W_1 r + b_1)
+    + b_2, H x N) materialised per sample, r_o = W_att r, logits = W_out r_o + b_out.
+    states (B, N) -> logits (B, V): the numbers of model.forward_features(model.normalize(states))."""
+    x = F.layer_norm(states, (states.shape[-1],)) if model.config.state_norm else states
+    head = model.head
+    if hasattr(head, "net2"):  # AERC's AttentionReadout
+        z = torch.relu(head.net1(x))
+        W_att = head.net2(z).view(-1, head.hidden, head.size)                     # (B, H, N)
+        r_o = (W_att @ x.unsqueeze(-1)).squeeze(-1)                               # (B, H)
+        return head.out(r_o)
+    return head(x)
+
+
 def train_step_throughput(model: nn.Module, batch_size: int = 1024, context: int = 32, steps: int = 10,
                           warmup: int = 2, vocab: int = 59, autocast_dtype: torch.dtype | None = None,
                           seed: int = 0) -> float:
@@ -80,25 +117,21 @@ def train_step_throughput(model: nn.Module, batch_size: int = 1024, context: int
                 torch.randint(vocab, (batch_size,), generator=g).to(device)) for _ in range(4)]
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     model.train()
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     times = []
     for i in range(warmup + steps):
         x, y = batches[i % len(batches)]
-        sync()
+        synchronize(device)
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        sync()
+        synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return batch_size / statistics.median(times)
 
 
-__all__ = ["ReferenceTransformer", "copy_weights", "train_step_throughput", "CharTransformer"]
+__all__ = ["ReferenceTransformer", "copy_weights", "authors_window_states", "authors_logits",
+           "train_step_throughput", "CharTransformer"]

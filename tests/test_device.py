@@ -1,0 +1,120 @@
+"""bf16 only where it is fast: both branches of the check, forced with RESLM_BF16 or by
+monkeypatching the CPU probe, so that the tests hold on any CPU (with or without bf16 instructions)."""
+import pytest
+import torch
+
+from reslm import device
+from reslm.device import bf16_fast, bf16_status, resolve_dtype, resolve_precision
+from reslm.errors import ReslmError
+
+CPU = torch.device("cpu")
+SLOW = (False, "AVX2 without bf16 instructions")
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe(monkeypatch):
+    """No RESLM_BF16 from the environment, and no cached answer from another test."""
+    monkeypatch.delenv("RESLM_BF16", raising=False)
+    probe = device.cpu_bf16
+    probe.cache_clear()
+    yield
+    probe.cache_clear()
+
+
+def slow_cpu(monkeypatch):
+    monkeypatch.setattr(device, "cpu_bf16", lambda: SLOW)
+
+
+def fast_cpu(monkeypatch):
+    monkeypatch.setattr(device, "cpu_bf16", lambda: (True, ""))
+
+
+@pytest.mark.parametrize("value,fast", [("1", True), ("0", False)])
+def test_env_var_decides_without_probing(monkeypatch, value, fast):
+    monkeypatch.setenv("RESLM_BF16", value)
+    monkeypatch.setattr(device, "bf16_matmul_speed", lambda: pytest.fail("probed despite RESLM_BF16"))
+    assert bf16_fast(CPU) is fast and bf16_fast("cpu") is fast
+
+
+def test_env_var_must_be_0_or_1(monkeypatch):
+    monkeypatch.setenv("RESLM_BF16", "yes")
+    with pytest.raises(ReslmError, match="RESLM_BF16"):
+        bf16_fast(CPU)
+
+
+def test_avx2_without_bf16_flags_is_slow_without_probing(monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(device, "cpu_bf16_flags", lambda: set())
+    monkeypatch.setattr(device.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(device, "bf16_matmul_speed", lambda: pytest.fail("probed an AVX2 CPU"))
+    assert bf16_status(CPU) == SLOW
+
+
+@pytest.mark.parametrize("speed,fast", [(0.01, False), (0.49, False), (0.6, True), (3.0, True)])
+def test_cpu_with_bf16_instructions_is_confirmed_by_the_probe(monkeypatch, speed, fast):
+    calls = []
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(device, "cpu_bf16_flags", lambda: {"avx512_bf16"})
+    monkeypatch.setattr(device, "bf16_matmul_speed", lambda: calls.append(1) or speed)
+    assert bf16_fast(CPU) is fast and bf16_fast(CPU) is fast
+    assert calls == [1]   # probed once per process
+    if not fast:
+        assert "fp32 speed" in bf16_status(CPU)[1]
+
+
+def test_the_real_probe_runs_and_is_cached():
+    speed = device.bf16_matmul_speed(n=64, reps=2)
+    assert speed > 0
+    first = bf16_status(CPU)
+    assert isinstance(first[0], bool) and bf16_status(CPU) == first
+    assert device.cpu_bf16.cache_info().hits >= 1
+
+
+def test_resolve_dtype_passes_float32_through(monkeypatch, capsys):
+    slow_cpu(monkeypatch)
+    assert resolve_dtype("float32", CPU, explicit=True, what="reservoir states") == torch.float32
+    assert capsys.readouterr().err == ""
+
+
+def test_resolve_dtype_keeps_bf16_where_fast(monkeypatch, capsys):
+    fast_cpu(monkeypatch)
+    assert resolve_dtype("bfloat16", CPU, explicit=True, what="reservoir states") == torch.bfloat16
+    assert capsys.readouterr().err == ""
+
+
+def test_resolve_dtype_falls_back_with_one_line_when_not_asked_for(monkeypatch, capsys):
+    slow_cpu(monkeypatch)
+    assert resolve_dtype("bfloat16", CPU, explicit=False, what="reservoir states") == torch.float32
+    assert capsys.readouterr().err == ("reslm: bf16 is slow on this CPU (AVX2 without bf16 instructions); "
+                                       "using float32 for reservoir states\n")
+
+
+def test_resolve_dtype_refuses_an_explicit_bf16_where_slow(monkeypatch):
+    slow_cpu(monkeypatch)
+    with pytest.raises(ReslmError) as e:
+        resolve_dtype("bf16", CPU, explicit=True, what="reservoir states")
+    msg = str(e.value)
+    assert "\n" not in msg and "AVX2 without bf16 instructions" in msg and "use float32 for reservoir states" in msg
+    with pytest.raises(ReslmError, match="unknown dtype"):
+        resolve_dtype("int8", CPU, explicit=True, what="x")
+
+
+def test_resolve_precision_consults_bf16_fast(monkeypatch, capsys):
+    fast_cpu(monkeypatch)
+    assert resolve_precision("bf16", CPU) == "bf16"
+    assert resolve_precision("auto", CPU) == "fp32"
+    slow_cpu(monkeypatch)
+    with pytest.raises(ReslmError, match="use precision fp32"):
+        resolve_precision("bf16", CPU)
+    assert resolve_precision("bf16", CPU, explicit=False) == "fp32"
+    assert "using precision fp32 for training" in capsys.readouterr().err
+    assert resolve_precision("fp32", CPU) == "fp32"
+    with pytest.raises(ReslmError):
+        resolve_precision("fp16", CPU)
+
+
+def test_env_var_forces_bf16_even_on_a_slow_cpu(monkeypatch):
+    slow_cpu(monkeypatch)
+    monkeypatch.setenv("RESLM_BF16", "1")
+    assert resolve_precision("bf16", CPU) == "bf16"
+    assert resolve_dtype("bfloat16", CPU, explicit=True, what="states") == torch.bfloat16
