@@ -24,6 +24,8 @@ writes. The run directory (reslm.run) is the interface to everything after train
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, fields
@@ -35,8 +37,8 @@ import torch
 import reslm
 from reslm import distributed as dist_
 from reslm.checkpoint import SUMMARY, check_dataset, describe_dataset, load_model, open_dataset, read_json
-from reslm.device import (PRECISIONS, autocast, grad_scaler, pick_device, resolve_precision, setup_cuda,
-                          state_dtype, synchronize)
+from reslm.device import (PRECISIONS, autocast, bf16_fast, grad_scaler, pick_device, resolve_dtype, resolve_precision,
+                          setup_cuda, state_dtype, synchronize)
 from reslm.errors import ReslmError
 from reslm.models import MODELS, family, make_config
 from reslm.models.base import bits, count_params, decay_groups, estimate_loss, feature_batches
@@ -195,7 +197,7 @@ class CharShards:
             raise ReslmError("multi-process training (torchrun) is for the token families (laerc, gpt)")
         self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
         self.context = model.config.context
-        self.dtype = state_dtype(tc.state_dtype)
+        self.dtype = resolve_dtype(tc.state_dtype, device, explicit=True, what="reservoir states")
         self.plan = [(c, s, e) for c in range(tc.cycles) for s in dataset.train_shards
                      for e in range(tc.epochs_per_shard)]
         self.samples = [self._n_samples(s) for _, s, _ in self.plan]
@@ -237,8 +239,10 @@ class CharShards:
         if avail is not None and need > 0.9 * avail:
             fits = int(0.9 * avail / row) - longest                          # test samples that would fit
             hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
+            if self.dtype != torch.bfloat16 and bf16_fast(self.device):
+                hint = f"--state-dtype bfloat16 or {hint}"
             raise ReslmError(f"reservoir states need {need / 2**30:.1f} GiB (train shard + test states) but "
-                             f"{avail / 2**30:.1f} GiB is available: use --state-dtype bfloat16 or {hint}")
+                             f"{avail / 2**30:.1f} GiB is available: use {hint}")
 
     def position(self, step: int) -> int:
         """The shard-epoch that step `step` (0-based) belongs to."""
@@ -402,10 +406,16 @@ def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrid
     return "starting"
 
 
+def _schedule_key(cfg: dict) -> str:
+    """A hash of what fixes a run's schedule (its training config), kept in summary.json."""
+    return hashlib.sha256(json.dumps(cfg["train"], sort_keys=True).encode()).hexdigest()[:16]
+
+
 def is_finished(run_dir: Path) -> bool:
-    """True when the run's summary says it reached the end of its schedule."""
+    """True when the run's summary says it reached the end of the schedule its config now asks for."""
     summary = read_json(Path(run_dir) / SUMMARY)
-    return bool(summary) and summary.get("finished") is True
+    return (bool(summary) and summary.get("finished") is True
+            and summary.get("schedule") == _schedule_key(read_config(run_dir)))
 
 
 # --- the loop ----------------------------------------------------------------------------------------
@@ -582,6 +592,7 @@ def summarize(run_dir: Path, model, cfg: dict, source) -> dict:
     key = f"{source.eval_kind}_loss"
     summary = dict(family=cfg["family"], preset=cfg.get("preset"), trainable_params=trainable, fixed_params=fixed,
                    steps=last.get("step", 0), finished=last.get("step", 0) >= source.total,
+                   schedule=_schedule_key(cfg),
                    evaluations=len(evals), final_train_loss=last.get("train_loss"),
                    min_train_loss=min((r["train_loss"] for r in steps), default=None))
     for k, v in last.items():

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.distributed
 
-import reslm.train_tokens as tt
+import reslm.train as tt
+from reslm.models import MODELS
 from reslm import distributed
 from reslm.errors import ReslmError
 from reslm.run import read_metrics
@@ -18,15 +19,15 @@ from reslm.run import read_metrics
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
 MODEL = dict(dim=16, n_layers=1, n_heads=2, context=16, dropout=0.0)
-TRAIN = dict(micro_batch=4, grad_accum=2, context=16, max_steps=6, warmup_steps=2, eval_every=3,
+TRAIN = dict(batch_size=4, grad_accum=2, max_steps=6, warmup_steps=2, eval_every=3,
              eval_batches=2, log_every=1, lr=3e-3, device="cpu", precision="fp32", threads=1)
 
 SCRIPT = textwrap.dedent("""
     import sys
-    import reslm.train_tokens as tt
+    import reslm.train as tt
     from reslm import distributed
     stop = int(sys.argv[2]) if len(sys.argv) > 2 else None
-    tt.train_token_run(sys.argv[1], progress=False, stop_at=stop)
+    tt.train(sys.argv[1], progress=False, stop_at=stop)
     distributed.cleanup()
 """)
 
@@ -67,11 +68,11 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("family", ["gpt", "laerc"])
 def test_two_ranks_match_one(family, dataset, tmp_path):
-    model = {k: v for k, v in MODEL.items() if k in {f for f in tt.FAMILIES[family][1].__dataclass_fields__}}
-    one = tt.create_token_run(tmp_path / "one", family, model, TRAIN, dataset)
-    summary = tt.train_token_run(one, progress=False)
+    model = {k: v for k, v in MODEL.items() if k in {f for f in MODELS[family].config.__dataclass_fields__}}
+    one = tt.create_run(tmp_path / "one", family, model, TRAIN, dataset)
+    summary = tt.train(one, progress=False)
     # one starting copy (config only) for each multi-process run
-    two = tt.create_token_run(tmp_path / "two", family, model, TRAIN, dataset)
+    two = tt.create_run(tmp_path / "two", family, model, TRAIN, dataset)
     mixed = tmp_path / "mixed"
     shutil.copytree(two, mixed)
 
@@ -83,7 +84,7 @@ def test_two_ranks_match_one(family, dataset, tmp_path):
     # 2 ranks for 3 steps, then resumed by 1 process to 6: the checkpoint holds the unwrapped model
     torchrun(tmp_path, mixed, stop=3)
     assert [r["step"] for r in read_metrics(mixed) if r["kind"] == "eval"] == [0, 3]
-    resumed = tt.train_token_run(mixed, progress=False)
+    resumed = tt.train(mixed, progress=False)
     assert_same(one, mixed)
     assert resumed["final_val_loss"] == pytest.approx(summary["final_val_loss"], rel=1e-4)
 
@@ -99,7 +100,7 @@ def test_single_process_defaults(monkeypatch):
 
 
 def test_indivisible_micro_batch(dataset, tmp_path, monkeypatch):
-    run_dir = tt.create_token_run(tmp_path / "odd", "gpt", MODEL, {**TRAIN, "micro_batch": 3}, dataset)
+    run_dir = tt.create_run(tmp_path / "odd", "gpt", MODEL, {**TRAIN, "batch_size": 3}, dataset)
     monkeypatch.setattr(tt.dist_, "init", lambda device="auto": (0, 2, 0))
     with pytest.raises(ReslmError, match="not divisible"):
-        tt.train_token_run(run_dir, progress=False)
+        tt.train(run_dir, progress=False)

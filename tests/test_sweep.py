@@ -5,6 +5,10 @@ import random
 import numpy as np
 import pytest
 
+from reslm.run import read_config, read_metrics, write_json
+from reslm.train import create_run
+from reslm.train import train as train_run
+
 from reslm.data.bpe import prepare_bpe
 from reslm.errors import ReslmError
 from reslm.sweep import SWEEPS, Sweep, fit_log10, param_table, run_sweep, write_scaling
@@ -13,7 +17,7 @@ TINY = Sweep(
     name="tiny",
     sizes={"laerc": [dict(dim=8, n_layers=1, context=16, r_mult=2), dict(dim=16, n_layers=1, context=16, r_mult=2)],
            "gpt": [dict(dim=8, n_layers=1, n_heads=2, context=16), dict(dim=16, n_layers=1, n_heads=2, context=16)]},
-    train=dict(context=16, micro_batch=2, grad_accum=1, max_steps=4, warmup_steps=1, eval_every=2,
+    train=dict(context=16, batch_size=2, grad_accum=1, max_steps=4, warmup_steps=1, eval_every=2,
                eval_batches=1, log_every=1, device="cpu", precision="fp32"))
 
 
@@ -82,17 +86,14 @@ def test_resume_unfinished_and_mismatch(dataset, tmp_path):
     import reslm.sweep as sweep_mod
     # an interrupted run: started with the sweep's config but only 2 of 4 steps done
     plan = sweep_mod._plan(TINY, ("gpt",), None, dataset)
-    fam, name, model, train, _ = plan[0]
-    from reslm.train_tokens import create_token_run, train_token_run
-    run_dir = create_token_run(out / name, fam, model, train, dataset)
-    from reslm.run import read_config, write_json
+    fam, name, model, train = plan[0]
+    run_dir = create_run(out / name, fam, model, train, dataset)
     cfg = read_config(run_dir)
     write_json(run_dir / "config.json", {**cfg, "train": {**cfg["train"], **short}})
-    train_token_run(run_dir, progress=False)
+    train_run(run_dir, progress=False)
     write_json(run_dir / "config.json", cfg)  # as if it had been stopped at step 2
     rows = run_sweep(out, dataset, TINY, families=("gpt",), progress=False)
     assert rows[0]["steps"] == 4
-    from reslm.run import read_metrics
     assert [r["step"] for r in read_metrics(run_dir) if r["kind"] == "eval"] == [0, 2, 4]
     # a different budget in an existing folder is refused
     with pytest.raises(ReslmError, match="different budget"):
