@@ -1,4 +1,4 @@
-"""Device and numeric precision: one place decides, everything else asks.
+"""Support (every stage), device and numeric precision: one place decides, everything else asks.
 
 precision "auto" = bf16 autocast on CUDA GPUs that support it, fp16 autocast with a GradScaler on
 older GPUs, fp32 on CPU (deterministic; bf16 on CPU is available with precision="bf16").

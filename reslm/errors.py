@@ -1,4 +1,4 @@
-"""The one exception users see: a one-line message, printed by the CLI without a traceback.
+"""Support (every stage), the one exception users see: a one-line message, printed by the CLI without a traceback.
 
 `describe(exc)` turns any exception into such a line; the CLI uses it as its single error boundary.
 """

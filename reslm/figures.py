@@ -1,4 +1,4 @@
-"""The paper's figures, each drawn from plain rows and written as a PNG plus the CSV it was drawn from.
+"""Stage 7, the paper's figures, each drawn from plain rows and written as a PNG plus the CSV it was drawn from.
 
     plot_char_losses   Fig. 2  training (top) / testing (bottom) loss per shard-epoch, one column per family
     plot_overlap       Fig. 3  7-gram / 8-gram overlap over the number of trainable parameters

@@ -1,4 +1,4 @@
-"""Progress display: bars on a terminal, plain lines in a log.
+"""Support (every stage), progress display: bars on a terminal, plain lines in a log.
 
 tqdm draws carriage-return frames; written into a file (`make demo > log`) they bury the log. `bar`
 shows a tqdm bar only when stderr is a terminal and `enabled`; otherwise it is the bare iterable (or a

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from reslm.data.corpus import fsync_dir
 from reslm.errors import ReslmError, RunInUse, describe
 
 CONFIG, METRICS, CHECKPOINT, SUMMARY, LOCK = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json", ".lock"
@@ -90,20 +91,6 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename in `folder` durable; a file system that cannot fsync a folder is left as it is."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: Path, write) -> None:
     """Call write(tmp_path) on a temp file next to `path`, fsync it, rename it onto `path`, fsync the
     folder. On any failure `path` keeps its previous content and the temp file is removed; an OSError
@@ -126,7 +113,7 @@ def atomic_write(path: Path, write) -> None:
         if err is not None:
             raise err from None
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _non_finite(obj, where: str = ""):
@@ -396,7 +383,7 @@ def create_run_dir(out: Path, config: dict) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
         _remove_dirs(created)
         raise
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     return out
 
 

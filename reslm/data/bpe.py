@@ -67,7 +67,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from reslm.data.chars import (
-    FINGERPRINT_VERSION, _check_name, _check_target, _json_sha256, _logger, _reslm_version, building,
+    FINGERPRINT_VERSION, _check_name, _check_target, _json_sha256, _logger, _reslm_version, building, checked_ids,
     commit_dataset, default_data_root, file_fingerprint, read_meta,
 )
 from reslm.data.corpus import (
@@ -152,13 +152,9 @@ class BpeTokenizer:
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Ids -> text; the separator id becomes the literal ``<|endoftext|>``."""
-        arr = np.asarray(ids).reshape(-1)
+        arr = checked_ids(ids, self.vocab_size)
         if arr.size == 0:
             return ""
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise ReslmError(f"cannot decode ids of dtype {arr.dtype}; expected integers")
-        if arr.min() < 0 or arr.max() >= self.vocab_size:
-            raise ReslmError(f"ids out of range for vocabulary of size {self.vocab_size}")
         eots = np.flatnonzero(arr == self.eot_id)
         pieces, start = [], 0
         for e in eots.tolist() + [arr.size]:

@@ -122,6 +122,16 @@ def read_meta(path: Path | str) -> tuple[Path, Any, Path]:
     return path, meta, meta_path
 
 
+def checked_ids(ids: Sequence[int] | np.ndarray, vocab_size: int) -> np.ndarray:
+    """Ids as a flat integer array, every one in [0, vocab_size) (ReslmError otherwise)."""
+    arr = np.asarray(ids).reshape(-1)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ReslmError(f"cannot decode ids of dtype {arr.dtype}; expected integers")
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+        raise ReslmError(f"ids out of range for vocabulary of size {vocab_size}")
+    return arr
+
+
 class CharDataset:
     """A prepared character dataset on disk: vocabulary, codec, memory-mapped shards."""
 
@@ -192,13 +202,9 @@ class CharDataset:
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Ids (any integer sequence or 1-D array) -> text."""
-        arr = np.asarray(ids).reshape(-1)
+        arr = checked_ids(ids, self.vocab_size)
         if arr.size == 0:
             return ""
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise ReslmError(f"cannot decode ids of dtype {arr.dtype}; expected integers")
-        if arr.min() < 0 or arr.max() >= self.vocab_size:
-            raise ReslmError(f"ids out of range for vocabulary of size {self.vocab_size}")
         return self._codepoints[arr].astype("<u4").tobytes().decode("utf-32-le")
 
     def fingerprint(self) -> dict[str, Any]:

@@ -148,6 +148,16 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
 
 
+class TokenLM(nn.Module):
+    """What the token-level models (laerc, gpt) share: they train on raw windows, every position
+    predicting the next token, so their features are the ids and `forward_features` is `forward`."""
+
+    stateful = True
+
+    def forward_features(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        return self(idx, targets)
+
+
 def count_params(module: nn.Module) -> tuple[int, int]:
     """(trainable, fixed): trainable = parameters with requires_grad (what the optimiser updates);
     fixed = frozen parameters plus buffers of floating dtype (fixed reservoir weights, embeddings)."""

@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from reslm.errors import ReslmError
-from reslm.models.base import check_positive, next_token_loss
+from reslm.models.base import TokenLM, check_positive, next_token_loss
 
 
 @dataclass
@@ -93,7 +93,7 @@ class GPTBlock(nn.Module):
         return self._finish(x, a)
 
 
-class GPT(nn.Module):
+class GPT(TokenLM):
     """Causal decoder. forward(idx (B,T), targets (B,T) | None) -> (logits (B,T,V), loss)."""
 
     family = "gpt"
@@ -142,14 +142,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self._logits(x)
-        loss = None
-        if targets is not None:
-            loss = next_token_loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        return logits, loss
-
-    def forward_features(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Token models train on raw windows: the features are the ids themselves."""
-        return self.forward(idx, targets)
+        return logits, next_token_loss(logits, targets)
 
     def init_state(self, batch: int, device=None) -> dict:
         """{"cache": [(K, V) per layer, each (B, h, context, D/h) zeros], "pos": 0}."""

@@ -104,7 +104,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from reslm.errors import ReslmError
-from reslm.models.base import check_positive, next_token_loss
+from reslm.models.base import TokenLM, check_positive, next_token_loss
 from reslm.models.transformer import sinusoidal_encoding
 from reslm.reservoir import RESERVOIRS
 from reslm.reservoir.seeding import child_seed
@@ -274,7 +274,7 @@ class LAERCBlock(nn.Module):
         return m + self.alpha * self.ffn(m), s
 
 
-class LAERC(nn.Module):
+class LAERC(TokenLM):
     """Layered reservoir LM. forward(idx (B,T), targets (B,T) | None) -> (logits (B,T,V), loss)."""
 
     family = "laerc"
@@ -374,14 +374,7 @@ class LAERC(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         logits, _ = self._run(idx, None, 0)
-        loss = None
-        if targets is not None:
-            loss = next_token_loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        return logits, loss
-
-    def forward_features(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Token models train on raw windows: the features are the ids themselves."""
-        return self.forward(idx, targets)
+        return logits, next_token_loss(logits, targets)
 
     def init_state(self, batch: int, device=None) -> dict:
         """{"states": [(B,R) zeros per block] (None entries without a reservoir), "pos": 0}."""

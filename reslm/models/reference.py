@@ -1,4 +1,4 @@
-"""Reference models: the authors' approach re-implemented, for timing comparisons and equivalence
+"""Stage 3 (benchmarks only), reference models: the authors' approach re-implemented, for timing comparisons and equivalence
 checks only (training code uses reslm's own models).
 
 - `ReferenceTransformer` reproduces the authors' transformer in plain PyTorch: nn.Embedding + fixed
