@@ -173,17 +173,6 @@ def test_char_resume_is_bitwise(chars, tmp_path, monkeypatch, family, model):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_eval_run_ce_equals_trainings_on_the_same_slice(chars, tmp_path):
-    """`reslm eval --score 0` (whole test shard) and training's last evaluation are one estimator."""
-    from reslm.evaluate import evaluate_run
-    out = tt.create_run(tmp_path / "rc", "rc", dict(size=32, context_mode="window"),
-                        {**CHAR_TRAIN, "epoch_samples": 64, "epochs_per_shard": 1}, chars)
-    summary = tt.train(out, progress=False)
-    ev = evaluate_run(out, length=20, score=0, write=False)
-    assert ev["test_loss"] == pytest.approx(summary["final_test_loss"], rel=1e-6)
-    assert ev["test_bits"] == pytest.approx(ev["test_loss"] / np.log(2))
-
-
 def test_non_finite_loss_stops_with_the_last_checkpoint_kept(chars, tmp_path):
     out = tt.create_run(tmp_path / "nan", "tf", dict(ff_dim=16, n_heads=2, n_layers=1),
                         {**CHAR_TRAIN, "epoch_samples": 128, "epochs_per_shard": 1, "lr": 1.0}, chars)
