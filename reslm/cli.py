@@ -33,7 +33,7 @@ from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, reproduce
 from reslm.run import CHECKPOINT, CONFIG, lock_run, read_config
 from reslm.sweep import SWEEPS, run_sweep, write_scaling
-from reslm.train import TrainConfig, create_run, train
+from reslm.train import TrainConfig, authors_variant, create_run, train
 
 # Training fields that only one kind of data uses (the others are hidden from that family's flags).
 CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype")
@@ -210,6 +210,8 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
             name, over = args.family, {}
         else:
             raise ReslmError("give --preset NAME (see `reslm presets`) or --family {%s}" % ",".join(MODELS))
+        if getattr(args, "authors_variant", False):
+            model_over, train_over = authors_variant(model_over, train_over)
         kind = family(name).data
         dataset = find_dataset(args.data or ("shakespeare" if kind == "chars" else "shakespeare-gpt2"), kind,
                                Path(args.root) if args.root else None)
@@ -330,6 +332,10 @@ def _train_parser(sub, fam_name: str | None):
         hidden = {"seed", "device", *(TOKEN_ONLY if fam.data == "chars" else CHAR_ONLY)}
         train_fields = _add_flags(t.add_argument_group(f"training options ({fam.data})"), TrainConfig, fam.train,
                                   skip=hidden)
+        if fam_name == "laerc":
+            t.add_argument("--authors-variant", action="store_true",
+                           help="the authors' released LAERC instead of the appendix text (model and training "
+                                "differences: see reslm/models/laerc.py); explicit flags still win")
         clash = set(model_fields) & set(train_fields)
         assert not clash, f"{fam_name}: model and training fields share names {clash}"
     t.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_train)

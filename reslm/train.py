@@ -42,9 +42,10 @@ from reslm.device import (PRECISIONS, autocast, bf16_fast, grad_scaler, pick_dev
 from reslm.errors import ReslmError
 from reslm.models import MODELS, family, make_config
 from reslm.models.base import bits, count_params, decay_groups, estimate_loss, feature_batches
+from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.progress import bar as progress_bar
-from reslm.reservoir.seeding import child_seed
 from reslm.progress import say
+from reslm.reservoir.seeding import child_seed
 from reslm.run import (CONFIG, MetricsLog, check_same_run, create_run_dir, load_checkpoint, lock_run, read_config,
                        read_metrics, save_checkpoint, write_json)
 
@@ -126,6 +127,15 @@ def train_config(family_name: str, **overrides) -> TrainConfig:
     if unknown:
         raise ReslmError(f"unknown training option(s): {', '.join(unknown)}")
     return TrainConfig(**{**family(family_name).train, **overrides}).validate()
+
+
+def authors_variant(model_overrides: dict, train_overrides: dict) -> tuple[dict, dict]:
+    """Model and training overrides for the authors' released LAERC (laerc.AUTHORS_VARIANT and
+    AUTHORS_TRAIN: lr 4e-4, warmup 1% and hold 10% of the steps), under the user's own overrides."""
+    steps = train_config("laerc", **train_overrides).max_steps
+    train = dict(lr=AUTHORS_TRAIN["lr"], warmup_steps=round(AUTHORS_TRAIN["warmup_frac"] * steps),
+                 hold_steps=round(AUTHORS_TRAIN["hold_frac"] * steps))
+    return {**AUTHORS_VARIANT, **model_overrides}, {**train, **train_overrides}
 
 
 def run_train_config(cfg: dict) -> TrainConfig:

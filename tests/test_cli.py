@@ -185,6 +185,13 @@ def test_no_reservoir_ablation_flag(corpus, tmp_path, capsys):
                  "--eval-every", "2", "--eval-batches", "1", "--no-reservoir", "--no-progress"]) == 0
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["model"]["reservoir"] is False
+    var = tmp_path / "authors"
+    assert main(["train", "--family", "laerc", "--data", "t", "--root", root, "--out", str(var), "--dim", "16",
+                 "--n-layers", "1", "--context", "16", "--batch-size", "2", "--grad-accum", "1", "--max-steps", "20",
+                 "--eval-every", "20", "--eval-batches", "1", "--authors-variant", "--lr", "1e-3", "--no-progress"]) == 0
+    cfg = json.loads((var / "config.json").read_text())
+    assert cfg["model"]["gate_layers"] == 2 and cfg["model"]["embed_lr_mult"] == 0.2
+    assert cfg["train"]["lr"] == 1e-3 and cfg["train"]["hold_steps"] == 2   # an explicit flag wins
     capsys.readouterr()
     assert main(["train", "--family", "rc", "--no-reservoir"]) == 2     # rc's --reservoir takes a name
     err_line(capsys)
