@@ -277,7 +277,7 @@ def cmd_reproduce(args):
     out = Path(args.out) if args.out else None
     reproduce(args.budget, args.families, out, data=args.data, token_data=args.token_data,
               data_root=Path(args.root) if args.root else None, device=args.device,
-              progress=not args.no_progress,
+              progress=not args.no_progress, cycles=args.cycles, context_mode=args.context_mode,
               command="reslm " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "")
     print(f"{(out or Path('reproduce-' + args.budget)) / 'report.md'}")
 
@@ -422,7 +422,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         OUT/report.md. Re-running skips finished runs and continues interrupted ones.
           smoke   every stage and figure from tiny training, a few minutes on 2 CPU cores
           quick   meaningful numbers in well under an hour on 2 CPU cores
-          paper   the paper's protocol (hours on a CPU; meant for a GPU)"""),
+          paper   the paper's protocol: window context, 5 epochs per full shard, batch 1024, Adam 1e-4
+                  (hours on a CPU; the reservoir families fit 2 cores, the transformers want a GPU)"""),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("--budget", choices=list(BUDGETS), default="quick", help="how much to train (default quick)")
     rp.add_argument("--families", default=",".join(ALL_FAMILIES),
@@ -430,6 +431,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     rp.add_argument("--out", help="output folder (default reproduce-BUDGET)")
     rp.add_argument("--data", default="shakespeare", help="character dataset name or path (default shakespeare)")
     rp.add_argument("--token-data", help="BPE dataset for LAERC / GPT (default shakespeare-bpe4096; paper: shakespeare-gpt2)")
+    rp.add_argument("--cycles", type=int, help="passes over the five training shards (default 1; the paper does not "
+                    "say how many it ran)")
+    rp.add_argument("--context-mode", choices=["window", "stream"],
+                    help="rc/aerc context mode (default: window for the paper budget, as in the paper; stream otherwise)")
     _shared(rp, "--root", "--device", "--no-progress")
     rp.set_defaults(func=cmd_reproduce)
 

@@ -37,7 +37,7 @@ import torch
 import reslm
 from reslm import distributed as dist_
 from reslm.checkpoint import SUMMARY, check_dataset, describe_dataset, load_model, open_dataset, read_json
-from reslm.device import (PRECISIONS, autocast, bf16_fast, grad_scaler, pick_device, resolve_dtype, resolve_precision,
+from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_device, resolve_precision,
                           setup_cuda, state_dtype, synchronize)
 from reslm.errors import ReslmError
 from reslm.models import MODELS, family, make_config
@@ -76,7 +76,7 @@ class TrainConfig:
     epoch_samples: int = 0          # samples per shard-epoch, a fresh random subset each time; 0 = all
     shard_chars: int = 0            # use only the first K characters of each training shard; 0 = all
     eval_samples: int = 0           # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
-    state_dtype: str = "float32"    # reservoir states: float32 | bfloat16
+    state_dtype: str = "float32"    # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)
     # token level (laerc, gpt)
     max_steps: int = 1000           # optimizer steps in all
     eval_every: int = 100           # steps between evaluations (+ checkpoints)
@@ -117,7 +117,8 @@ class TrainConfig:
         for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS)):
             if getattr(self, name) not in allowed:
                 raise ReslmError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        state_dtype(self.state_dtype)
+        if self.state_dtype != "auto":
+            state_dtype(self.state_dtype)
         return self
 
 
@@ -207,7 +208,6 @@ class CharShards:
             raise ReslmError("multi-process training (torchrun) is for the token families (laerc, gpt)")
         self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
         self.context = model.config.context
-        self.dtype = resolve_dtype(tc.state_dtype, device, explicit=True, what="reservoir states")
         self.plan = [(c, s, e) for c in range(tc.cycles) for s in dataset.train_shards
                      for e in range(tc.epochs_per_shard)]
         self.samples = [self._n_samples(s) for _, s, _ in self.plan]
@@ -218,7 +218,8 @@ class CharShards:
         self._feats, self._feats_shard, self._order_k, self._order = None, None, None, None
         self._test = None
         self.state_seconds = 0.0
-        self._check_memory()
+        self.dtype, compute = self._choose_dtypes()
+        self.kw = dict(dtype=self.dtype, **({"compute_dtype": compute} if hasattr(model, "reservoir") else {}))
 
     def _span(self, shard: int) -> tuple[int, int]:
         a, b = self.ds.shards[shard]
@@ -235,24 +236,43 @@ class CharShards:
         a, b = self._span(shard)
         return torch.from_numpy(np.asarray(self.ds.tokens[a:b], dtype=np.int64)).to(self.device)
 
-    def _check_memory(self):
-        """A reservoir model holds one training shard's states plus the test states."""
+    def _choose_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        """(storage, compute) dtypes of the reservoir states. A reservoir model holds one training
+        shard's states plus the test states: state_dtype "auto" stores them in float32 when that fits in
+        memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is computed in only
+        where it is fast (reslm.device.bf16_status); elsewhere the reservoir computes in float32."""
+        name = self.tc.state_dtype
         if not hasattr(self.model, "reservoir"):
-            return
+            return state_dtype("float32" if name == "auto" else name), None
         longest = max(b - a for a, b in (self._span(s) for s in self.ds.train_shards))
         ta, tb = self._span(self.ds.test_shard)
         n_test = sum(s.stop - s.start - self.context
                      for s in eval_slices(tb - ta, self.context, self.tc.eval_samples))
-        row = self.model.reservoir.size * self.dtype.itemsize                 # bytes per state
-        need = (longest + n_test) * row
         avail = available_memory(self.device)
-        if avail is not None and need > 0.9 * avail:
+        need = lambda dtype: (longest + n_test) * self.model.reservoir.size * dtype.itemsize  # noqa: E731
+        if name == "auto":
+            fp32_fits = avail is None or need(torch.float32) <= 0.9 * avail
+            storage = torch.float32 if fp32_fits else torch.bfloat16
+            if not fp32_fits:
+                say(f"reslm: reservoir states stored in bfloat16: float32 would need {need(torch.float32) / 2**30:.1f} "
+                    f"GiB of the {avail / 2**30:.1f} GiB available")
+        else:
+            storage = state_dtype(name)
+        if avail is not None and need(storage) > 0.9 * avail:
+            row = self.model.reservoir.size * storage.itemsize
             fits = int(0.9 * avail / row) - longest                          # test samples that would fit
             hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
-            if self.dtype != torch.bfloat16 and bf16_fast(self.device):
+            if storage != torch.bfloat16:
                 hint = f"--state-dtype bfloat16 or {hint}"
-            raise ReslmError(f"reservoir states need {need / 2**30:.1f} GiB (train shard + test states) but "
+            raise ReslmError(f"reservoir states need {need(storage) / 2**30:.1f} GiB (train shard + test states) but "
                              f"{avail / 2**30:.1f} GiB is available: use {hint}")
+        compute = storage
+        if storage == torch.bfloat16:
+            fast, why = bf16_status(self.device)
+            if not fast:
+                compute = torch.float32
+                say(f"reslm: reservoir states computed in float32, not bfloat16 ({why})")
+        return storage, compute
 
     def position(self, step: int) -> int:
         """The shard-epoch that step `step` (0-based) belongs to."""
@@ -267,7 +287,7 @@ class CharShards:
         if self._feats_shard != shard:
             self._feats = None  # free the previous shard's states first
             t0 = time.perf_counter()
-            self._feats = self.model.features(self._tokens(shard), dtype=self.dtype, progress=self.progress)
+            self._feats = self.model.features(self._tokens(shard), progress=self.progress, **self.kw)
             synchronize(self.device)
             dt = time.perf_counter() - t0
             self.state_seconds += dt
@@ -292,7 +312,7 @@ class CharShards:
     def evaluate(self, model, precision: str) -> dict:
         if self._test is None:
             tokens = self._tokens(self.ds.test_shard)
-            self._test = [model.features(tokens[s], dtype=self.dtype, progress=self.progress)
+            self._test = [model.features(tokens[s], progress=self.progress, **self.kw)
                           for s in eval_slices(tokens.numel(), self.context, self.tc.eval_samples)]
         total, count = 0.0, 0
         for feats in self._test:

@@ -85,3 +85,45 @@ def test_bad_input(smoke, char_data, dataset, tmp_path, capsys):
                  "--out", str(tmp_path / "y")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("reslm: error:")
+
+
+def test_paper_budget_is_window_mode_and_resumes(tmp_path, monkeypatch, capsys):
+    """The paper budget: window context for rc/aerc, the family defaults (5 epochs per full shard,
+    batch 1024, Adam 1e-4), states stored by need; a partly finished run resumes, skipping done presets.
+    (Generation and scoring shortened: the protocol under test is training's.)"""
+    import dataclasses
+
+    import reslm.reproduce as rep
+    import reslm.train as tt
+    paper = rep.BUDGETS["paper"]
+    assert paper.reservoir_model == {"context_mode": "window"} and "cycles" in paper.left_out
+    monkeypatch.setitem(rep.BUDGETS, "paper", dataclasses.replace(paper, gen_length=30, score=512, kn_orders=(1, 2)))
+    rng = random.Random(2)
+    words = "to be or not that is the question".split()
+    (tmp_path / "t.txt").write_text(" ".join(rng.choice(words) for _ in range(1500)))
+    char_data = prepare_text([tmp_path / "t.txt"], tmp_path, "tiny", verbose=False)   # shards of ~1.3k chars
+    real_train, calls = rep.train, []
+
+    def train_two(run, **kw):  # the session ends after two presets
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(run.name)
+        return real_train(run, **kw)
+
+    monkeypatch.setattr(rep, "train", train_two)
+    out = tmp_path / "paper"
+    with pytest.raises(KeyboardInterrupt):
+        reproduce("paper", "aerc", out, data=str(char_data.path), device="cpu", progress=False)
+    monkeypatch.setattr(rep, "train", real_train)
+    capsys.readouterr()
+    results = reproduce("paper", "aerc", out, data=str(char_data.path), device="cpu", progress=False)
+    err = capsys.readouterr().err
+    assert err.count(": done") == 2 and "aerc-75-19: done" in err and "aerc-100-20: resuming" in err
+    assert err.count(": starting") == 2
+    for r in results["char_runs"]:
+        cfg = json.loads((out / "runs" / r["preset"] / "config.json").read_text())
+        assert cfg["model"]["context_mode"] == "window"
+        assert {k: cfg["train"][k] for k in ("epochs_per_shard", "batch_size", "lr", "cycles", "eval_samples")} == \
+            dict(epochs_per_shard=5, batch_size=1024, lr=1e-4, cycles=1, eval_samples=0)
+    assert len(results["char_runs"]) == 5 and tt.is_finished(out / "runs" / "aerc-160-30")
+    assert "cycles" in (out / "report.md").read_text()

@@ -97,11 +97,13 @@ class ReservoirLM(nn.Module):
         return F.embedding(idx, self.embedding)
 
     def features(self, tokens: torch.Tensor, *, dtype: torch.dtype = torch.float32,
-                 progress: bool = False) -> TensorFeatures:
-        """Reservoir states of every sample of a token stream (S,) -> TensorFeatures((M, N), (M,))."""
+                 compute_dtype: torch.dtype | None = None, progress: bool = False) -> TensorFeatures:
+        """Reservoir states of every sample of a token stream (S,) -> TensorFeatures((M, N), (M,)),
+        stored in `dtype`, computed in `compute_dtype` (default: dtype)."""
         c = self.config
         states = shard_states(self.reservoir, self.embed, tokens, mode=c.context_mode, context=c.context,
-                              streams=c.streams, warmup=c.warmup, dtype=dtype, progress=progress)
+                              streams=c.streams, warmup=c.warmup, dtype=dtype, compute_dtype=compute_dtype,
+                              progress=progress)
         for i0 in range(0, len(states), 65536):  # normalise once per shard, not once per epoch
             states[i0:i0 + 65536] = self.normalize(states[i0:i0 + 65536])
         return TensorFeatures(states, tokens[c.context:])

@@ -22,19 +22,22 @@ import math
 from typing import Callable
 
 import torch
-from tqdm.auto import tqdm
 
 from reslm.errors import ReslmError
+from reslm.progress import bar
 
 CONTEXT_MODES = ("window", "stream")
 
 
 def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor, *,
                  mode: str, context: int, streams: int = 1024, warmup: int | None = None,
-                 dtype: torch.dtype = torch.float32, chunk_elems: int = 2**22,
-                 progress: bool = False, desc: str = "reservoir") -> torch.Tensor:
+                 dtype: torch.dtype = torch.float32, compute_dtype: torch.dtype | None = None,
+                 chunk_elems: int = 2**22, progress: bool = False, desc: str = "reservoir") -> torch.Tensor:
     """States (M, N) with M = len(tokens) - context; row i is sample i's feature (see module doc).
 
+    dtype is how the states are stored, compute_dtype (default: dtype) what the reservoir computes in:
+    bfloat16 storage halves the memory on any machine, bfloat16 compute pays only where the hardware
+    has fast bf16 (the caller decides: reslm.device.bf16_fast).
     reservoir: forward(u (B,T,d), s0) -> (states (B,T,N), s_T) and attribute `size`.
     embed: token ids (...,) -> input vectors (..., d).
     chunk_elems bounds the working buffer (time-chunk x batch x N elements); 2^22 (16 MiB in fp32)
@@ -47,27 +50,29 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
     if mode not in CONTEXT_MODES:
         raise ReslmError(f"unknown context mode {mode!r} (choose from {', '.join(CONTEXT_MODES)})")
     N = reservoir.size
+    compute_dtype = compute_dtype or dtype
     with torch.no_grad():
         if mode == "window":
-            return _window_states(reservoir, embed, tokens, M, context, N, dtype, chunk_elems, progress, desc)
+            return _window_states(reservoir, embed, tokens, M, context, N, dtype, compute_dtype, chunk_elems,
+                                  progress, desc)
         return _stream_states(reservoir, embed, tokens, M, context, N, streams,
-                              context if warmup is None else warmup, dtype, chunk_elems, progress, desc)
+                              context if warmup is None else warmup, dtype, compute_dtype, chunk_elems, progress,
+                              desc)
 
 
-def _window_states(reservoir, embed, tokens, M, context, N, dtype, chunk_elems, progress, desc):
+def _window_states(reservoir, embed, tokens, M, context, N, dtype, compute, chunk_elems, progress, desc):
     out = torch.empty(M, N, dtype=dtype, device=tokens.device)
     batch = min(M, max(256, chunk_elems // (context * N)))   # >= 256 rows keep the GEMMs efficient
     offsets = torch.arange(context, device=tokens.device)
-    for i0 in tqdm(range(0, M, batch), desc=f"{desc} (window)", unit="chunk", disable=not progress,
-                   leave=False):
+    for i0 in bar(range(0, M, batch), desc=f"{desc} (window)", unit="chunk", enabled=progress, leave=False):
         i1 = min(M, i0 + batch)
         windows = tokens[torch.arange(i0, i1, device=tokens.device)[:, None] + offsets]   # (b, context)
-        _, last = reservoir(embed(windows).to(dtype))                                       # (b, N)
-        out[i0:i1] = last
+        _, last = reservoir(embed(windows).to(compute))                                     # (b, N)
+        out[i0:i1] = last                                                                   # stored as dtype
     return out
 
 
-def _stream_states(reservoir, embed, tokens, M, context, N, streams, warmup, dtype, chunk_elems,
+def _stream_states(reservoir, embed, tokens, M, context, N, streams, warmup, dtype, compute, chunk_elems,
                    progress, desc):
     P = M + context - 1                       # positions 0..P-1 need a state
     B = max(1, min(streams, P))
@@ -76,19 +81,18 @@ def _stream_states(reservoir, embed, tokens, M, context, N, streams, warmup, dty
     starts = torch.arange(B, device=dev) * L  # stream j covers positions [j L, j L + L)
     # Warm-up: streams 1..B-1 read the `warmup` tokens before their start; stream 0 starts at the
     # beginning of the text from a zero state.
-    s = torch.zeros(B, N, dtype=dtype, device=dev)
+    s = torch.zeros(B, N, dtype=compute, device=dev)
     w = min(warmup, L)
     if w > 0 and B > 1:
         idx = (starts[1:, None] - w + torch.arange(w, device=dev)).clamp_(0, P - 1)
-        _, s[1:] = reservoir(embed(tokens[idx]).to(dtype))
+        _, s[1:] = reservoir(embed(tokens[idx]).to(compute))
     out = torch.empty(B * L, N, dtype=dtype, device=dev)       # position-major: row = position
     out_bl = out.view(B, L, N)
     step = max(1, min(L, chunk_elems // (B * N)))
-    for k0 in tqdm(range(0, L, step), desc=f"{desc} (stream)", unit="chunk", disable=not progress,
-                   leave=False):
+    for k0 in bar(range(0, L, step), desc=f"{desc} (stream)", unit="chunk", enabled=progress, leave=False):
         k1 = min(L, k0 + step)
         idx = (starts[:, None] + torch.arange(k0, k1, device=dev)).clamp_(max=P - 1)  # tail padding
-        st, s = reservoir(embed(tokens[idx]).to(dtype), s)                           # (B, k, N)
+        st, s = reservoir(embed(tokens[idx]).to(compute), s)                         # (B, k, N)
         out_bl[:, k0:k1] = st
     return out[context - 1:P]
 
