@@ -25,3 +25,14 @@ def dataset(tmp_path_factory):
     f = root / "corpus.txt"
     f.write_text(text)
     return prepare_bpe([f], "bpe:300", root=root, val_fraction=0.1, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def chars(tmp_path_factory):
+    """A tiny character dataset (six shards of ~1.2k characters) for the training and evaluation tests."""
+    from reslm.data import prepare_text
+    root = tmp_path_factory.mktemp("chars")
+    rng = random.Random(0)
+    words = "to be or not that is the question whether tis nobler in mind".split()
+    (root / "a.txt").write_text(" ".join(rng.choice(words) for _ in range(1500)))
+    return prepare_text([root / "a.txt"], root, name="tiny", verbose=False)

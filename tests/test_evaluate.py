@@ -11,16 +11,6 @@ from reslm.evaluate import EVAL_FILE, evaluate_run, reservoir_clock
 from reslm.models import build_model
 
 
-@pytest.fixture(scope="module")
-def chars(tmp_path_factory):
-    from reslm.data import prepare_text
-    root = tmp_path_factory.mktemp("chars")
-    rng = np.random.default_rng(0)
-    words = "to be or not that is the question whether tis nobler in mind".split()
-    (root / "a.txt").write_text(" ".join(rng.choice(words) for _ in range(1500)))
-    return prepare_text([root / "a.txt"], root, name="tiny", verbose=False)
-
-
 TRAIN = dict(batch_size=64, epochs_per_shard=1, epoch_samples=64, lr=3e-3, device="cpu", precision="fp32")
 
 

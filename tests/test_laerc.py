@@ -7,7 +7,6 @@ import torch
 import torch.nn as nn
 
 from reslm.errors import ReslmError
-from reslm.generate import sample
 from reslm.models.base import count_params
 from reslm.models.gpt import GPT, GPTConfig, gpt_param_count
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT, LAERC, LAERCConfig, laerc_param_count

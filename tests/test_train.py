@@ -126,16 +126,6 @@ def test_bad_configs(dataset, tmp_path):
 
 
 # --- character shards ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def chars(tmp_path_factory):
-    from reslm.data import prepare_text
-    root = tmp_path_factory.mktemp("chars")
-    rng = np.random.default_rng(0)
-    words = "to be or not that is the question whether tis nobler in mind".split()
-    (root / "a.txt").write_text(" ".join(rng.choice(words) for _ in range(1500)))
-    return prepare_text([root / "a.txt"], root, name="tiny", verbose=False)
-
-
 CHAR_TRAIN = dict(batch_size=64, epochs_per_shard=2, lr=3e-3, log_every=4, device="cpu", precision="fp32")
 
 
