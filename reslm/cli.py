@@ -31,7 +31,7 @@ from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.generate import sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, reproduce
-from reslm.run import CHECKPOINT, CONFIG, lock_run, read_config
+from reslm.run import CHECKPOINT, CONFIG, LOCK, lock_run, read_config
 from reslm.sweep import SWEEPS, run_sweep, write_scaling
 from reslm.train import TrainConfig, authors_variant, create_run, train
 
@@ -182,14 +182,29 @@ def cmd_train(args):
     if not main_rank:
         _train_command(args, out, model_over, train_over)
         return
-    existed = out.exists()
-    with lock_run(out, create=True):  # a second `reslm train` of the same run waits for nothing: it fails
-        try:
-            _train_command(args, out, model_over, train_over)
-        except BaseException:
-            if not existed and not (out / CHECKPOINT).exists():  # failed before its first checkpoint
-                shutil.rmtree(out, ignore_errors=True)
-            raise
+    existed, had_lock = out.exists() or out.is_symlink(), (out / LOCK).exists()
+    made, p = [], out.parent        # the folders lock_run(create=True) will make, innermost first
+    while not (p.exists() or p.is_symlink()) and p.parent != p:
+        made.append(p)
+        p = p.parent
+    try:
+        with lock_run(out, create=True):  # a second `reslm train` of the same run waits for nothing: it fails
+            try:
+                _train_command(args, out, model_over, train_over)
+            except BaseException:
+                if not existed and not (out / CHECKPOINT).exists():  # failed before its first checkpoint
+                    shutil.rmtree(out, ignore_errors=True)
+                elif existed and not had_lock and not (out / CONFIG).exists():  # not a run: leave it as it was
+                    (out / LOCK).unlink(missing_ok=True)
+                raise
+    except BaseException:
+        if not (out.exists() or out.is_symlink()):  # and the parent folders made for it
+            for q in made:
+                try:
+                    q.rmdir()
+                except OSError:
+                    break
+        raise
 
 
 def _train_command(args, out: Path, model_over: dict, train_over: dict):

@@ -45,6 +45,16 @@ def _pyplot():
     return plt
 
 
+NO_MATPLOTLIB = "matplotlib is not installed: figures written as CSV only, no PNG (pip install matplotlib)"
+
+
+def missing_matplotlib(results) -> str:
+    """NO_MATPLOTLIB when any of `results` (plot results, or a dict of them) has no PNG because matplotlib
+    is missing, else "": the one line a report or a command prints for all of its figures."""
+    items = results.values() if isinstance(results, dict) else results
+    return NO_MATPLOTLIB if any(not r.get("png") and "matplotlib" in (r.get("note") or "") for r in items) else ""
+
+
 def _write_csv(path: Path, fieldnames, rows) -> Path:
     """Write rows (dicts) as CSV with the given columns; None becomes an empty cell."""
     path = Path(path)

@@ -218,7 +218,16 @@ def _figures(out: Path, char_rows: list[dict], token_rows: list[dict], kn: dict 
             [dict(family=r["family"], name=r["name"], trainable_params=r["trainable_params"], steps=r["steps_rows"],
                   evals=r["eval_rows"]) for r in token_rows], fig_dir)
         made["fig7"] = write_scaling(fig_dir, token_rows)
+    _matplotlib_note(made)
     return made
+
+
+def _matplotlib_note(made: dict) -> str:
+    """Say once on stderr when the figures are CSV only for lack of matplotlib (report.md says it too)."""
+    note = figures.missing_matplotlib(made)
+    if note:
+        _log(note)
+    return note
 
 
 # --- the report ----------------------------------------------------------------------------------
@@ -315,6 +324,8 @@ def write_report(out: Path, results: dict) -> Path:
                      f"{_f(r['train_seconds'], '.1f')} |")
         L.append("")
     L += ["## Figures", ""]
+    if figures.missing_matplotlib(results["figures"]):
+        L += [f"Note: {figures.NO_MATPLOTLIB}.", ""]
     titles = {"fig2": "Fig. 2: train and test loss over shard-epochs", "fig3": "Fig. 3: 7-gram and 8-gram overlap",
               "fig4": "Fig. 4: training and inference time", "fig6": "Fig. 6: LAERC and GPT training loss",
               "fig7": "Fig. 7: scaling of L_min with trainable parameters"}

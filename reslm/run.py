@@ -542,7 +542,8 @@ class MetricsLog:
     Opening it repairs the file: a cut-off last line is cut away (with read_metrics's warning) so the
     next row starts on a line of its own; `rows` counts the good rows. `write(row)` appends one row,
     flushes and fsyncs it; it raises ReslmError, writing nothing, for a NaN/Infinity value (naming the
-    key) or a failed write (disk full: the partial line is cut away again). Use it under lock_run."""
+    key, and the row's step: "non-finite val_loss=nan at step 3: ...") or a failed write (disk full: the
+    partial line is cut away again). Use it under lock_run."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / METRICS
@@ -572,6 +573,10 @@ class MetricsLog:
     def write(self, row: dict) -> None:
         bad = _non_finite(row)
         if bad is not None:
+            step = row.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):  # a diverged run: say where
+                raise ReslmError(f"non-finite {bad[0]}={bad[1]} at step {step}: not logged to {self.path} "
+                                 f"(metrics must be finite numbers; a diverged run stops here)")
             raise ReslmError(f"cannot log {bad[0]}={bad[1]} to {self.path}: metrics must be finite numbers "
                              f"(JSON has no NaN or Infinity; check a loss before logging it)")
         line = memoryview((json.dumps(row, allow_nan=False) + "\n").encode())

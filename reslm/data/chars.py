@@ -540,9 +540,20 @@ def _check_target(target: Path, overwrite: bool) -> None:
         raise ReslmError(f"refusing to overwrite {target}: it is not a reslm dataset directory")
 
 
+NAME_MAX_BYTES = 200  # a folder name is at most 255 bytes; building uses ".<name>.tmp-XXXXXXXX" beside it
+
+
 def _check_name(name: str) -> None:
+    """A plain folder name: not empty, no path separator, no leading dot, no control characters, at most
+    NAME_MAX_BYTES bytes of UTF-8 (checked before anything is read or written)."""
+    shown = repr(name) if len(name) <= 60 else repr(name[:40]) + f"... ({len(name)} characters)"
     if not name or name in (".", "..") or name.startswith(".") or "/" in name or os.sep in name:
-        raise ReslmError(f"invalid dataset name {name!r}: use a plain folder name")
+        raise ReslmError(f"invalid dataset name {shown}: use a plain folder name")
+    if any(not c.isprintable() for c in name):
+        raise ReslmError(f"invalid dataset name {shown}: it has control or non-printable characters")
+    n = len(name.encode("utf-8"))  # printable: no lone surrogates
+    if n > NAME_MAX_BYTES:
+        raise ReslmError(f"invalid dataset name {shown}: {n} bytes long (at most {NAME_MAX_BYTES})")
 
 
 def _logger(verbose: bool):
