@@ -538,8 +538,6 @@ def test_train_into_a_log_file_writes_no_carriage_returns(root, tmp_path, monkey
     assert b"\r" in text
 
 
-@pytest.mark.xfail(strict=True, reason="reslm/reservoir/states.py draws its own tqdm bar (disable=not progress) "
-                                       "instead of reslm.progress.bar, so reservoir states draw \\r frames into a file")
 def test_reservoir_training_into_a_log_file_writes_no_carriage_returns(root, tmp_path, monkeypatch):
     argv = [a for a in RC if a != "--no-progress"] + ["--data", "c", "--root", str(root)]
     text = _train_logged(tmp_path / "log.txt", monkeypatch, *argv, "--out", str(tmp_path / "run"))
