@@ -15,8 +15,11 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from reslm.data.bpe import TokenDataset, prepare_bpe
 from reslm.data.chars import CharDataset, check_fingerprint, default_data_root, prepare_shakespeare, resolve_dataset
+from reslm.device import bf16_status
 from reslm.errors import ReslmError
 from reslm.models import build_model, family, make_config
 from reslm.run import load_checkpoint, read_config
@@ -116,13 +119,20 @@ def check_dataset(cfg: dict, ds) -> None:
 
 
 def load_model(cfg: dict, device="cpu"):
-    """Build the model a run config describes (weights not loaded)."""
+    """Build the model a run config describes (weights not loaded). A reservoir asked to compute in
+    bfloat16 on a device without fast bf16 is refused (it would run hundreds of times slower)."""
     name = cfg["family"]
     family(name)
     model = cfg["model"]
     if not isinstance(model, dict):
         raise ReslmError("the run config's model section is not an object")
-    return build_model(name, make_config(name, **model)).to(device)
+    model = build_model(name, make_config(name, **model)).to(device)
+    if any(getattr(getattr(m, "config", None), "dtype", None) == "bfloat16" for m in model.modules()):
+        fast, why = bf16_status(torch.device(device))
+        if not fast:
+            raise ReslmError(f"the reservoir is set to compute in bfloat16, which is slow here ({why}): "
+                             f"use --reservoir-dtype float32 (or auto)")
+    return model
 
 
 def codec_of(cfg: dict, ds=None):

@@ -118,3 +118,16 @@ def test_env_var_forces_bf16_even_on_a_slow_cpu(monkeypatch):
     monkeypatch.setenv("RESLM_BF16", "1")
     assert resolve_precision("bf16", CPU) == "bf16"
     assert resolve_dtype("bfloat16", CPU, explicit=True, what="states") == torch.bfloat16
+
+
+def test_bf16_reservoir_refused_where_bf16_is_slow(monkeypatch):
+    """An explicit bfloat16 reservoir on a CPU without fast bf16 is one clear error, not a 400x crawl."""
+    from reslm.checkpoint import load_model
+    from reslm.errors import ReslmError
+    cfg = dict(family="laerc", model=dict(vocab_size=11, dim=8, n_layers=1, context=8, r_mult=2,
+                                          reservoir_dtype="bfloat16"))
+    monkeypatch.setenv("RESLM_BF16", "0")
+    with pytest.raises(ReslmError, match="slow here"):
+        load_model(cfg)
+    monkeypatch.setenv("RESLM_BF16", "1")
+    assert load_model(cfg) is not None
