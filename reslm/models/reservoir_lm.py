@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from reslm.errors import ReslmError
 from reslm.models.base import TensorFeatures, next_token_loss
-from reslm.reservoir import CONTEXT_MODES, RESERVOIRS, shard_states
+from reslm.reservoir import CONTEXT_MODES, RESERVOIRS, parse_options, shard_states
 
 
 @dataclass
@@ -48,6 +48,7 @@ class ReservoirLMConfig:
     input_density: float = 1.0      # fraction of non-zero entries in W_in
     bias_scaling: float = 0.0       # bias ~ U(-b, b); 0 = no bias (paper)
     seed: int = 0                   # reservoir + embedding seed; head init uses seed + 1
+    reservoir_options: str = ""     # the substrate's own knobs as key=value,... e.g. a_min=0.02,a_max=0.5 (see reslm.reservoir)
 
     def validate(self):
         if self.context_mode not in CONTEXT_MODES:
@@ -64,7 +65,9 @@ class ReservoirLMConfig:
     def reservoir_config(self):
         cfg_cls, _ = RESERVOIRS[self.reservoir]
         own = {k: getattr(self, k) for k in cfg_cls.__dataclass_fields__ if hasattr(self, k)}
-        return cfg_cls(**own, input_dim=self.embed_dim)
+        extra = parse_options(self.reservoir, cfg_cls, self.reservoir_options,
+                              reserved={*self.__dataclass_fields__, "input_dim"})
+        return cfg_cls(**own, **extra, input_dim=self.embed_dim)
 
 
 class ReservoirLM(nn.Module):

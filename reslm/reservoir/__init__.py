@@ -16,14 +16,49 @@ input_scaling, bias_scaling, dtype, ...). The weights never train; a reservoir t
 through its recurrence when u requires grad (as ESN does) also serves LAERC's reservoir_grad. A
 physical substrate fits the same mould: `forward` sends the inputs to the device and returns what
 it measured.
+
+Substrates (RESERVOIRS key: module, config, knobs beyond size / input_dim / seed). The character
+families set size, spectral_radius, input_scaling, leak_rate, density, input_density, bias_scaling and
+seed from their own fields and the rest through `reservoir_options` ("key=value,...", options.py).
+
+    esn       esn.py       ESNConfig        tanh ESN (paper eq. 1): spectral_radius, radius_norm,
+                                            input_scaling, input_init, leak_rate, density, input_density,
+                                            bias_scaling, dtype, backend
+    leaky     leaky.py     LeakyESNConfig   ESN with per-unit leak rates, log-uniform in [a_min, a_max]
+                                            (memory from one character to ~1/a_min); a_min = a_max = 1
+                                            is the ESN
+    deep      deep.py      DeepESNConfig    `layers` stacked ESNs, N split evenly, state = all layers;
+                                            inter_scaling for layers 2..L; layers = 1 is the ESN
+    nvar      nvar.py      NVARConfig       next-generation RC: [1, last k inputs, their quadratic
+                                            monomials], no recurrence; k, input_scaling; size must be
+                                            1 + k d + k d (k d + 1) / 2
+    diagonal  diagonal.py  DiagonalConfig   linear complex-diagonal reservoir, |lambda| ~ U(r_min,
+                                            spectral_radius), arg ~ U(0, pi), chunked log-depth scan
+                                            over time: r_min, input_scaling, nonlinear (+ tanh(M x)
+                                            features), mix_scaling, chunk (0 = auto: loop on CPU)
+    delay     delay.py     DelayConfig      one Mackey-Glass / Ikeda node with delayed feedback, N
+                                            virtual nodes: eta, node_coupling, nonlinearity, p, phi,
+                                            mask, input_scaling (gamma)
+
+LAERC's blocks take any of them whose size fits R = r_mult D (nvar's feature count rarely does; the
+diagonal reservoir needs an even R unless nonlinear).
 """
 from reslm.reservoir.esn import ESN, ESNConfig, tanh_recurrence
 from reslm.reservoir.matrices import random_sparse, scale_radius, scale_spectral_radius, spectral_radius
 from reslm.reservoir.seeding import child_seed, generator
 from reslm.reservoir.states import CONTEXT_MODES, shard_states
+from reslm.reservoir.leaky import LeakyESN, LeakyESNConfig
+from reslm.reservoir.deep import DeepESN, DeepESNConfig
+from reslm.reservoir.nvar import NVAR, NVARConfig
+from reslm.reservoir.diagonal import DiagonalConfig, DiagonalReservoir
+from reslm.reservoir.delay import DelayConfig, DelayReservoir
+from reslm.reservoir.options import parse_options
 
-RESERVOIRS = {"esn": (ESNConfig, ESN)}
+RESERVOIRS = {"esn": (ESNConfig, ESN), "leaky": (LeakyESNConfig, LeakyESN), "deep": (DeepESNConfig, DeepESN),
+              "nvar": (NVARConfig, NVAR), "diagonal": (DiagonalConfig, DiagonalReservoir),
+              "delay": (DelayConfig, DelayReservoir)}
 
 __all__ = ["ESN", "ESNConfig", "RESERVOIRS", "CONTEXT_MODES", "shard_states", "spectral_radius",
            "scale_spectral_radius", "scale_radius", "random_sparse", "tanh_recurrence", "child_seed",
-           "generator"]
+           "generator", "LeakyESN", "LeakyESNConfig", "DeepESN", "DeepESNConfig", "NVAR", "NVARConfig",
+           "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "parse_options"]

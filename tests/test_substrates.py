@@ -1,0 +1,269 @@
+"""The substrates beside the ESN (leaky, deep, nvar, diagonal, delay): the reservoir contract (step ==
+forward, seeds), each one against a plain reference, and their use by rc / aerc / LAERC and the CLI."""
+import math
+
+import pytest
+import torch
+
+from reslm.errors import ReslmError
+from reslm.models import build_model
+from reslm.models.laerc import LAERC, LAERCConfig
+from reslm.models.reservoir_lm import ReservoirLMConfig
+from reslm.reservoir import (ESN, RESERVOIRS, DeepESN, DeepESNConfig, DelayConfig, DelayReservoir,
+                             DiagonalConfig, DiagonalReservoir, ESNConfig, LeakyESN, LeakyESNConfig, NVAR,
+                             NVARConfig, shard_states)
+from reslm.reservoir.nvar import nvar_size
+
+D = 5   # input size of the contract tests
+SMALL = {"esn": dict(size=24), "leaky": dict(size=24), "deep": dict(size=25, layers=3),
+         "nvar": dict(size=nvar_size(2, D), k=2), "diagonal": dict(size=24), "diagonal-scan": dict(size=24, chunk=4),
+         "diagonal-nl": dict(size=26, nonlinear=True), "delay": dict(size=70),
+         "delay-ikeda": dict(size=30, nonlinearity="ikeda")}
+
+
+def make(name, seed=0, **kw):
+    cfg_cls, cls = RESERVOIRS[name.split("-")[0]]
+    return cls(cfg_cls(input_dim=D, seed=seed, **{**SMALL[name], **kw}))
+
+
+def inputs(B=3, T=9, seed=0):
+    return torch.randn(B, T, D, generator=torch.Generator().manual_seed(seed))
+
+
+# --- the contract --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("start", ["zero", "s0"])
+def test_step_equals_forward(name, start):
+    res = make(name)
+    u = inputs()
+    s = res.init_state(3) if start == "zero" else res(inputs(seed=5))[1]   # a reachable state
+    states, last = res(u, None if start == "zero" else s)
+    assert states.shape == (3, 9, res.size) and last.shape == (3, res.size)
+    for t in range(9):
+        s = res.step(u[:, t], s)
+        torch.testing.assert_close(s, states[:, t], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(last, s, rtol=1e-5, atol=1e-5)
+    a, b = res(u[:, :4], None if start == "zero" else res(inputs(seed=5))[1])   # split run == one run
+    torch.testing.assert_close(res(u[:, 4:], b)[0], states[:, 4:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_seeds(name):
+    u = inputs()
+    assert torch.equal(make(name, seed=3)(u)[0], make(name, seed=3)(u)[0])
+    if name != "nvar":                         # NVAR draws nothing: the seed is only there for the contract
+        assert not torch.allclose(make(name, seed=3)(u)[0], make(name, seed=4)(u)[0])
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_gradient_only_when_the_input_asks(name):
+    res = make(name)
+    assert not any(p.requires_grad for p in res.parameters())
+    assert not res(inputs())[0].requires_grad
+    u = inputs().requires_grad_()
+    res(u)[0].square().sum().backward()
+    assert u.grad is not None and u.grad.abs().sum() > 0
+
+
+# --- references ----------------------------------------------------------------------------------
+def test_leaky_with_unit_rates_is_the_esn():
+    u = inputs(T=15)
+    esn = ESN(ESNConfig(size=30, input_dim=D, seed=2))
+    leaky = LeakyESN(LeakyESNConfig(size=30, input_dim=D, seed=2, a_min=1.0, a_max=1.0))
+    assert torch.equal(leaky(u)[0], esn(u)[0])
+
+
+def test_leaky_equations_and_rates():
+    cfg = LeakyESNConfig(size=200, input_dim=D, seed=1, a_min=0.01, a_max=0.5)
+    res = LeakyESN(cfg)
+    a = res.leak
+    assert 0.01 <= a.min() and a.max() <= 0.5 and a.min() < 0.02 and a.max() > 0.3   # spans the range
+    logs = a.log()
+    assert abs(logs.mean().item() - (math.log(0.01) + math.log(0.5)) / 2) < 0.3          # log-uniform
+    u = inputs(T=6)
+    states, _ = res(u)
+    W, W_in = res.W_T.T, res.W_in_T.T
+    s = torch.zeros(3, 200)
+    for t in range(6):
+        s = (1 - a) * s + a * torch.tanh(s @ W.T + u[:, t] @ W_in.T)
+        torch.testing.assert_close(states[:, t], s, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ReslmError, match="a_min"):
+        LeakyESN(LeakyESNConfig(a_min=0.5, a_max=0.1))
+    with pytest.raises(ReslmError, match="leak_rate"):
+        LeakyESN(LeakyESNConfig(leak_rate=0.5))
+
+
+def test_deep_one_layer_is_the_esn_and_layers_stack():
+    u = inputs()
+    esn = ESN(ESNConfig(size=30, input_dim=D, seed=2, leak_rate=0.7))
+    deep = DeepESN(DeepESNConfig(size=30, input_dim=D, seed=2, leak_rate=0.7, layers=1))
+    assert torch.equal(deep(u)[0], esn(u)[0])
+    deep = DeepESN(DeepESNConfig(size=31, input_dim=D, seed=2, layers=3))
+    assert deep.sizes == [11, 10, 10]
+    x, ref = u, []
+    for l in range(1, 4):   # each layer an ESN reading the layer below
+        x, _ = ESN(deep.config.layer_config(l))(x)
+        ref.append(x)
+    assert torch.equal(deep(u)[0], torch.cat(ref, -1))
+    assert torch.equal(deep.layers[0].W_T, ESN(ESNConfig(size=11, input_dim=D, seed=2)).W_T)
+
+
+def test_nvar_equals_plain_construction():
+    k, d, T = 3, 2, 7
+    res = NVAR(NVARConfig(size=nvar_size(k, d), input_dim=d, k=k, input_scaling=0.5))
+    u = torch.randn(2, T, d, generator=torch.Generator().manual_seed(0))
+    states, _ = res(u)
+    x = (0.5 * u).tolist()
+    for b in range(2):
+        for t in range(T):
+            lin = []
+            for j in range(k):                                  # u_t, u_{t-1}, ..., zeros before the start
+                lin += x[b][t - j] if t - j >= 0 else [0.0] * d
+            quad = [lin[i] * lin[j] for i in range(len(lin)) for j in range(i, len(lin))]
+            torch.testing.assert_close(states[b, t], torch.tensor([1.0, *lin, *quad]))
+    assert res.size == 1 + 6 + 21
+    with pytest.raises(ReslmError, match="set size to 28"):
+        NVAR(NVARConfig(size=30, input_dim=d, k=k))
+
+
+def _diagonal_loop(res, u, dtype):
+    lam = torch.polar(res.radius.to(dtype), res.angle.to(dtype))
+    v = torch.view_as_complex((u.to(dtype) @ res.B_T.to(dtype)).view(*u.shape[:2], -1, 2))
+    h, out = torch.zeros_like(v[:, 0]), []
+    for t in range(u.shape[1]):
+        h = lam * h + v[:, t]
+        out.append(h)
+    return torch.view_as_real(torch.stack(out, 1)).flatten(2)
+
+
+@pytest.mark.parametrize("chunk", [0, 64, 1000, 7])
+def test_diagonal_scan_equals_sequential_loop_long(chunk):
+    res = DiagonalReservoir(DiagonalConfig(size=32, input_dim=D, spectral_radius=0.999, r_min=0.9, chunk=chunk))
+    u = inputs(B=2, T=1000)
+    states, last = res(u)
+    assert states.dtype == torch.float32
+    exact = _diagonal_loop(res, u, torch.float64)
+    scale = exact.abs().max()
+    assert scale > 10                                          # a long memory: powers matter
+    torch.testing.assert_close(states.double() / scale, exact / scale, rtol=0, atol=1e-5)
+    loop32 = _diagonal_loop(res, u, torch.float32)
+    torch.testing.assert_close(states / scale, loop32 / scale, rtol=0, atol=1e-4)
+
+
+def test_diagonal_eigenvalues_and_nonlinear_features():
+    res = DiagonalReservoir(DiagonalConfig(size=400, input_dim=D, spectral_radius=0.95, r_min=0.5))
+    assert 0.5 <= res.radius.min() and res.radius.max() <= 0.95
+    assert 0 <= res.angle.min() and res.angle.max() <= math.pi
+    nl = DiagonalReservoir(DiagonalConfig(size=22, input_dim=D, nonlinear=True))
+    u = inputs()
+    states, _ = nl(u)
+    lin = _diagonal_loop(nl, u, torch.float64).float()       # K = 22 // 4 = 5 complex units
+    assert lin.shape[-1] == 10
+    torch.testing.assert_close(states[..., :10], lin, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(states[..., 10:], torch.tanh(lin @ nl.M_T), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ReslmError, match="even"):
+        DiagonalReservoir(DiagonalConfig(size=25))
+
+
+def _delay_loop(res, u):
+    c = res.config
+    M = res.M_T.T.double()                                     # gamma M
+    a, f = c.node_coupling, res.f
+    x = [0.0] * c.size
+    out = []
+    for t in range(u.shape[1]):
+        J = (M @ u[0, t].double()).tolist()
+        new = []
+        for i in range(c.size):                                # node i-1 of node 0: last node, previous step
+            prev = new[i - 1] if i else x[-1]
+            new.append((1 - a) * prev + a * c.eta * f(torch.tensor(x[i] + J[i], dtype=torch.float64)).item())
+        x = new
+        out.append(x)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("kw", [dict(size=150), dict(size=40, nonlinearity="ikeda", mask="uniform"),
+                                dict(size=130, node_coupling=0.05, p=2.0), dict(size=9, node_coupling=1.0)])
+def test_delay_equals_node_loop(kw):
+    res = DelayReservoir(DelayConfig(input_dim=D, seed=1, input_scaling=0.7, **kw))
+    u = inputs(B=1, T=6)
+    torch.testing.assert_close(res(u)[0][0].double(), _delay_loop(res, u), rtol=1e-5, atol=1e-6)
+    if res.config.mask == "binary":
+        assert set(res.M_T.unique().tolist()) == {-0.7, 0.7} or torch.allclose(res.M_T.abs(), torch.tensor(0.7))
+
+
+# --- inside the models ---------------------------------------------------------------------------
+MODEL_SUBSTRATES = [("leaky", 24, ""), ("deep", 24, "layers=2"), ("nvar", nvar_size(2, 4), "k=2"),
+                    ("diagonal", 24, "r_min=0.8"), ("diagonal", 24, "nonlinear=true"), ("delay", 24, "eta=0.5")]
+
+
+@pytest.mark.parametrize("family", ["rc", "aerc"])
+@pytest.mark.parametrize("name,size,options", MODEL_SUBSTRATES)
+def test_character_families_run_each_substrate(family, name, size, options):
+    extra = dict(hidden=4) if family == "aerc" else {}
+    m = build_model(family, vocab_size=11, embed_dim=4, context=6, size=size, reservoir=name,
+                    reservoir_options=options, context_mode="stream", streams=1, **extra).eval()
+    tokens = torch.randint(0, 11, (30,), generator=torch.Generator().manual_seed(0))
+    feats = m.features(tokens)                                 # stream mode, one stream
+    state = m.init_state(1)
+    for t in range(29):                                        # generation walks the same states
+        logits, state = m.step(tokens[t:t + 1], state)
+        if t >= 5:
+            ref, _ = m.forward_features(feats.batch(torch.tensor([t - 5])))
+            torch.testing.assert_close(logits, ref[:, 0], rtol=1e-4, atol=1e-4)
+    m.config.context_mode = "window"                           # window mode: forward == features path
+    feats = m.features(tokens)
+    idx = torch.tensor([0, 9, 23])
+    a, _ = m.forward_features(feats.batch(idx))
+    b, _ = m(torch.stack([tokens[i:i + 6] for i in idx]))
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["leaky", "deep", "diagonal", "delay"])
+def test_laerc_blocks_take_the_substrates(name):
+    model = LAERC(LAERCConfig(vocab_size=13, dim=8, n_layers=2, context=8, r_mult=2, reservoir_type=name)).eval()
+    assert all(type(b.reservoir) is RESERVOIRS[name][1] and b.reservoir.size == 16 for b in model.blocks)
+    idx = torch.randint(0, 13, (2, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full, _ = model(idx)
+        state = model.init_state(2)
+        for t in range(6):
+            logits, state = model.step(idx[:, t], state)
+            torch.testing.assert_close(logits, full[:, t], rtol=1e-4, atol=1e-4)
+
+
+def test_stream_states_of_a_substrate_match_one_pass():
+    res = make("diagonal", spectral_radius=0.5)
+    emb = torch.randn(11, D, generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, 11, (200,), generator=torch.Generator().manual_seed(1))
+    embed = lambda idx: emb[idx]  # noqa: E731
+    states = shard_states(res, embed, tokens, mode="stream", context=8, streams=5, warmup=40, chunk_elems=24 * 5 * 7)
+    full, _ = res(embed(tokens)[None])
+    torch.testing.assert_close(states, full[0, 7:199], atol=1e-5, rtol=1e-4)
+
+
+# --- options -------------------------------------------------------------------------------------
+def test_reservoir_options_are_parsed_with_field_types():
+    cfg = ReservoirLMConfig(reservoir="leaky", reservoir_options="a_min=0.02, a_max=0.5", spectral_radius=0.7)
+    rc = cfg.reservoir_config()
+    assert (rc.a_min, rc.a_max, rc.spectral_radius, rc.input_dim) == (0.02, 0.5, 0.7, cfg.embed_dim)
+    rc = ReservoirLMConfig(reservoir="diagonal", reservoir_options="nonlinear=true,chunk=8").reservoir_config()
+    assert rc.nonlinear is True and rc.chunk == 8 and rc.size == 750
+    rc = ReservoirLMConfig(reservoir="delay", reservoir_options="nonlinearity=ikeda").reservoir_config()
+    assert rc.nonlinearity == "ikeda"
+    for bad, match in [("a_mni=0.1", "no option 'a_mni'.*a_min, a_max"), ("a_min=low", "a_min='low'"),
+                       ("a_min", "key=value"), ("size=10", "own flag"), ("a_min=2", "a_min")]:
+        with pytest.raises(ReslmError, match=match):
+            ReservoirLMConfig(reservoir="leaky", reservoir_options=bad).validate()
+    with pytest.raises(ReslmError, match="true or false|valid bool"):
+        ReservoirLMConfig(reservoir="diagonal", reservoir_options="nonlinear=maybe").validate()
+
+
+def test_cli_trains_rc_on_a_substrate_with_options(chars, tmp_path):
+    from reslm.cli import main
+    from reslm.run import read_config
+    out = tmp_path / "run"
+    assert main(["train", "--family", "rc", "--reservoir", "leaky", "--reservoir-options", "a_min=0.02",
+                 "--size", "16", "--data", str(chars.path), "--out", str(out), "--epochs-per-shard", "1",
+                 "--batch-size", "64", "--no-progress"]) == 0
+    assert "a_min=0.02" in str(read_config(out))
