@@ -293,7 +293,7 @@ def cmd_reproduce(args):
     reproduce(args.budget, args.families, out, data=args.data, token_data=args.token_data,
               data_root=Path(args.root) if args.root else None, device=args.device,
               progress=not args.no_progress, cycles=args.cycles, context_mode=args.context_mode,
-              command="reslm " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "")
+              presets=args.presets, command="reslm " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "")
     print(f"{(out or Path('reproduce-' + args.budget)) / 'report.md'}")
 
 
@@ -443,6 +443,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     rp.add_argument("--budget", choices=list(BUDGETS), default="quick", help="how much to train (default quick)")
     rp.add_argument("--families", default=",".join(ALL_FAMILIES),
                     help=f"comma-separated subset of {','.join(ALL_FAMILIES)} (default: all)")
+    rp.add_argument("--presets", help="comma-separated Table-1 presets to train (default: all of the chosen character "
+                    "families; see `reslm presets`)")
     rp.add_argument("--out", help="output folder (default reproduce-BUDGET)")
     rp.add_argument("--data", default="shakespeare", help="character dataset name or path (default shakespeare)")
     rp.add_argument("--token-data", help="BPE dataset for LAERC / GPT (default shakespeare-bpe4096; paper: shakespeare-gpt2)")

@@ -125,10 +125,26 @@ def _parse_families(families) -> tuple[str, ...]:
 
 
 # --- stage 1: character-level runs (the 15 presets) ---------------------------------------------
-def _char_runs(out: Path, budget: Budget, families, dataset, device: str, progress: bool) -> list[Path]:
+def _parse_presets(presets, families) -> tuple[str, ...] | None:
+    """None (every Table-1 preset of the chosen families) or the named ones, checked."""
+    if presets is None:
+        return None
+    if isinstance(presets, str):
+        presets = [p.strip() for p in presets.split(",") if p.strip()]
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown or not presets:
+        raise ReslmError(f"unknown preset {', '.join(unknown) or '(none)'}: see `reslm presets`")
+    excluded = [p for p in presets if PRESETS[p][0] not in families]
+    if excluded:
+        raise ReslmError(f"preset {', '.join(excluded)} is not in --families {','.join(families)}")
+    return tuple(presets)
+
+
+def _char_runs(out: Path, budget: Budget, families, presets, dataset, device: str, progress: bool) -> list[Path]:
     train_over = dict(budget.char_train, device=device)
     plan = [(name, fam, {**model, **(budget.reservoir_model if fam in ("rc", "aerc") else {})})
-            for name, (fam, model, _) in PRESETS.items() if fam in families]
+            for name, (fam, model, _) in PRESETS.items()
+            if fam in families and (presets is None or name in presets)]
     for name, fam, model in plan:  # validate every config before the first run starts
         make_run_config(fam, model, train_over, dataset, preset=name)
     dirs = []
@@ -287,6 +303,8 @@ def write_report(out: Path, results: dict) -> Path:
                  f"({kn['test_bpc']:.3f} bits/char); Overlap-7/8 {_f(kn['overlap']['7'], '.3f')} / "
                  f"{_f(kn['overlap']['8'], '.3f')} |")
     L += ["", f"What this budget leaves out compared with the paper's protocol: {b['left_out']}", ""]
+    if results.get("presets"):
+        L += [f"Only these Table-1 presets were run (`--presets`): {', '.join(results['presets'])}.", ""]
     if chars:
         L += ["## Character-level runs (Table 1 presets)", "",
               "Test CE is the run's last evaluation (the training protocol's test set); Overlap-n compares the "
@@ -367,11 +385,12 @@ def write_report(out: Path, results: dict) -> Path:
 def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = None, data: str = "shakespeare",
               token_data: str | None = None, data_root: Path | None = None, device: str = "auto",
               progress: bool = True, command: str = "", cycles: int | None = None,
-              context_mode: str | None = None) -> dict:
+              context_mode: str | None = None, presets=None) -> dict:
     """Run the whole reproduction into `out` (see the module docstring); returns results.json's content.
 
     cycles: passes over the training shards (default: the budget's, 1); context_mode: rc/aerc context
-    mode instead of the budget's ("window" for the paper budget, "stream" otherwise)."""
+    mode instead of the budget's ("window" for the paper budget, "stream" otherwise); presets: only these
+    Table-1 presets (a list or "name,name"; default all of the chosen character families)."""
     if budget not in BUDGETS:
         raise ReslmError(f"unknown budget {budget!r} (use {', '.join(BUDGETS)})")
     bud = BUDGETS[budget]
@@ -382,6 +401,7 @@ def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = N
     if context_mode is not None:
         bud = replace(bud, reservoir_model={**bud.reservoir_model, "context_mode": context_mode})
     families = _parse_families(families)
+    presets = _parse_presets(presets, families)
     out = Path(out) if out is not None else Path(f"reproduce-{budget}")
     char_ds = tok_ds = None
     if any(f in CHAR_FAMILIES for f in families):
@@ -394,7 +414,7 @@ def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = N
         if have is not None and have.get("budget") != budget:
             raise ReslmError(f"{out} holds a `{have.get('budget')}` reproduction; use another --out for `{budget}`")
         write_json(stamp, dict(budget=budget))
-        results = _stages(out, bud, families, char_ds, tok_ds, device, progress)
+        results = _stages(out, bud, families, presets, char_ds, tok_ds, device, progress)
         results["command"] = command or f"reslm reproduce --budget {budget}"
         write_json(out / "results.json", results)
         report = write_report(out, results)
@@ -415,11 +435,11 @@ class _Clock:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t
 
 
-def _stages(out: Path, bud: Budget, families, char_ds, tok_ds, device: str, progress: bool) -> dict:
+def _stages(out: Path, bud: Budget, families, presets, char_ds, tok_ds, device: str, progress: bool) -> dict:
     """Train, evaluate, Kneser-Ney, figures: everything results.json holds but the command line."""
     clock = _Clock()
     with clock("character training"):
-        char_dirs = _char_runs(out, bud, families, char_ds, device, progress) if char_ds is not None else []
+        char_dirs = _char_runs(out, bud, families, presets, char_ds, device, progress) if char_ds is not None else []
     with clock("token training"):
         sweep_rows = _token_runs(out, bud, families, tok_ds, device, progress) if tok_ds is not None else []
     settings = dict(length=bud.gen_length, score=bud.score, temperature=1.0, seed=0)
@@ -437,7 +457,7 @@ def _stages(out: Path, bud: Budget, families, char_ds, tok_ds, device: str, prog
     clock.timings["total"] = time.perf_counter() - clock.t0
     dev = pick_device(device)
     return dict(
-        budget=asdict(bud), families=list(families),
+        budget=asdict(bud), families=list(families), presets=list(presets) if presets else None,
         data=str(char_ds.path) if char_ds else None, token_data=str(tok_ds.path) if tok_ds else None,
         eval_settings=settings,
         char_runs=[{k: v for k, v in r.items() if k != "epochs"} for r in char_rows],

@@ -14,6 +14,7 @@ pytest.importorskip("tokenizers")
 from reslm.cli import main  # noqa: E402
 from reslm.data.chars import prepare_text  # noqa: E402
 from reslm.errors import ReslmError  # noqa: E402
+from reslm.models import PRESETS  # noqa: E402
 from reslm.reproduce import reproduce  # noqa: E402
 
 
@@ -28,13 +29,24 @@ def char_data(tmp_path_factory):
     return prepare_text([f], root, "play", verbose=False)
 
 
+SMALLEST = "rc-250,aerc-75-13,tf-64-4-4"  # the fast suite's smoke: the smallest preset of each family
+
+
 @pytest.fixture(scope="module")
 def smoke(char_data, dataset, tmp_path_factory):
-    """One smoke reproduction, all five families (the test budget's default)."""
+    """One smoke reproduction, all five families, the smallest Table-1 preset of each character family."""
     out = tmp_path_factory.mktemp("rep") / "smoke"
     results = reproduce("smoke", "rc,aerc,tf,laerc,gpt", out, data=str(char_data.path),
-                        token_data=str(dataset.path), device="cpu", progress=False)
+                        token_data=str(dataset.path), device="cpu", progress=False, presets=SMALLEST)
     return out, results
+
+
+@pytest.mark.slow
+def test_smoke_all_fifteen_presets(char_data, dataset, tmp_path):
+    results = reproduce("smoke", "rc,aerc,tf", tmp_path / "all", data=str(char_data.path), device="cpu",
+                        progress=False)
+    assert [r["preset"] for r in results["char_runs"]] == list(PRESETS)
+    assert all(r["test_loss"] > 0 for r in results["char_runs"])
 
 
 def test_report_references_only_existing_files(smoke):
@@ -47,7 +59,9 @@ def test_report_references_only_existing_files(smoke):
                                              "scaling.csv"}
     for link in links:
         assert (out / link).is_file() and (out / link).stat().st_size > 0, link
-    assert len(results["char_runs"]) == 15 and len(results["token_runs"]) == 8
+    assert [r["preset"] for r in results["char_runs"]] == SMALLEST.split(",")
+    assert len(results["token_runs"]) == 8 and results["presets"] == SMALLEST.split(",")
+    assert "Only these Table-1 presets were run" in report
     assert "## Paper vs. this run" in report and "Kneser-Ney" in report and "## Environment" in report
     for fam in ("Transformer", "Reservoir (RC)", "AERC", "LAERC", "GPT"):
         assert f"**{fam}**" in report  # a sample of each family
@@ -66,10 +80,10 @@ def test_rerun_redoes_only_the_deleted_run(smoke, char_data, dataset, capsys):
     shutil.rmtree(out / "runs" / "rc-250")
     capsys.readouterr()
     reproduce("smoke", "rc,aerc,tf,laerc,gpt", out, data=str(char_data.path), token_data=str(dataset.path),
-              device="cpu", progress=False)
+              device="cpu", progress=False, presets=SMALLEST)
     err = capsys.readouterr().err
     assert "rc-250: starting" in err
-    assert err.count(": done") == 14
+    assert err.count(": done") == 2
     assert re.findall(r"evaluating (\S+)", err) == ["rc-250"]
     assert keep.stat().st_mtime_ns == kept_mtime
     assert (out / "runs" / "rc-250" / "eval.json").is_file()
@@ -77,6 +91,10 @@ def test_rerun_redoes_only_the_deleted_run(smoke, char_data, dataset, capsys):
 
 def test_bad_input(smoke, char_data, dataset, tmp_path, capsys):
     out, _ = smoke
+    with pytest.raises(ReslmError, match="unknown preset rc-9"):
+        reproduce("smoke", "rc", tmp_path / "x", data=str(char_data.path), progress=False, presets="rc-9")
+    with pytest.raises(ReslmError, match="not in --families"):
+        reproduce("smoke", "rc", tmp_path / "x", data=str(char_data.path), progress=False, presets="tf-64-4-4")
     with pytest.raises(ReslmError, match="unknown family"):
         reproduce("smoke", "rc,lstm", tmp_path / "x", data=str(char_data.path), progress=False)
     with pytest.raises(ReslmError, match="holds a `smoke` reproduction"):
