@@ -77,11 +77,12 @@ BUDGETS = {
         name="smoke",
         char_train=dict(epochs_per_shard=1, cycles=1, shard_chars=4096, epoch_samples=256, eval_samples=1024,
                         batch_size=128, lr=3e-3, log_every=1),
-        token_sweep="cpu", token_train=dict(max_steps=12, context=64, batch_size=8, warmup_steps=2,
+        token_sweep="smoke", token_train=dict(max_steps=12, context=64, batch_size=8, warmup_steps=2,
                                             eval_every=6, eval_batches=2, log_every=1),
         gen_length=300, score=2048, kn_orders=(1, 2, 3, 4, 5, 6),
         left_out="nearly all training: 256 samples per shard-epoch from the first 4,096 characters of each "
-                 "shard, 1 epoch per shard (the paper: 5 epochs on each full shard); 12 LAERC/GPT steps. "
+                 "shard, 1 epoch per shard (the paper: 5 epochs on each full shard); 12 LAERC/GPT steps at two "
+                 "tiny sizes per family. "
                  "It checks that every stage runs and every figure is drawn; its numbers mean nothing."),
     "quick": Budget(
         name="quick",

@@ -37,6 +37,9 @@ Sweeps (SWEEPS) are named size families plus one training budget shared by every
       LAERC d384 l6  46,100,364    GPT d512 l6   44,909,056  (0.974x)
 
   The paper does not list its sizes; these only span the same kind of range.
+* "smoke": two tiny sizes per family, LAERC (D, L) = (16, 1), (24, 2) and GPT (16, 1), (24, 2) at
+  context 128; the smoke reproduction's sweep (every stage and the scaling fit run; numbers
+  meaningless).
 
 `run_sweep` skips runs that are finished (summary.json with steps == max_steps) and continues
 unfinished ones from their checkpoint (what `reslm train --resume` does), so an interrupted sweep
@@ -91,6 +94,12 @@ SWEEPS: dict[str, Sweep] = {
                "gpt": _sizes([(40, 2), (64, 3), (88, 4), (136, 4)], 128, n_heads=4)},
         train=_CPU_TRAIN,
         note="bpe:4096 Shakespeare on 2 CPU cores; about 10 minutes for all 8 runs (measured 7-21k tokens/s)"),
+    "smoke": Sweep(
+        name="smoke",
+        sizes={"laerc": _sizes([(16, 1), (24, 2)], 128, r_mult=4),
+               "gpt": _sizes([(16, 1), (24, 2)], 128, n_heads=4)},
+        train=_CPU_TRAIN,
+        note="two tiny sizes per family: checks that the sweep, the scaling fit and its figure run"),
     "paper": Sweep(
         name="paper",
         sizes={"laerc": _sizes([(128, 4), (192, 4), (256, 6), (384, 6)], 512, r_mult=4),

@@ -64,7 +64,7 @@ def test_data_train_generate(corpus, tmp_path, capsys, preset, extra):
 
 def test_same_seed_same_losses(corpus, tmp_path, capsys):
     for name in ("a", "b"):
-        assert train(corpus, tmp_path / name, "--preset", "tf-64-4-4", "--seed", "7") == 0
+        assert train(corpus, tmp_path / name, "--preset", "tf-64-4-4", "--seed", "7", "--epoch-samples", "256") == 0
     losses = [[r["test_loss"] for r in read_metrics(tmp_path / n) if r["kind"] == "eval"] for n in "ab"]
     assert losses[0] == losses[1]
 

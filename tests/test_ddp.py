@@ -81,6 +81,8 @@ def test_two_ranks_match_one(family, dataset, tmp_path):
     assert (two / "summary.json").is_file() and (two / "checkpoint.pt").is_file()
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
 
+    if family != "gpt":
+        return  # the world-size change on resume is the training loop's, not the family's: checked once
     # 2 ranks for 3 steps, then resumed by 1 process to 6: the checkpoint holds the unwrapped model
     torchrun(tmp_path, mixed, stop=3)
     assert [r["step"] for r in read_metrics(mixed) if r["kind"] == "eval"] == [0, 3]

@@ -60,7 +60,7 @@ def test_report_references_only_existing_files(smoke):
     for link in links:
         assert (out / link).is_file() and (out / link).stat().st_size > 0, link
     assert [r["preset"] for r in results["char_runs"]] == SMALLEST.split(",")
-    assert len(results["token_runs"]) == 8 and results["presets"] == SMALLEST.split(",")
+    assert len(results["token_runs"]) == 4 and results["presets"] == SMALLEST.split(",")
     assert "Only these Table-1 presets were run" in report
     assert "## Paper vs. this run" in report and "Kneser-Ney" in report and "## Environment" in report
     for fam in ("Transformer", "Reservoir (RC)", "AERC", "LAERC", "GPT"):
