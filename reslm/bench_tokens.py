@@ -30,14 +30,19 @@ def build_pair(vocab: int, context: int, device, pair=PAIR) -> dict:
 
 
 @torch.no_grad()
-def generation_ms_per_token(model, lengths, device, steps: int = 16, reps: int = 3) -> dict:
+def generation_ms_per_token(model, lengths, device, steps: int = 16, reps: int = 5, min_time_s: float = 1.0,
+                            max_reps: int = 50) -> dict:
     """{n: {"stateful_ms", "rerun_ms", "speedup"}} for each prefix length n: `steps` step() calls
-    from the state after n tokens (per token) against one forward over the n-token prefix, timed
-    alternately, best of `reps` each."""
+    from the state after n tokens (per token) against one forward over the n-token prefix.
+
+    All lengths are timed in one `repeat`, alternating within each repetition, so a burst of load
+    from another process hits every length alike (timing the lengths one after the other made the
+    long/short ratio swing with the load: 1.09 in one run, 1.31 in another); at least `reps`
+    repetitions and more until `min_time_s` was spent timing, best of them each."""
     model.eval()
     V = model.config.vocab_size
     ids = torch.randint(0, V, (1, max(lengths) + steps), generator=torch.Generator().manual_seed(0)).to(device)
-    out = {}
+    fns = {}
     for n in lengths:
         state = model.init_state(1, device=device)
         for t in range(n):                                  # read the prefix (not timed)
@@ -47,10 +52,13 @@ def generation_ms_per_token(model, lengths, device, steps: int = 16, reps: int =
             for t in range(n, n + steps):
                 _, s = model.step(ids[:, t], s)
 
-        t = repeat(dict(stateful=stateful, rerun=lambda n=n: model(ids[:, :n])), device,
-                   reps=reps, budget_s=math.inf)
-        st, rr = min(t["stateful"]) / steps, min(t["rerun"])
-        out[n] = dict(stateful_ms=round(1e3 * st, 4), rerun_ms=round(1e3 * rr, 3), speedup=round(rr / st, 1))
+        fns[f"stateful{n}"], fns[f"rerun{n}"] = stateful, (lambda n=n: model(ids[:, :n]))
+    t = repeat(fns, device, reps=reps, budget_s=math.inf, min_time_s=min_time_s, max_reps=max_reps)
+    out = {}
+    for n in lengths:
+        st, rr = min(t[f"stateful{n}"]) / steps, min(t[f"rerun{n}"])
+        out[n] = dict(stateful_ms=round(1e3 * st, 4), rerun_ms=round(1e3 * rr, 3), speedup=round(rr / st, 1),
+                      reps=len(t[f"rerun{n}"]))
     return out
 
 
@@ -80,7 +88,8 @@ def run(quick: bool, device, say=lambda msg: None, vocab: int = 4096, lengths=(6
         trainable, fixed = count_params(model)
         tps = training_tokens_per_s(model, batch=train_batch, context=train_context, device=device,
                                     steps=1 if quick else 3)
-        gen = generation_ms_per_token(model, lengths, device, steps=4 if quick else 16, reps=1 if quick else 3)
+        # the same measurement in the quick and the full bench (it costs about a second either way)
+        gen = generation_ms_per_token(model, lengths, device, min_time_s=1.0 if quick else 3.0)
         lo, hi = gen[min(lengths)], gen[max(lengths)]
         result[name] = dict(config=pair[name], trainable_params=trainable, fixed_params=fixed,
                             train_tokens_per_s=round(tps, 1), train_shape=[train_batch, train_context],
