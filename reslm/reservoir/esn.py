@@ -22,7 +22,8 @@ pass in); "auto" is float16 on CUDA and float32 on CPU; or a fixed "float32" | "
 "float16". Low-precision weight copies are cast once and cached (not saved; recast when the buffers
 change). States come back in the compute dtype.
 
-Kernels (`backend`): "loop" is `tanh_recurrence`, one GEMM + tanh per step in place; "rnn" is
+Kernels (`backend`): "loop" is `tanh_recurrence`, one GEMM + tanh per step in place; "blocked" is the
+same loop cut into blocks of BLOCK_ROWS sequences (GEMM then tanh per block, cache-resident); "rnn" is
 `torch.rnn_tanh` (cuDNN's fused RNN on a GPU; it also runs on a CPU) and needs leak_rate = 1; "auto"
 picks rnn on CUDA when leak_rate = 1, else loop.
 
@@ -44,7 +45,8 @@ from reslm.reservoir.matrices import (DISTRIBUTIONS, RADIUS_NORMS, random_sparse
 from reslm.reservoir.seeding import generator
 
 DTYPES = ("input", "auto", "float32", "bfloat16", "float16")
-BACKENDS = ("auto", "loop", "rnn")
+BACKENDS = ("auto", "loop", "blocked", "rnn")
+BLOCK_ROWS = 256                      # the blocked backend's rows per GEMM + tanh
 W_KEY, W_IN_KEY, BIAS_KEY = 0, 1, 2   # seeding keys: one generator per matrix
 
 __all__ = ["ESN", "ESNConfig", "tanh_recurrence", "random_sparse", "spectral_radius", "scale_spectral_radius",
@@ -65,7 +67,7 @@ class ESNConfig:
     input_density: float = 1.0      # fraction of non-zero entries in W_in
     bias_scaling: float = 0.0       # b ~ U(-bias_scaling, bias_scaling); 0 = no bias (paper)
     dtype: str = "input"            # compute precision: input (u's dtype) | auto (float16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16
-    backend: str = "auto"           # loop (tanh_recurrence) | rnn (torch.rnn_tanh, cuDNN on CUDA) | auto (rnn on CUDA if no leak)
+    backend: str = "auto"           # loop (tanh_recurrence) | blocked (the loop in row blocks) | rnn (torch.rnn_tanh, cuDNN on CUDA) | auto (rnn on CUDA if no leak)
     seed: int = 0
 
     def validate(self):
@@ -94,22 +96,34 @@ class ESNConfig:
 
 @torch.no_grad()
 def tanh_recurrence(states: torch.Tensor, s: torch.Tensor | None, W_T: torch.Tensor,
-                    leak_rate: float = 1.0) -> torch.Tensor | None:
+                    leak_rate: float = 1.0, block_rows: int = 0) -> torch.Tensor | None:
     """The reservoir's hot loop, in place over a time-major buffer.
 
     states (T,B,N) holds the input term W_in u_t + b of every step on entry and the states on exit:
     s_t = (1-a) s_{t-1} + a tanh(s_{t-1} W_T + states[t]); s is s_{-1} (None = zero state). Each step is
     one addmm into a scratch buffer and its tanh written back into the step's own contiguous (B,N)
     slice (an in-place addmm_ into the slice was slower). Returns the last state (a view).
+
+    block_rows > 0 cuts each step into row blocks of that many sequences: the GEMM of a block and the
+    tanh of its (block_rows, N) result follow each other while the result is still in the cache
+    (the "blocked" backend; the same arithmetic row by row, so the same states).
     """
-    scratch = torch.empty_like(states[0]) if len(states) else None
+    B = states.shape[1] if states.dim() == 3 else 0
+    rows = block_rows if 0 < block_rows < B else B
+    scratch = states.new_empty(rows, states.shape[-1]) if len(states) else None
     for t in range(len(states)):
         x = states[t]                              # (B, N), holds W_in u_t + b
         if s is None:
             x.tanh_()
-        else:
+        elif rows == B:
             torch.addmm(x, s, W_T, out=scratch)    # W s_{t-1} + W_in u_t + b
             torch.tanh(scratch, out=x)
+        else:
+            for r0 in range(0, B, rows):
+                r1 = min(B, r0 + rows)
+                buf = scratch[:r1 - r0]
+                torch.addmm(x[r0:r1], s[r0:r1], W_T, out=buf)
+                torch.tanh(buf, out=x[r0:r1])
         if leak_rate != 1.0:                       # leaky integration
             x.mul_(leak_rate)
             if s is not None:
@@ -212,7 +226,8 @@ class ESN(nn.Module):
                 states = _recurrence_with_grad(inputs, s0, W_T, self.config.leak_rate)
             else:
                 with torch.no_grad():
-                    tanh_recurrence(inputs, s0, W_T, self.config.leak_rate)
+                    tanh_recurrence(inputs, s0, W_T, self.config.leak_rate,
+                                    BLOCK_ROWS if self.backend(u.device) == "blocked" else 0)
                 states = inputs
             return states.transpose(0, 1), states[-1]
 
