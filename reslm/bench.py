@@ -150,8 +150,10 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
                      input_dim: int = 16, **timing) -> dict:
     """ESN.forward over `batch` streams x `steps` steps vs `steps` x torch.mm((B,N),(N,N)), same dtype.
 
-    Both sides count 2 B N^2 flops per step; the reservoir side also pays its input GEMM and tanh."""
-    esn = timing_reservoir(ESNConfig(size=size, input_dim=input_dim), device)
+    Both sides count 2 B N^2 flops per step; the reservoir side also pays its input GEMM and tanh.
+    The ESN runs with its default backend ("reservoir") and with the row-blocked loop ("blocked")."""
+    esn = timing_reservoir(ESNConfig(size=size, input_dim=input_dim, backend="loop"), device)
+    esn_blocked = timing_reservoir(ESNConfig(size=size, input_dim=input_dim, backend="blocked"), device)
     g = torch.Generator().manual_seed(1)
     u = torch.randn(batch, steps, input_dim, generator=g).to(device, dtype)
     s0 = torch.zeros(batch, size, device=device, dtype=dtype)   # given, so every step has its product
@@ -164,7 +166,7 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
     # mmap threshold, and time page faults instead of the recurrence.)
     chunk = max(1, 2**22 // (batch * size))
 
-    def reservoir():
+    def reservoir(esn=esn):
         s = s0
         for k in range(0, steps, chunk):
             _, s = esn(u[:, k:k + chunk], s)
@@ -182,16 +184,18 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
         torch.mm(x, W, out=y)
         torch.tanh(x, out=y)
 
-    t = repeat(dict(gemm=gemm, reservoir=reservoir, tanh=tanh), device, **timing, warmup=warm)
+    t = repeat(dict(gemm=gemm, reservoir=reservoir, blocked=lambda: reservoir(esn_blocked), tanh=tanh), device,
+               **timing, warmup=warm)
     flops = 2.0 * batch * steps * size * size
-    res_s, gemm_s = min(t["reservoir"]), min(t["gemm"])
+    res_s, gemm_s, blk_s = min(t["reservoir"]), min(t["gemm"]), min(t["blocked"])
     return dict(size=size, batch=batch, steps=steps, dtype=str(dtype).replace("torch.", ""),
                 reservoir_gflops=sig(flops / res_s / 1e9), gemm_gflops=sig(flops / gemm_s / 1e9),
                 reservoir_vs_gemm=sig(gemm_s / res_s),
+                blocked_gflops=sig(flops / blk_s / 1e9), blocked_vs_gemm=sig(gemm_s / blk_s),
                 reservoir_ms_per_step=sig(1e3 * res_s / steps), gemm_ms_per_step=sig(1e3 * gemm_s / steps),
                 tanh_ms_per_step=sig(1e3 * min(t["tanh"]) / steps),
                 states_per_s=sig(batch * steps / res_s),
-                reservoir=stats(t["reservoir"]), gemm=stats(t["gemm"]))
+                reservoir=stats(t["reservoir"]), gemm=stats(t["gemm"]), blocked=stats(t["blocked"]))
 
 
 def recurrence_rows(plan: BenchPlan, device: torch.device, dtype: str, say) -> dict:
@@ -202,7 +206,7 @@ def recurrence_rows(plan: BenchPlan, device: torch.device, dtype: str, say) -> d
         r = rows[str(N)] = bench_recurrence(N, batch=plan.batch, steps=T, dtype=getattr(torch, dtype),
                                             device=device, input_dim=plan.embed_dim, **plan.timing())
         say(f"recurrence N={N} {dtype} B={plan.batch} T={T}: reservoir {r['reservoir_gflops']} GFLOP/s, "
-            f"gemm {r['gemm_gflops']} GFLOP/s, ratio {r['reservoir_vs_gemm']} "
+            f"gemm {r['gemm_gflops']} GFLOP/s, ratio {r['reservoir_vs_gemm']} (blocked loop {r['blocked_vs_gemm']}) "
             f"(tanh {r['tanh_ms_per_step']} ms/step; best of {r['reservoir']['reps']})")
     return rows
 
