@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from reslm import bench_tokens
 from reslm.bench_timing import contention_probe, loadavg, repeat, sig, stats, timing_model, timing_reservoir
-from reslm.device import bf16_status, pick_device
+from reslm.device import autocast, bf16_status, pick_device
 from reslm.models import PRESETS, make_config
 from reslm.models.base import TensorFeatures
 from reslm.models.reference import ReferenceTransformer, authors_logits, authors_window_states
@@ -370,6 +370,14 @@ def transformer_training_row(cfg, family: str, plan: BenchPlan, device, quoted: 
     batches = random_windows(cfg.vocab_size, plan.batch, cfg.context, device, seed=5)
     trainers = {k: trainer(m.to(device), lambda x, y, m=m: m(x, y)[1], batches, plan.lr)
                 for k, m in (("ours", CharTransformer(cfg)), ("authors", ReferenceTransformer(cfg)))}
+    if bf16_status(device)[0]:   # `--precision bf16`: the forward under bf16 autocast, where bf16 is fast
+        m16 = CharTransformer(cfg).to(device)
+
+        def loss_bf16(x, y):
+            with autocast("bf16", device):
+                return m16(x, y)[1]
+
+        trainers["ours_bf16"] = trainer(m16, loss_bf16, batches, plan.lr)
 
     def warm():
         for run in trainers.values():
@@ -378,8 +386,12 @@ def transformer_training_row(cfg, family: str, plan: BenchPlan, device, quoted: 
     d = bench_training(trainers, dict.fromkeys(trainers, plan.tf_steps), batch=plan.batch, device=device,
                        warmup=warm, **plan.timing())
     ours, theirs = d["ours"]["samples_per_s"], d["authors"]["samples_per_s"]
-    return dict(family=family, samples_per_s=ours, authors_samples_per_s=theirs, authors_quoted_samples_per_s=quoted,
-                **_speedups(ours, theirs, quoted), detail=d)
+    row = dict(family=family, samples_per_s=ours, authors_samples_per_s=theirs, authors_quoted_samples_per_s=quoted,
+               **_speedups(ours, theirs, quoted), detail=d)
+    if "ours_bf16" in d:
+        row.update(samples_per_s_bf16=d["ours_bf16"]["samples_per_s"],
+                   speedup_vs_authors_bf16=sig(d["ours_bf16"]["samples_per_s"] / theirs))
+    return row
 
 
 def training_rows(plan: BenchPlan, device: torch.device, states: dict, say) -> dict:
@@ -395,7 +407,9 @@ def training_rows(plan: BenchPlan, device: torch.device, states: dict, say) -> d
         else:
             r = rows[label] = transformer_training_row(cfg, family, plan, device, quoted)
             say(f"train {label}: {r['samples_per_s']} samples/s, authors (ReferenceTransformer) "
-                f"{r['authors_samples_per_s']} samples/s, x{r['speedup_vs_authors']}")
+                f"{r['authors_samples_per_s']} samples/s, x{r['speedup_vs_authors']}"
+                + (f"; bf16 autocast {r['samples_per_s_bf16']} samples/s, x{r['speedup_vs_authors_bf16']}"
+                   if "samples_per_s_bf16" in r else ""))
     return rows
 
 
@@ -415,6 +429,10 @@ def headline(recurrence: dict, states: dict, training: dict) -> dict:
     out["authors_samples_per_s"] = {k: v["authors_samples_per_s"] for k, v in training.items()}
     out["speedup_vs_authors"] = {k: {m: v[m]["speedup_vs_authors"] for m in MODES} if k in reservoir
                                  else v["speedup_vs_authors"] for k, v in training.items()}
+    bf16 = {k: v for k, v in training.items() if "samples_per_s_bf16" in v}
+    if bf16:   # the transformer under bf16 autocast (`--precision bf16`), where the hardware has fast bf16
+        out["training_samples_per_s_bf16"] = {k: v["samples_per_s_bf16"] for k, v in bf16.items()}
+        out["speedup_vs_authors_bf16"] = {k: v["speedup_vs_authors_bf16"] for k, v in bf16.items()}
     return out
 
 
@@ -561,6 +579,9 @@ def format_summary(r: dict) -> str:
                              f"(head {figs['head']:,.0f}), x{speed[mode]:.1f} vs authors' approach")
         else:
             lines.append(f"train {name}: {v:,.0f} samples/s, x{speed:.1f} vs authors' approach")
+            if name in r.get("training_samples_per_s_bf16", {}):
+                lines.append(f"train {name} bf16 autocast: {r['training_samples_per_s_bf16'][name]:,.0f} samples/s, "
+                             f"x{r['speedup_vs_authors_bf16'][name]:.1f} vs authors' approach (fp32)")
     for name, t in r.get("token_level", {}).items():
         if name == "targets":
             continue

@@ -69,6 +69,11 @@ def test_report_has_the_keys_and_is_json(report):
     assert set(report["speedup_vs_authors"]) == {"rc-32", "aerc-24-4", "tf-16-2-1"}
     assert report["authors_quoted"]["rc-750"] == 4100 and report["authors_quoted"]["tf-128-8-8"] == 737
     assert report["batch_size"] == 16 and report["device"] == "cpu"
+    assert set(report["speedup_vs_authors_bf16"]) == {"tf-16-2-1"}   # RESLM_BF16=1: the bf16 transformer row
+    tf = report["training"]["tf-16-2-1"]
+    assert tf["speedup_vs_authors_bf16"] == pytest.approx(tf["samples_per_s_bf16"] / tf["authors_samples_per_s"],
+                                                          rel=REL)
+    assert "bf16 autocast" in bench.format_summary(report)
     assert bench.format_summary(report).count("\n") >= 6
 
 
