@@ -38,6 +38,7 @@ from reslm.train import TrainConfig, authors_variant, create_run, train
 # Training fields that only one kind of data uses (the others are hidden from that family's flags).
 CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype")
 TOKEN_ONLY = ("max_steps", "eval_every", "eval_batches")
+RC_ONLY = ("holdout", "ridge_alpha", "ridge_refit", "ridge_heldout_samples")   # the closed-form readout (reslm.ridge)
 # Declared once, added to the subcommands that take them.
 SHARED = {
     "--root": dict(help="datasets folder (default: $RESLM_DATA or ./data)"),
@@ -344,7 +345,8 @@ def _train_parser(sub, fam_name: str | None):
         fam = MODELS[fam_name]
         model_fields = _add_flags(t.add_argument_group(f"{fam_name} model options (override the preset)"),
                                   fam.config, {}, skip=("seed", "vocab_size"))
-        hidden = {"seed", "device", *(TOKEN_ONLY if fam.data == "chars" else CHAR_ONLY)}
+        hidden = {"seed", "device", *(TOKEN_ONLY if fam.data == "chars" else CHAR_ONLY),
+                  *(RC_ONLY if fam_name != "rc" else ())}
         train_fields = _add_flags(t.add_argument_group(f"training options ({fam.data})"), TrainConfig, fam.train,
                                   skip=hidden)
         if fam_name == "laerc":
