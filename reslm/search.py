@@ -18,7 +18,7 @@ Outputs in OUT (rewritten atomically after every run of the command, from all tr
     best.json           the best trial: value, parameters, model and training overrides, command
     best_command.txt    the best config as a ready `reslm train ...` command (also printed)
     history.png         objective per trial and best so far (matplotlib; skipped with a note if missing)
-    importance.png      parameter importances (optuna's PED-ANOVA evaluator; needs a few finished trials)
+    importance.png      parameter importances (optuna's PED-ANOVA evaluator, no scikit-learn; from 4 finished trials)
 """
 from __future__ import annotations
 
@@ -201,15 +201,11 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
     study_name = study_name or f"{family}-{reservoir}-{optimizer}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        probe = optuna.load_study(study_name=study_name, storage=storage)
-        done = len(probe.trials)
-    except KeyError:
-        done = 0
-    except Exception as e:  # a bad storage URL or an unreadable database
-        raise ReslmError(f"cannot open the study storage {storage}: {e}") from None
-    sampler = optuna.samplers.TPESampler(seed=child_seed(seed, SEARCH_KEY, worker, done) % 2**32)
-    study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler, direction="minimize",
-                                load_if_exists=True)
+        study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize", load_if_exists=True)
+    except Exception as e:  # a bad storage URL, an unreadable database, a study of another direction
+        raise ReslmError(f"cannot open study {study_name!r} in {storage}: {e}") from None
+    # seeded by the worker and the trials already there, so resumed and parallel runs draw apart
+    study.sampler = optuna.samplers.TPESampler(seed=child_seed(seed, SEARCH_KEY, worker, len(study.trials)) % 2**32)
     study.set_user_attr("setup", dict(family=family, reservoir=reservoir, optimizer=optimizer))
 
     def objective(trial):
@@ -291,6 +287,9 @@ def _plots(out: Path, study, finished, progress: bool) -> None:
     ax.legend()
     fig.tight_layout()
     save(fig, "history.png")
+    if len(finished) < 4:
+        say(f"reslm: no importance plot yet ({len(finished)} finished trials; it needs 4)", enabled=progress)
+        return
     try:
         imp = optuna.importance.get_param_importances(
             study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
