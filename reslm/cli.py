@@ -32,12 +32,16 @@ from reslm.generate import sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, reproduce
 from reslm.run import CHECKPOINT, CONFIG, LOCK, lock_run, read_config
+from reslm.search import FAMILIES as SEARCH_FAMILIES
+from reslm.search import run_search
 from reslm.sweep import SWEEPS, run_sweep, write_scaling
 from reslm.train import TrainConfig, authors_variant, create_run, train
 
 # Training fields that only one kind of data uses (the others are hidden from that family's flags).
 CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype")
 TOKEN_ONLY = ("max_steps", "eval_every", "eval_batches")
+RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples")   # the closed-form readout (reslm.ridge)
+RC_ONLY = ("holdout", *RIDGE_ONLY)
 # Declared once, added to the subcommands that take them.
 SHARED = {
     "--root": dict(help="datasets folder (default: $RESLM_DATA or ./data)"),
@@ -314,6 +318,28 @@ def cmd_sweep(args):
     print(json.dumps(result["fits"], indent=2))
 
 
+def cmd_search(args):
+    model_over = _given(args, args._model_fields)
+    train_over = _given(args, args._train_fields)
+    if args.preset:
+        name, over = preset(args.preset)
+        if name != args.family:
+            raise ReslmError(f"preset {args.preset} is family {name}, not {args.family} (add --family {name})")
+        model_over = {**over, **model_over}
+    model_over["seed"] = train_over["seed"] = args.seed
+    if args.device != "auto":
+        train_over["device"] = args.device
+    reservoir = model_over.pop("reservoir", "esn")
+    dataset = find_dataset(args.data or "shakespeare", "chars", Path(args.root) if args.root else None)
+    out = Path(args.out or f"runs/search-{args.family}-{reservoir}")
+    best = run_search(out, dataset, family=args.family, reservoir=reservoir, model_over=model_over,
+                      train_over=train_over, trials=args.trials, optimizer=args.optimizer, storage=args.storage,
+                      study_name=args.study_name, seed=args.seed, worker=args.worker, progress=not args.no_progress)
+    print(f"best of {best['finished']} finished trials: trial {best['best_trial']}, held-out CE "
+          f"{best['heldout_loss']:.4f} nats (outputs in {out})")
+    print(best["command"])
+
+
 def cmd_demo(args):
     run_demo(Path(args.out), data_root=Path(args.root) if args.root else None, progress=not args.no_progress)
 
@@ -344,7 +370,8 @@ def _train_parser(sub, fam_name: str | None):
         fam = MODELS[fam_name]
         model_fields = _add_flags(t.add_argument_group(f"{fam_name} model options (override the preset)"),
                                   fam.config, {}, skip=("seed", "vocab_size"))
-        hidden = {"seed", "device", *(TOKEN_ONLY if fam.data == "chars" else CHAR_ONLY)}
+        hidden = {"seed", "device", *(TOKEN_ONLY if fam.data == "chars" else CHAR_ONLY),
+                  *(RC_ONLY if fam_name != "rc" else ())}
         train_fields = _add_flags(t.add_argument_group(f"training options ({fam.data})"), TrainConfig, fam.train,
                                   skip=hidden)
         if fam_name == "laerc":
@@ -354,6 +381,44 @@ def _train_parser(sub, fam_name: str | None):
         clash = set(model_fields) & set(train_fields)
         assert not clash, f"{fam_name}: model and training fields share names {clash}"
     t.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_train)
+
+
+def _search_parser(sub, fam_name: str):
+    """`reslm search`, with fam_name's model and training flags (given ones are fixed, not searched)."""
+    fam = MODELS[fam_name]
+    sp = sub.add_parser(
+        "search", help="hyperparameter search (optuna TPE) over a reservoir's knobs, on held-out training text",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.dedent("""\
+        Tune a reservoir substrate's knobs (spectral radius, input scaling, leak, bias, density and the
+        substrate's own: leaky a_min/a_max, deep layers/inter_scaling, nvar k, diagonal r_min, delay
+        eta/node_coupling/p) with optuna's TPE sampler. The objective is the cross-entropy on the last
+        --holdout of each training shard, never the test shard: the rc ridge readout's (default, one pass
+        per trial) or, with --optimizer adam, the CE after the Adam budget (--epochs-per-shard,
+        --epoch-samples, --lr, ...) on the rest. A knob given as a flag is fixed, not searched.
+        The study lives in SQLite (--storage, default OUT/study.db): re-running adds trials to it, and
+        several processes may share it (give each its own --worker). Writes OUT/trials.csv, best.json,
+        best_command.txt (a ready `reslm train` command, also printed), history.png and importance.png.
+        Needs optuna: pip install 'reslm[lab]'."""),
+        epilog=f"The options below are {fam_name}'s (`reslm search --family aerc --help` for aerc's).")
+    sp.add_argument("--family", choices=list(SEARCH_FAMILIES), default="rc", help="model family (default rc)")
+    sp.add_argument("--preset", help="take the size from a preset, e.g. rc-750 (the budget of each trial)")
+    sp.add_argument("--trials", type=int, default=20, help="trials to add to the study (default 20)")
+    sp.add_argument("--optimizer", choices=["ridge", "adam"], default="ridge",
+                    help="how each trial trains the readout (default ridge: rc only)")
+    sp.add_argument("--storage", help="optuna storage URL, e.g. sqlite:///study.db (default: OUT/study.db)")
+    sp.add_argument("--study-name", help="study name in the storage (default FAMILY-RESERVOIR-OPTIMIZER)")
+    sp.add_argument("--worker", type=int, default=0,
+                    help="this process's index when several share one study (seeds its sampler apart; default 0)")
+    sp.add_argument("--seed", type=int, default=0, help="seeds the sampler, the reservoir and training (default 0)")
+    sp.add_argument("--data", help="character dataset name under --root, or a path (default shakespeare)")
+    sp.add_argument("--out", help="output folder (default runs/search-FAMILY-RESERVOIR)")
+    _shared(sp, "--root", "--device", "--no-progress")
+    model_fields = _add_flags(sp.add_argument_group(f"{fam_name} model options (fixed: not searched)"),
+                              fam.config, {}, skip=("seed", "vocab_size"))
+    train_fields = _add_flags(sp.add_argument_group("training options (fixed)"), TrainConfig, fam.train,
+                              skip={"seed", "device", "optimizer", *TOKEN_ONLY, *(RIDGE_ONLY if fam_name != "rc" else ())})
+    sp.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_search)
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -477,6 +542,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sw.add_argument("--threads", type=int, help="torch CPU threads")
     _shared(sw, "--root", "--device", "--no-progress")
     sw.set_defaults(func=cmd_sweep)
+
+    search_family = _peek(argv, "--family") if argv[:1] == ["search"] else None
+    _search_parser(sub, search_family if search_family in SEARCH_FAMILIES else "rc")
 
     dm = sub.add_parser("demo", help="the embedded default job: data, three families, table, samples",
                         description="Fetch the Shakespeare corpus if needed, train one model of each family "

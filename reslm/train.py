@@ -16,6 +16,10 @@ Batch sources:
   reslm.models): random windows of the model's context from train.bin, seeded per step; every
   eval_every steps the mean CE over eval_batches fixed-seed val windows.
 
+The rc family's readout can instead be solved in closed form (`optimizer="ridge"`, reslm.ridge): one
+pass over the training shards' features, alpha and the softmax temperature chosen on held-out tails of
+the training shards, then the same test evaluation, checkpoint and summary as an Adam run.
+
 Dropout is seeded per step, so a run resumed from any checkpoint is the same computation as an
 uninterrupted one (bitwise, on the same machine). Under `torchrun --nproc_per_node=K` (token families)
 each step's windows are drawn as in one process and rank r trains on its 1/K of the rows; only rank 0
@@ -46,10 +50,11 @@ from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.progress import bar as progress_bar
 from reslm.progress import say
 from reslm.reservoir.seeding import child_seed
+from reslm.ridge import fit_ridge
 from reslm.run import (CONFIG, MetricsLog, check_same_run, create_run_dir, load_checkpoint, lock_run, read_config,
                        read_metrics, save_checkpoint, write_json)
 
-OPTIMIZERS = ("adam", "adamw")
+OPTIMIZERS = ("adam", "adamw", "ridge")
 SCHEDULES = ("constant", "cosine")
 _EVAL_SEED = 0x5EED_E7A1
 
@@ -57,7 +62,7 @@ _EVAL_SEED = 0x5EED_E7A1
 @dataclass
 class TrainConfig:
     # optimiser and schedule (family defaults: reslm.models CHAR_TRAIN / TOKEN_TRAIN)
-    optimizer: str = "adam"         # adam (paper, characters) | adamw (token level)
+    optimizer: str = "adam"         # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.ridge)
     lr: float = 1e-4                # (peak) learning rate
     beta1: float = 0.9
     beta2: float = 0.999
@@ -77,6 +82,11 @@ class TrainConfig:
     shard_chars: int = 0            # use only the first K characters of each training shard; 0 = all
     eval_samples: int = 0           # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
     state_dtype: str = "float32"    # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)
+    # closed-form readout (rc with optimizer ridge) and `reslm search`
+    holdout: float = 0.1            # ridge and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it
+    ridge_alpha: float = 0.0        # ridge: penalty relative to the mean state power; 0 = the best of 1e-8..1 on the held-out slice
+    ridge_refit: bool = True        # ridge: solve again on all training samples (held-out included) with the chosen alpha
+    ridge_heldout_samples: int = 65536  # ridge: held-out samples (evenly spread) that score each alpha and fit the temperature
     # token level (laerc, gpt)
     max_steps: int = 1000           # optimizer steps in all
     eval_every: int = 100           # steps between evaluations (+ checkpoints)
@@ -112,6 +122,11 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ReslmError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 < self.holdout < 1:
+            raise ReslmError(f"holdout must be in (0, 1), got {self.holdout}")
+        if self.ridge_alpha < 0 or self.ridge_heldout_samples < 1:
+            raise ReslmError(f"ridge_alpha must be >= 0 and ridge_heldout_samples >= 1, got {self.ridge_alpha} and "
+                             f"{self.ridge_heldout_samples}")
         if not 0 <= self.min_lr_frac <= 1:
             raise ReslmError(f"min_lr_frac must be in [0, 1], got {self.min_lr_frac}")
         for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS)):
@@ -198,15 +213,21 @@ class CharShards:
     """Shard-cyclic batches over precomputed features (the paper's protocol), see the module doc.
 
     The schedule is a list of shard-epochs (cycle, shard, epoch); shard-epoch k has ceil(n_k / batch)
-    steps over a permutation seeded by step_seed(seed, k). Evaluation after every shard-epoch."""
+    steps over a permutation seeded by step_seed(seed, k). Evaluation after every shard-epoch. A ridge
+    run's schedule is one step, the solve (reslm.ridge reads `train_features` / `heldout_features`).
+
+    holdout > 0 keeps the last fraction of each training shard's characters out of training: those
+    are `heldout_features` (ridge's alpha and temperature, `reslm search`'s objective), never the test
+    shard."""
 
     eval_kind = "test"
 
     def __init__(self, model, dataset, tc: TrainConfig, device: torch.device, log: MetricsLog | None,
-                 progress: bool, world: int = 1):
+                 progress: bool, world: int = 1, holdout: float = 0.0):
         if world > 1:
             raise ReslmError("multi-process training (torchrun) is for the token families (laerc, gpt)")
         self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
+        self.holdout = holdout
         self.context = model.config.context
         self.plan = [(c, s, e) for c in range(tc.cycles) for s in dataset.train_shards
                      for e in range(tc.epochs_per_shard)]
@@ -215,16 +236,25 @@ class CharShards:
         self.ends = list(np.cumsum(steps))                  # the step after which shard-epoch k ends
         self.eval_points = [int(e) for e in self.ends]
         self.total = self.eval_points[-1] if self.eval_points else 0
+        if tc.optimizer == "ridge":
+            self.eval_points, self.total = [1], 1
         self._feats, self._feats_shard, self._order_k, self._order = None, None, None, None
         self._test = None
         self.state_seconds = 0.0
         self.dtype, compute = self._choose_dtypes()
         self.kw = dict(dtype=self.dtype, **({"compute_dtype": compute} if hasattr(model, "reservoir") else {}))
 
-    def _span(self, shard: int) -> tuple[int, int]:
+    def _span(self, shard: int, part: str = "train") -> tuple[int, int]:
+        """Token span of a shard's training part or ("heldout") of its held-out tail, which starts
+        `context` tokens early so that its first sample predicts the first held-out character."""
         a, b = self.ds.shards[shard]
-        if shard != self.ds.test_shard and self.tc.shard_chars:
+        if shard == self.ds.test_shard:
+            return a, b
+        if self.tc.shard_chars:
             b = min(b, a + self.tc.shard_chars)
+        if self.holdout:
+            cut = a + int((b - a) * (1 - self.holdout))
+            return (a, cut) if part == "train" else (cut - self.context, b)
         return a, b
 
     def _n_samples(self, shard: int) -> int:
@@ -232,8 +262,8 @@ class CharShards:
         n = b - a - self.context
         return min(n, self.tc.epoch_samples) if self.tc.epoch_samples else n
 
-    def _tokens(self, shard: int) -> torch.Tensor:
-        a, b = self._span(shard)
+    def _tokens(self, shard: int, part: str = "train") -> torch.Tensor:
+        a, b = self._span(shard, part)
         return torch.from_numpy(np.asarray(self.ds.tokens[a:b], dtype=np.int64)).to(self.device)
 
     def _choose_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
@@ -283,19 +313,34 @@ class CharShards:
         cycle, shard, epoch = self.plan[k]
         return dict(index=k, cycle=cycle, shard=shard, epoch=epoch)
 
+    def _compute(self, shard: int, cycle: int, part: str = "train"):
+        """The features of a shard's part, timed and logged as a "states" row."""
+        t0 = time.perf_counter()
+        feats = self.model.features(self._tokens(shard, part), progress=self.progress, **self.kw)
+        synchronize(self.device)
+        dt = time.perf_counter() - t0
+        self.state_seconds += dt
+        if self.log is not None:
+            self.log.write(dict(kind="states", cycle=cycle, shard=shard, **({"part": part} if self.holdout else {}),
+                                seconds=round(dt, 4), tokens_per_s=round(len(feats) / dt, 1)))
+        return feats
+
     def _features(self, shard: int, cycle: int):
         if self._feats_shard != shard:
             self._feats = None  # free the previous shard's states first
-            t0 = time.perf_counter()
-            self._feats = self.model.features(self._tokens(shard), progress=self.progress, **self.kw)
-            synchronize(self.device)
-            dt = time.perf_counter() - t0
-            self.state_seconds += dt
-            if self.log is not None:
-                self.log.write(dict(kind="states", cycle=cycle, shard=shard, seconds=round(dt, 4),
-                                    tokens_per_s=round(len(self._feats) / dt, 1)))
+            self._feats = self._compute(shard, cycle)
             self._feats_shard = shard
         return self._feats
+
+    def train_features(self, shard: int):
+        """Features of a training shard's training part (all of it without holdout), cached until the next shard."""
+        return self._features(shard, 0)
+
+    def heldout_features(self, shard: int):
+        """Features of a training shard's held-out tail (needs holdout > 0); not cached."""
+        if not self.holdout or shard == self.ds.test_shard:
+            raise ReslmError("held-out features need holdout > 0 and a training shard")
+        return self._compute(shard, 0, "heldout")
 
     def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The micro-batches of optimizer step `step`."""
@@ -374,6 +419,18 @@ class TokenWindows:
 SOURCES = {"chars": CharShards, "tokens": TokenWindows}
 
 
+def check_holdout(dataset, tc: TrainConfig, context: int) -> None:
+    """ReslmError unless every training shard split by tc.holdout keeps more than `context` characters
+    to train on and at least one held-out character."""
+    for shard in dataset.train_shards:
+        a, b = dataset.shards[shard]
+        n = min(b - a, tc.shard_chars or b - a)
+        keep = int(n * (1 - tc.holdout))
+        if keep <= context or keep >= n:
+            raise ReslmError(f"holdout {tc.holdout} of a {n}-character training shard leaves {keep} characters to "
+                             f"train on and {n - keep} held out (need more than the context {context}, and 1)")
+
+
 # --- creating a run --------------------------------------------------------------------------------
 def make_run_config(family_name: str, model_overrides: dict, train_overrides: dict, dataset,
                     preset: str | None = None) -> dict:
@@ -395,6 +452,10 @@ def make_run_config(family_name: str, model_overrides: dict, train_overrides: di
             raise ReslmError(f"context {context} is not shorter than the smallest shard ({shortest} chars)")
         if 0 < tc.shard_chars <= context:
             raise ReslmError(f"shard_chars {tc.shard_chars} must exceed the context ({context})")
+        if tc.optimizer == "ridge":
+            if family_name != "rc":
+                raise ReslmError(f"optimizer ridge is the closed-form linear readout of the rc family, not {family_name}")
+            check_holdout(dataset, tc, context)
     else:
         for split, n in (("train", len(dataset.train)), ("val", len(dataset.val))):
             if context >= n:
@@ -430,7 +491,7 @@ def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrid
     be done: "starting", "resuming" or "done" (demo, reproduce and sweep skip finished runs with it)."""
     cfg = make_run_config(family_name, model_overrides, train_overrides, dataset, preset)
     if (Path(out) / CONFIG).is_file():
-        check_same_run(out, cfg)
+        check_same_run(out, cfg, defaults=asdict(TrainConfig()))
         return "done" if is_finished(out) else "resuming"
     create_run_dir(Path(out), cfg)
     return "starting"
@@ -500,7 +561,10 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None) -> dict:
     model = load_model(cfg, device)
     log = MetricsLog(run_dir) if main else None
     source = SOURCES[fam.data](model, dataset, tc, device, log, progress and main, world=world,
-                               **({"rank": rank} if fam.data == "tokens" else {}))
+                               **({"rank": rank} if fam.data == "tokens" else {}),
+                               **({"holdout": tc.holdout} if tc.optimizer == "ridge" else {}))
+    if tc.optimizer == "ridge":
+        return _train_ridge(run_dir, cfg, model, source, log, precision, progress)
     opt = make_optimizer(model, tc, device)
     scaler = grad_scaler(precision, device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -612,8 +676,35 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None) -> dict:
     return summary if main else read_json(run_dir / SUMMARY)
 
 
-def summarize(run_dir: Path, model, cfg: dict, source) -> dict:
-    """Final figures of a run from its metrics (also written to summary.json)."""
+def _train_ridge(run_dir: Path, cfg: dict, model, source, log: MetricsLog, precision: str, progress: bool) -> dict:
+    """A ridge run: one pass and solve (reslm.ridge), one test evaluation, one checkpoint (step 1).
+    A finished run is only summarised again; an interrupted one (no checkpoint) starts afresh."""
+    ck = load_checkpoint(run_dir, map_location=source.device)
+    if ck is not None:
+        try:
+            model.load_state_dict(ck["model"])
+        except (RuntimeError, KeyError) as e:
+            raise ReslmError(f"the checkpoint in {run_dir} does not fit its config: "
+                             f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+        log.truncate(int(ck["metrics_rows"]))
+        return summarize(run_dir, model, cfg, source, extra=ck.get("ridge", {}))
+    log.truncate(0)
+    t0 = time.perf_counter()
+    info = fit_ridge(model, source, source.tc, log=log, progress=progress)
+    synchronize(source.device)
+    seconds = time.perf_counter() - t0      # states of the training shards included, as in the Adam loop
+    row = source.evaluate(model, precision)
+    log.write(dict(kind="eval", step=1, **info, **row, seconds=round(seconds, 3), wall=round(seconds, 3)))
+    say(f"ridge: alpha {info['ridge_alpha']:.0e}, temperature {info['temperature']:.4g}, held-out "
+        f"{info['heldout_loss']:.4f}, test {row['test_loss']:.4f} nats ({row['test_bpc']:.3f} bits) "
+        f"in {seconds:.1f} s", enabled=progress)
+    save_checkpoint(run_dir, dict(model=model.state_dict(), step=1, train_seconds=seconds, metrics_rows=log.rows,
+                                  ridge=info))
+    return summarize(run_dir, model, cfg, source, extra=info)
+
+
+def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None) -> dict:
+    """Final figures of a run from its metrics (also written to summary.json), plus `extra`."""
     rows = read_metrics(run_dir)
     steps = [r for r in rows if r["kind"] == "step"]
     evals = [r for r in rows if r["kind"] == "eval" and r["step"] > 0]
@@ -634,9 +725,10 @@ def summarize(run_dir: Path, model, cfg: dict, source) -> dict:
     if cfg["family"] in MODELS and family(cfg["family"]).data == "tokens":
         tc = cfg["train"]
         summary["tokens_seen"] = summary["steps"] * tc["batch_size"] * tc["grad_accum"] * cfg["model"]["context"]
+    summary.update(extra or {})
     write_json(Path(run_dir) / SUMMARY, summary)
     return summary
 
 
 __all__ = ["TrainConfig", "train_config", "step_seed", "lr_at", "CharShards", "TokenWindows", "SOURCES",
-           "make_run_config", "create_run", "ensure_run", "is_finished", "train", "summarize", "bits"]
+           "check_holdout", "make_run_config", "create_run", "ensure_run", "is_finished", "train", "summarize", "bits"]

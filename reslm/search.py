@@ -1,0 +1,309 @@
+"""Stage 7, hyperparameter search (`reslm search`): optuna's TPE over a reservoir substrate's knobs.
+
+    objective     CE in nats on the held-out tails of the training shards (TrainConfig.holdout): the
+                  ridge readout's held-out CE (default: one pass and a few Cholesky solves per trial),
+                  or with `--optimizer adam` the CE after the Adam budget on the rest. The test shard
+                  is never read.
+    space         SPACE below: the reservoir fields of the character families that the substrate's
+                  config has (spectral_radius, input_scaling, leak_rate, bias_scaling, density) and
+                  its own knobs, passed through reservoir_options (leaky a_min/a_max, deep layers,
+                  nvar k, diagonal r_min, delay eta/node_coupling/p). A knob given as a flag is fixed
+                  and left out of the search.
+    study         optuna, TPESampler seeded by child_seed(seed, worker, trials already in the study),
+                  storage SQLite (default OUT/study.db): re-running continues the study, and several
+                  processes (each its own --worker index) can fill one study together.
+
+Outputs in OUT (rewritten atomically after every run of the command, from all trials in the study):
+    trials.csv          number, state, value, seconds, each parameter, error
+    best.json           the best trial: value, parameters, model and training overrides, command
+    best_command.txt    the best config as a ready `reslm train ...` command (also printed)
+    history.png         objective per trial and best so far (matplotlib; skipped with a note if missing)
+    importance.png      parameter importances (optuna's PED-ANOVA evaluator, no scikit-learn; from 4 finished trials)
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import shlex
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+
+from reslm.device import pick_device
+from reslm.errors import ReslmError
+from reslm.models import build_model, make_config
+from reslm.models import family as family_of
+from reslm.models.base import estimate_loss, feature_batches
+from reslm.progress import say
+from reslm.reservoir import RESERVOIRS, parse_options
+from reslm.reservoir.nvar import nvar_size
+from reslm.reservoir.seeding import child_seed
+from reslm.ridge import fit_ridge
+from reslm.run import atomic_write, write_json
+from reslm.train import CharShards, TrainConfig, check_holdout, lr_at, make_optimizer, make_run_config
+
+SEARCH_KEY = 200   # seeding key of the samplers (apart from the reservoir's and training's keys)
+FAMILIES = ("rc", "aerc")
+
+# (low, high, log); int knobs have int bounds. Model fields apply where the substrate's config has them.
+MODEL_KNOBS = {"spectral_radius": (0.1, 1.5, False), "input_scaling": (0.05, 8.0, True),
+               "leak_rate": (0.05, 1.0, True), "bias_scaling": (0.0, 2.0, False), "density": (0.01, 1.0, True)}
+SPACE = {  # substrate: (its own knobs, through reservoir_options; model knobs it leaves out or bounds differently)
+    "esn": ({}, {}),
+    "leaky": ({"a_min": (0.002, 0.5, True), "a_max": (0.05, 1.0, True)}, {"leak_rate": None}),
+    "deep": ({"layers": (1, 4, False), "inter_scaling": (0.1, 4.0, True)}, {}),
+    "nvar": ({"k": (1, 3, False)}, {}),
+    "diagonal": ({"r_min": (0.0, 0.99, False)}, {"spectral_radius": (0.5, 1.0, False)}),
+    "delay": ({"eta": (0.05, 1.5, False), "node_coupling": (0.05, 1.0, False), "p": (0.5, 4.0, True)}, {}),
+}
+
+
+def search_space(reservoir: str, fixed_model: dict, fixed_options: dict) -> tuple[dict, dict]:
+    """({model field: bounds}, {option: bounds}) searched for `reservoir`, without the fixed ones."""
+    if reservoir not in SPACE:
+        raise ReslmError(f"no search space for reservoir {reservoir!r} (known: {', '.join(SPACE)})")
+    options, model_changes = SPACE[reservoir]
+    cfg_cls = RESERVOIRS[reservoir][0]
+    names = {f.name for f in fields(cfg_cls)}
+    model = {k: model_changes.get(k, b) for k, b in MODEL_KNOBS.items() if k in names}
+    model = {k: b for k, b in model.items() if b is not None and k not in fixed_model}
+    return model, {k: b for k, b in options.items() if k not in fixed_options}
+
+
+def _suggest(trial, name: str, bounds: tuple):
+    low, high, log = bounds
+    if isinstance(low, int) and isinstance(high, int):
+        return trial.suggest_int(name, low, high, log=log)
+    return trial.suggest_float(name, float(low), float(high), log=log)
+
+
+def _repair(reservoir: str, model: dict, options: dict) -> None:
+    """Make a point valid where knobs constrain each other (in place): model and options hold the
+    whole configuration (fixed and sampled)."""
+    if reservoir == "leaky" and options.get("a_min", 0.01) > options.get("a_max", 1.0):
+        options["a_min"], options["a_max"] = options["a_max"], options["a_min"]
+    if reservoir == "diagonal" and "r_min" in options:
+        options["r_min"] = min(options["r_min"], model.get("spectral_radius", 0.99))
+    if reservoir == "nvar":  # the feature count follows from k (any --size is replaced)
+        model["size"] = nvar_size(options.get("k", 2), model.get("embed_dim", 16))
+
+
+def _options_text(options: dict) -> str:
+    return ",".join(f"{k}={json.dumps(v)}" for k, v in options.items())
+
+
+def train_command(family: str, model: dict, train: dict, data: str, optimizer: str, out: str) -> str:
+    """The `reslm train ...` command line for these overrides (values printed exactly)."""
+    args = ["reslm", "train", "--family", family, "--data", data, "--out", out]
+    if "seed" in model:
+        args += ["--seed", str(model["seed"])]
+    for k, v in {**{k: v for k, v in model.items() if k != "seed"},
+                 **{k: v for k, v in train.items() if k not in ("seed", "device")}, "optimizer": optimizer}.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            args.append(flag if v else "--no-" + k.replace("_", "-"))
+        else:
+            args += [flag, v if isinstance(v, str) else json.dumps(v)]
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
+def _adam_loss(model, source: CharShards, tc: TrainConfig, device) -> float:
+    """Train the readout with train.py's optimiser, schedule and batches (no checkpoints or test
+    evaluations), then return the CE on the held-out tails."""
+    opt = make_optimizer(model, tc, device)
+    model.train()
+    for step in range(source.total):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(tc, step, source.total) * g["lr_mult"]
+        opt.zero_grad(set_to_none=True)
+        micro = source.batches(step)
+        n = sum(y.numel() for _, y in micro)
+        for x, y in micro:
+            _, loss = model.forward_features(x, y)
+            if not torch.isfinite(loss):
+                raise ReslmError(f"non-finite loss at step {step + 1}")
+            (loss * y.numel() / n).backward()
+        opt.step()
+    total, count = 0.0, 0
+    for shard in source.ds.train_shards:
+        loss, k = estimate_loss(model, feature_batches(source.heldout_features(shard), tc.batch_size))
+        total, count = total + loss * k, count + k
+    return total / max(count, 1)
+
+
+def heldout_loss(family: str, model_over: dict, train_over: dict, dataset, optimizer: str = "ridge") -> dict:
+    """Build one configuration and return its objective: held-out CE (nats) and the seconds it took."""
+    cfg = make_run_config(family, model_over, {**train_over, "optimizer": optimizer}, dataset)
+    tc = TrainConfig(**cfg["train"]).validate()
+    check_holdout(dataset, tc, cfg["model"]["context"])
+    device = pick_device(tc.device)
+    model = build_model(family, make_config(family, **cfg["model"])).to(device)
+    source = CharShards(model, dataset, tc, device, None, False, holdout=tc.holdout)
+    t0 = time.perf_counter()
+    if optimizer == "ridge":
+        info = fit_ridge(model, source, tc)
+        value = info["heldout_loss"]
+        extra = dict(ridge_alpha=info["ridge_alpha"], temperature=info["temperature"])
+    else:
+        value, extra = _adam_loss(model, source, tc, device), {}
+    if not math.isfinite(value):
+        raise ReslmError("the held-out loss is not finite")
+    return dict(value=value, seconds=time.perf_counter() - t0, **extra)
+
+
+def _import_optuna():
+    try:
+        import optuna
+    except ImportError:
+        raise ReslmError("reslm search needs optuna: pip install 'reslm[lab]'") from None
+    return optuna
+
+
+def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn", model_over: dict | None = None,
+               train_over: dict | None = None, trials: int = 20, optimizer: str = "ridge", storage: str | None = None,
+               study_name: str | None = None, seed: int = 0, worker: int = 0, progress: bool = True) -> dict:
+    """Add `trials` trials to the study (created or continued) and write the outputs (module doc).
+    Returns best.json's content."""
+    optuna = _import_optuna()
+    if family not in FAMILIES:
+        raise ReslmError(f"reslm search tunes the reservoir families ({', '.join(FAMILIES)}), not {family!r}")
+    if optimizer not in ("ridge", "adam"):
+        raise ReslmError(f"optimizer must be ridge or adam, got {optimizer!r}")
+    if optimizer == "ridge" and family != "rc":
+        raise ReslmError("the ridge objective is the rc family's; use --optimizer adam for aerc")
+    if trials < 1 or seed < 0 or worker < 0:
+        raise ReslmError("--trials must be >= 1, --seed and --worker >= 0")
+    if reservoir not in RESERVOIRS:
+        raise ReslmError(f"unknown reservoir {reservoir!r} (known: {', '.join(RESERVOIRS)})")
+    model_over = {**(model_over or {}), "reservoir": reservoir}
+    train_over = dict(train_over or {})
+    fixed_options = parse_options(reservoir, RESERVOIRS[reservoir][0], model_over.get("reservoir_options", ""),
+                                  reserved={f.name for f in fields(family_of(family).config)} | {"input_dim"})
+    space_model, space_options = search_space(reservoir, model_over, fixed_options)
+
+    def configure(model: dict, options: dict) -> dict:
+        """The model overrides of one point: fixed flags, then the sampled knobs, repaired."""
+        model, options = {**model_over, **model}, {**fixed_options, **options}
+        _repair(reservoir, model, options)
+        return {**model, "reservoir_options": _options_text(options)} if options else model
+
+    # the fixed part must be valid before any trial runs (one clear error, not N failed trials)
+    base = make_run_config(family, configure({}, {}), {**train_over, "optimizer": optimizer}, dataset)
+    check_holdout(dataset, TrainConfig(**base["train"]), base["model"]["context"])
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    storage = storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    study_name = study_name or f"{family}-{reservoir}-{optimizer}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize", load_if_exists=True)
+    except Exception as e:  # a bad storage URL, an unreadable database, a study of another direction
+        raise ReslmError(f"cannot open study {study_name!r} in {storage}: {e}") from None
+    # seeded by the worker and the trials already there, so resumed and parallel runs draw apart
+    study.sampler = optuna.samplers.TPESampler(seed=child_seed(seed, SEARCH_KEY, worker, len(study.trials)) % 2**32)
+    study.set_user_attr("setup", dict(family=family, reservoir=reservoir, optimizer=optimizer))
+
+    def objective(trial):
+        model = {k: _suggest(trial, k, b) for k, b in space_model.items()}
+        options = {k: _suggest(trial, k, b) for k, b in space_options.items()}
+        m_over = configure(model, options)
+        trial.set_user_attr("model", m_over)
+        try:
+            result = heldout_loss(family, m_over, train_over, dataset, optimizer)
+        except ReslmError as e:
+            trial.set_user_attr("error", str(e))
+            raise
+        trial.set_user_attr("seconds", round(result["seconds"], 3))
+        for k in ("ridge_alpha", "temperature"):
+            if k in result:
+                trial.set_user_attr(k, result[k])
+        shown = {**{k: m_over[k] for k in space_model}, **({"options": m_over["reservoir_options"]} if options else {})}
+        say(f"trial {trial.number}: held-out CE {result['value']:.4f} nats in {result['seconds']:.1f} s  "
+            + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()),
+            enabled=progress)
+        return result["value"]
+
+    study.optimize(objective, n_trials=trials, catch=(ReslmError,))
+    return write_outputs(out, study, family, optimizer, train_over, dataset, progress)
+
+
+def write_outputs(out: Path, study, family: str, optimizer: str, train_over: dict, dataset,
+                  progress: bool = True) -> dict:
+    """trials.csv, best.json, best_command.txt and the plots, from every trial in the study."""
+    trials = study.trials
+    params = sorted({k for t in trials for k in t.params})
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["number", "state", "value", "seconds", *params, "error"])
+    for t in trials:
+        w.writerow([t.number, t.state.name, "" if t.value is None else t.value, t.user_attrs.get("seconds", ""),
+                    *[t.params.get(k, "") for k in params], t.user_attrs.get("error", "")])
+    atomic_write(out / "trials.csv", lambda p: p.write_text(buf.getvalue()))
+    finished = [t for t in trials if t.value is not None and t.state.name == "COMPLETE"]
+    if not finished:
+        raise ReslmError(f"no trial of study {study.study_name!r} finished (see {out / 'trials.csv'})")
+    best = min(finished, key=lambda t: (t.value, t.number))
+    model = best.user_attrs["model"]
+    train = {k: v for k, v in train_over.items() if k != "device"}
+    command = train_command(family, model, train, str(dataset.path), optimizer, f"runs/{study.study_name}-best")
+    result = dict(study=study.study_name, trials=len(trials), finished=len(finished), best_trial=best.number,
+                  heldout_loss=best.value, params=best.params, model=model, train={**train, "optimizer": optimizer},
+                  **{k: best.user_attrs[k] for k in ("ridge_alpha", "temperature") if k in best.user_attrs},
+                  command=command)
+    write_json(out / "best.json", result)
+    atomic_write(out / "best_command.txt", lambda p: p.write_text(command + "\n"))
+    _plots(out, study, finished, progress)
+    return result
+
+
+def _plots(out: Path, study, finished, progress: bool) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("reslm: matplotlib is not installed: no history or importance plots (pip install 'reslm[plot]')",
+            enabled=progress)
+        return
+    import optuna
+
+    def save(fig, name):
+        atomic_write(out / name, lambda p: fig.savefig(p, format="png", dpi=110))
+        plt.close(fig)
+
+    nums = [t.number for t in finished]
+    vals = [t.value for t in finished]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(nums, vals, "o", ms=4, label="trial")
+    ax.plot(nums, [min(vals[:i + 1]) for i in range(len(vals))], "-", label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("held-out CE (nats)")
+    ax.set_title(study.study_name)
+    ax.legend()
+    fig.tight_layout()
+    save(fig, "history.png")
+    if len(finished) < 4:
+        say(f"reslm: no importance plot yet ({len(finished)} finished trials; it needs 4)", enabled=progress)
+        return
+    try:
+        imp = optuna.importance.get_param_importances(
+            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+    except (ValueError, RuntimeError, ZeroDivisionError) as e:
+        say(f"reslm: no importance plot yet ({e})", enabled=progress)
+        return
+    if not imp:
+        return
+    fig, ax = plt.subplots(figsize=(6, 0.4 * len(imp) + 1.2))
+    names = list(imp)[::-1]
+    ax.barh(names, [imp[n] for n in names])
+    ax.set_xlabel("importance (PED-ANOVA)")
+    fig.tight_layout()
+    save(fig, "importance.png")
+
+
+__all__ = ["SPACE", "MODEL_KNOBS", "search_space", "heldout_loss", "run_search", "write_outputs", "train_command"]

@@ -1,0 +1,108 @@
+"""`reslm search`: the optuna study (resumable, shared storage), its outputs, the search spaces, the
+held-out objective (the test shard unread) and the missing-optuna error."""
+import csv
+import json
+import shlex
+import sys
+from dataclasses import fields
+
+import pytest
+
+import reslm.train as tt
+from reslm import search
+from reslm.cli import main
+from reslm.reservoir import RESERVOIRS, parse_options
+
+pytest.importorskip("optuna")
+
+MODEL = dict(size=30, streams=8)
+
+
+def _csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_search_writes_outputs_and_resumes_the_study(chars, tmp_path, monkeypatch):
+    tokens = tt.CharShards._tokens
+
+    def no_test(self, shard, part="train"):
+        assert shard != chars.test_shard, "the search read the test shard"
+        return tokens(self, shard, part)
+
+    monkeypatch.setattr(tt.CharShards, "_tokens", no_test)
+    out = tmp_path / "s"
+    first = search.run_search(out, chars, reservoir="leaky", model_over=MODEL, trials=2, progress=False)
+    assert first["trials"] == 2 and len(_csv(out / "trials.csv")) == 2
+    # a second worker on the same storage (an explicit URL) adds to the same study
+    storage = f"sqlite:///{out / 'study.db'}"
+    best = search.run_search(out, chars, reservoir="leaky", model_over=MODEL, trials=1, storage=storage, worker=1,
+                             progress=False)
+    rows = _csv(out / "trials.csv")
+    assert best["trials"] == 3 and [r["number"] for r in rows] == ["0", "1", "2"]
+    assert {"a_min", "a_max", "spectral_radius", "input_scaling", "bias_scaling", "density"} <= set(rows[0])
+    assert "leak_rate" not in rows[0]                          # the leaky substrate sets it per unit
+    assert best["heldout_loss"] == min(float(r["value"]) for r in rows if r["state"] == "COMPLETE")
+    assert json.loads((out / "best.json").read_text()) == best
+    command = (out / "best_command.txt").read_text().strip()
+    assert command == best["command"] and "--optimizer ridge" in command and "--reservoir leaky" in command
+    assert (out / "history.png").stat().st_size > 0
+
+
+def test_search_is_seeded_and_flags_fix_knobs(chars, tmp_path):
+    runs = [search.run_search(tmp_path / k, chars, model_over={**MODEL, "spectral_radius": 0.7}, trials=1,
+                              progress=False) for k in "ab"]
+    assert runs[0]["params"] == runs[1]["params"] and runs[0]["heldout_loss"] == runs[1]["heldout_loss"]
+    assert "spectral_radius" not in runs[0]["params"] and runs[0]["model"]["spectral_radius"] == 0.7
+
+
+@pytest.mark.slow
+def test_the_best_command_reproduces_the_best_trial(chars, tmp_path, capsys):
+    out = tmp_path / "s"
+    best = search.run_search(out, chars, model_over=MODEL, trials=4, progress=False)
+    assert (out / "importance.png").stat().st_size > 0
+    argv = shlex.split(best["command"])[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path / "best-run")
+    assert main(argv + ["--no-progress", "--device", "cpu"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["heldout_loss"] == pytest.approx(best["heldout_loss"], abs=1e-6)
+
+
+def test_search_with_the_adam_objective(chars, tmp_path):
+    best = search.run_search(tmp_path / "s", chars, model_over=MODEL, optimizer="adam", trials=1, progress=False,
+                             train_over=dict(epochs_per_shard=1, epoch_samples=256, batch_size=64, lr=3e-3))
+    assert best["finished"] == 1 and 0 < best["heldout_loss"] < 10 and "--optimizer adam" in best["command"]
+
+
+@pytest.mark.parametrize("name", list(search.SPACE))
+def test_every_substrate_has_a_valid_space(name):
+    assert set(search.SPACE) == set(RESERVOIRS)
+    model, options = search.search_space(name, {}, {})
+    cfg_fields = {f.name for f in fields(RESERVOIRS[name][0])}
+    assert set(model) <= cfg_fields and set(options) <= cfg_fields and (model or options)
+    for bounds in [*model.values(), *options.values()]:
+        low, high, log = bounds
+        assert low < high and (not log or low > 0)
+    point_model = {k: b[1] for k, b in model.items()}
+    point_options = {k: b[0] for k, b in options.items()}
+    search._repair(name, point_model, point_options)
+    parse_options(name, RESERVOIRS[name][0], search._options_text(point_options))
+    fixed, _ = search.search_space(name, {"input_scaling": 1.0}, {})
+    assert "input_scaling" not in fixed
+
+
+def test_missing_optuna_is_one_line(chars, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "optuna", None)        # import optuna -> ImportError
+    assert main(["search", "--data", str(chars.path), "--out", str(tmp_path / "s"), "--trials", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install 'reslm[lab]'" in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_search_bad_input(chars, tmp_path, capsys):
+    assert main(["search", "--family", "aerc", "--data", str(chars.path), "--out", str(tmp_path / "a")]) == 2
+    assert "use --optimizer adam" in capsys.readouterr().err
+    assert main(["search", "--data", str(chars.path), "--out", str(tmp_path / "b"), "--holdout", "0.999"]) == 2
+    assert "holdout" in capsys.readouterr().err
+    assert main(["search", "--help"]) == 0
+    assert "held-out" in capsys.readouterr().out
