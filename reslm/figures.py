@@ -417,3 +417,84 @@ def plot_token_curves(runs, out_dir, stem: str = "fig6_token_loss", smooth: floa
         axes[0, 0].set_ylabel("loss (nats/token)")
         fig.suptitle(f"training loss (EMA, smooth = {smooth:g}) and validation loss", fontsize=9)
     return _finish(plt, fig, out_dir, stem, csv_path)
+
+
+SUBSTRATE_FIELDS = ("family", "substrate", "size", "trainable_params", "fixed_params", "test_loss", "test_bpc",
+                    "train_seconds", "reservoir_seconds")
+
+
+def plot_substrates(rows, out_dir, stem: str = "substrates", paper: dict | None = None) -> dict:
+    """The lab's substrate comparison: test CE (nats) per substrate, one bar group per substrate and
+    one bar per family (rc, aerc), with the paper's full-protocol figure of each family as a dashed
+    line. rows: [{"family", "substrate", "test_loss", "trainable_params", ...}]."""
+    rows = _need(rows, "substrate runs")
+    out_dir = Path(out_dir)
+    csv_path = _write_csv(out_dir / f"{stem}.csv", SUBSTRATE_FIELDS, rows)
+    plt = _pyplot()
+    fig = None
+    if plt is not None:
+        subs = list(dict.fromkeys(r["substrate"] for r in rows))
+        fams = _families(rows)
+        width = 0.8 / len(fams)
+        fig, ax = plt.subplots(figsize=(1.1 * len(subs) + 3, 4))
+        for j, fam in enumerate(fams):
+            xs, ys = [], []
+            for i, sub in enumerate(subs):
+                r = next((r for r in rows if r["family"] == fam and r["substrate"] == sub), None)
+                if r:
+                    xs.append(i + (j - (len(fams) - 1) / 2) * width)
+                    ys.append(r["test_loss"])
+            ax.bar(xs, ys, width, color=FAMILY_COLORS.get(fam), label=_label(fam))
+            for x, y in zip(xs, ys):
+                ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
+            if paper and fam in paper:
+                ax.axhline(paper[fam], ls="--", lw=1, color=FAMILY_COLORS.get(fam),
+                           label=f"paper, {_label(fam)} (full protocol)")
+        lo = min(r["test_loss"] for r in rows)
+        ax.set_ylim(max(0.0, lo - 0.3), max(r["test_loss"] for r in rows) + 0.15)
+        ax.set_xticks(range(len(subs)), subs)
+        ax.set_ylabel("test CE (nats/char)")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title("substrates at the rc-2600 / aerc-160-30 trainable budgets", fontsize=9)
+    return _finish(plt, fig, out_dir, stem, csv_path)
+
+
+def plot_physical(physical: dict, out_dir, stem: str = "physical") -> dict:
+    """The lab's physical constraints: test CE against readout noise sigma (left, log x; sigma 0 drawn
+    at the left edge) and against ADC bits (right; "off" = no ADC), one line per family.
+    physical: {family: {"noise": [{"sigma", "test_loss"}], "adc": [{"bits", "test_loss"}]}}."""
+    if not physical:
+        raise ReslmError("no physical-constraint results to plot")
+    out_dir = Path(out_dir)
+    table = [dict(family=fam, constraint="noise", value=r["sigma"], test_loss=r["test_loss"])
+             for fam, p in physical.items() for r in p["noise"]]
+    table += [dict(family=fam, constraint="adc_bits", value=r["bits"], test_loss=r["test_loss"])
+              for fam, p in physical.items() for r in p["adc"]]
+    csv_path = _write_csv(out_dir / f"{stem}.csv", ("family", "constraint", "value", "test_loss"), table)
+    plt = _pyplot()
+    fig = None
+    if plt is not None:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+        for fam, p in physical.items():
+            color = FAMILY_COLORS.get(fam)
+            pos = [r for r in p["noise"] if r["sigma"] > 0]
+            zero = [r for r in p["noise"] if r["sigma"] == 0]
+            a1.plot([r["sigma"] for r in pos], [r["test_loss"] for r in pos], "o-", color=color, label=_label(fam))
+            for r in zero:
+                a1.axhline(r["test_loss"], ls=":", lw=1, color=color)
+            bits_on = sorted((r for r in p["adc"] if r["bits"]), key=lambda r: r["bits"])
+            a2.plot([r["bits"] for r in bits_on], [r["test_loss"] for r in bits_on], "o-", color=color,
+                    label=_label(fam))
+            for r in p["adc"]:
+                if not r["bits"]:
+                    a2.axhline(r["test_loss"], ls=":", lw=1, color=color)
+        a1.set_xscale("log")
+        a1.set_xlabel("readout noise sigma (state units; dotted: no noise)")
+        a2.set_xlabel("ADC bits (dotted: no ADC)")
+        a1.set_ylabel("test CE (nats/char)")
+        for ax in (a1, a2):
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle("trained without constraints, scored under them", fontsize=9)
+    return _finish(plt, fig, out_dir, stem, csv_path)
