@@ -45,6 +45,7 @@ from reslm.models.base import bits, count_params, decay_groups, estimate_loss, f
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.progress import bar as progress_bar
 from reslm.progress import say
+from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
 from reslm.run import (CONFIG, MetricsLog, check_same_run, create_run_dir, load_checkpoint, lock_run, read_config,
                        read_metrics, save_checkpoint, write_json)
@@ -287,7 +288,8 @@ class CharShards:
         if self._feats_shard != shard:
             self._feats = None  # free the previous shard's states first
             t0 = time.perf_counter()
-            self._feats = self.model.features(self._tokens(shard), progress=self.progress, **self.kw)
+            self._feats = self.model.features(self._tokens(shard), progress=self.progress, **self.kw,
+                                              **noise_stream(self.model, train_key(cycle, shard), 0))
             synchronize(self.device)
             dt = time.perf_counter() - t0
             self.state_seconds += dt
@@ -312,7 +314,8 @@ class CharShards:
     def evaluate(self, model, precision: str) -> dict:
         if self._test is None:
             tokens = self._tokens(self.ds.test_shard)
-            self._test = [model.features(tokens[s], progress=self.progress, **self.kw)
+            self._test = [model.features(tokens[s], progress=self.progress, **self.kw,
+                                         **noise_stream(model, TEST_KEY, s.start))
                           for s in eval_slices(tokens.numel(), self.context, self.tc.eval_samples)]
         total, count = 0.0, 0
         for feats in self._test:
