@@ -46,8 +46,6 @@ import torch
 
 from reslm.data.corpus import fsync_dir
 from reslm.errors import ReslmError, RunInUse, describe
-from reslm.models import make_config
-from reslm.models.base import config_dict
 
 CONFIG, METRICS, CHECKPOINT, SUMMARY, LOCK = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json", ".lock"
 
@@ -606,20 +604,13 @@ class MetricsLog:
 RUNTIME_FIELDS = ("device", "precision", "threads")
 
 
-def _filled(cfg: dict):
-    """A run config's model section with the fields added to its family's config since the run was made
-    set to their defaults (what loading the run gives them), so a run made before them still matches."""
-    try:
-        return config_dict(make_config(cfg["family"], **cfg["model"]))
-    except (ReslmError, TypeError):
-        return cfg["model"]
-
-
-def check_same_run(run_dir: Path, want: dict) -> None:
+def check_same_run(run_dir: Path, want: dict, model_defaults: dict | None = None) -> None:
     """Raise unless run_dir holds the model and training budget of the run config `want` (sweeps and
-    reproductions continue existing runs; they must not silently mix budgets)."""
+    reproductions continue existing runs; they must not silently mix budgets). model_defaults: the
+    family's config defaults, which fields added since the run was made take (as when it is loaded)."""
     have = read_config(run_dir)
-    if have["family"] != want["family"] or _filled(have) != want["model"]:
+    have_model = {**(model_defaults or {}), **have["model"]} if isinstance(have["model"], dict) else have["model"]
+    if have["family"] != want["family"] or have_model != want["model"]:
         raise ReslmError(f"{run_dir} holds a different model than asked for (remove it or use another output folder)")
     a = {k: v for k, v in have["train"].items() if k not in RUNTIME_FIELDS}
     b = {k: v for k, v in want["train"].items() if k not in RUNTIME_FIELDS}

@@ -41,7 +41,7 @@ from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_d
                           setup_cuda, state_dtype, synchronize)
 from reslm.errors import ReslmError
 from reslm.models import MODELS, family, make_config
-from reslm.models.base import bits, count_params, decay_groups, estimate_loss, feature_batches
+from reslm.models.base import bits, config_dict, count_params, decay_groups, estimate_loss, feature_batches
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.progress import bar as progress_bar
 from reslm.progress import say
@@ -433,7 +433,7 @@ def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrid
     be done: "starting", "resuming" or "done" (demo, reproduce and sweep skip finished runs with it)."""
     cfg = make_run_config(family_name, model_overrides, train_overrides, dataset, preset)
     if (Path(out) / CONFIG).is_file():
-        check_same_run(out, cfg)
+        check_same_run(out, cfg, model_defaults=config_dict(family(family_name).config()))
         return "done" if is_finished(out) else "resuming"
     create_run_dir(Path(out), cfg)
     return "starting"
