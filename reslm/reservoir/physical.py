@@ -137,11 +137,12 @@ class Physical(nn.Module):
 
     def noise(self, key: tuple[int, ...], start: int, rows: int, device=None) -> torch.Tensor:
         """Rows start .. start+rows-1 of noise stream `key`: (rows, N) standard normal, float32."""
-        first, last = start // BLOCK, (start + rows - 1) // BLOCK
-        blocks = [torch.randn(BLOCK, self.size, generator=generator(self.seed, PHYSICAL_KEY, NOISE, *key, j))
-                  for j in range(first, last + 1)]
-        z = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-        return z[start - first * BLOCK:start - first * BLOCK + rows].to(device)
+        z = torch.empty(rows, self.size)
+        for j in range(start // BLOCK, (start + rows - 1) // BLOCK + 1):   # the blocks the rows touch
+            block = torch.randn(BLOCK, self.size, generator=generator(self.seed, PHYSICAL_KEY, NOISE, *key, j))
+            a, b = max(start, j * BLOCK), min(start + rows, (j + 1) * BLOCK)
+            z[a - start:b - start] = block[a - j * BLOCK:b - j * BLOCK]
+        return z.to(device)
 
     def measure(self, s: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """Gain, then noise (a standard-normal tensor shaped like s, or None), then the ADC; float32 out.
