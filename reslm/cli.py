@@ -27,10 +27,11 @@ from reslm.checkpoint import find_dataset, load_run
 from reslm.demo import run_demo
 from reslm.device import pick_device
 from reslm.errors import ReslmError, describe
-from reslm.evaluate import EVAL_FILE, evaluate_run
+from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
 from reslm.generate import sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, reproduce
+from reslm.reservoir.physical import PhysicalConfig
 from reslm.run import CHECKPOINT, CONFIG, LOCK, lock_run, read_config
 from reslm.search import FAMILIES as SEARCH_FAMILIES
 from reslm.search import run_search
@@ -264,8 +265,45 @@ def cmd_generate(args):
     print(args.prompt + codec.decode(ids))
 
 
+# `reslm eval` flags of the readout-side constraints: (field, flag, type)
+PHYSICAL_FLAGS = (("state_noise", "--state-noise", float), ("adc_bits", "--adc-bits", int),
+                  ("gain_mismatch", "--gain-mismatch", float), ("adc_range", "--adc-range", float))
+
+
+def _physical_values(args) -> dict[str, list]:
+    """{field: [values]} of the physical-constraint flags given (comma-separated lists)."""
+    out = {}
+    for name, flag, kind in PHYSICAL_FLAGS:
+        text = getattr(args, name)
+        if text is None:
+            continue
+        try:
+            out[name] = [kind(v) for v in text.split(",")]
+        except ValueError:
+            raise ReslmError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+    return out
+
+
+def _print_grid(r: dict) -> None:
+    names = list(r["grid"])
+    print(f"{r['run']}: {r['family']} {r.get('preset') or ''}, test CE over {r['score_positions']:,} positions "
+          f"(trained with: {', '.join(f'{k} {v}' for k, v in r['physical_trained'].items())})")
+    print("".join(f"{n:>15}" for n in names) + f"{'CE (nats)':>12}{'bits/char':>11}")
+    for row in r["rows"]:
+        print("".join(f"{row[n]:>15g}" for n in names) + f"{row['test_loss']:>12.4f}{row['test_bits']:>11.3f}")
+
+
 def cmd_eval(args):
     _check_sampling(args)
+    physical = _physical_values(args)
+    if any(len(v) > 1 for v in physical.values()):   # a grid: test CE only, one reservoir pass
+        r = physical_grid(Path(args.run_dir), physical, score=args.score, device=args.device)
+        if args.json:
+            print(json.dumps(r, indent=2))
+        else:
+            _print_grid(r)
+        print(f"(written to {Path(args.run_dir) / GRID_FILE}.json and .csv)", file=sys.stderr)
+        return
     try:
         ns = tuple(int(n) for n in args.ngrams.split(","))
     except ValueError:
@@ -273,7 +311,8 @@ def cmd_eval(args):
     if not ns or min(ns) < 1:
         raise ReslmError("--ngrams must be positive integers")
     r = evaluate_run(Path(args.run_dir), length=args.length, ns=ns, score=args.score, temperature=args.temperature,
-                     top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device)
+                     top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
+                     physical={k: v[0] for k, v in physical.items()})
     if args.json:
         print(json.dumps(r, indent=2))
         return
@@ -283,13 +322,18 @@ def cmd_eval(args):
           + (f" = {r['test_bpc']:.3f} bits/char" if unit == "token" else "")
           + f" over {r['score_positions']:,} positions; scored in {r['score_seconds']:.2f} s "
           f"(reservoir {r['score_reservoir_seconds']:.2f} s)")
+    if "physical" in r:
+        shown = PhysicalConfig(**r["physical"]).describe()
+        trained = PhysicalConfig(**r["physical_trained"]).describe()
+        print(f"readout constraints: {shown}" + (f" (trained with: {trained})" if r["physical_overrides"]
+                                                 else " (as trained)"))
     print(f"generated {r['generation_length']:,} {unit}s in {r['generation_seconds']:.2f} s "
           f"(reservoir {r['generation_reservoir_seconds']:.2f} s)")
     for n in r["overlap"]:
         print(f"overlap-{n} {r['overlap'][n]:.4f}   distinct-{n} {r['distinct'][n]:.4f}")
     print(f"--- sample (temperature {args.temperature}) ---")
     print(r["prompt"] + r["sample"])
-    print(f"(written to {Path(args.run_dir) / EVAL_FILE})", file=sys.stderr)
+    print(f"(written to {Path(args.run_dir) / eval_file_name(r)})", file=sys.stderr)
 
 
 def cmd_reproduce(args):
@@ -485,13 +529,23 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         description="Evaluate a run directory: test cross-entropy (nats, bits) on a fixed chunk of "
                         "the test text, closed-loop generation of --length symbols after the test text's first "
                         "window, Overlap-n (unique n-grams of the sample found in the test text) and distinct-n, "
-                        "and the time of scoring and of generating, with the reservoir's share apart. "
-                        "Writes RUN_DIR/eval.json.")
+                        "and the time of scoring and of generating, with the reservoir's share apart, and, for "
+                        "rc/aerc runs, the readout-side physical constraints measured through. "
+                        "Writes RUN_DIR/eval.json. The constraint flags score the trained model under other "
+                        "constraints without retraining: one value each -> the full evaluation, written to "
+                        "RUN_DIR/eval-<settings>.json (eval.json is left as it is); a comma-separated list in "
+                        "any of them -> test CE for every combination from one reservoir pass, written to "
+                        "RUN_DIR/eval-physical.json and .csv (e.g. --state-noise 0,0.01,0.05 --adc-bits 0,4,6,8).")
     sampling(ev, "symbol", 2000)
     ev.add_argument("--ngrams", default="7,8", help="n of Overlap-n / distinct-n, comma-separated (default 7,8)")
     ev.add_argument("--score", type=int, default=65536,
                     help="test positions to score (default 65536; 0 = the whole test text)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    phys = ev.add_argument_group("physical constraints (rc/aerc; default: as trained; comma lists make a grid)")
+    phys.add_argument("--state-noise", metavar="S[,S...]", help="std of the Gaussian noise on the measured state")
+    phys.add_argument("--adc-bits", metavar="B[,B...]", help="ADC resolution in bits (0 = no quantisation)")
+    phys.add_argument("--gain-mismatch", metavar="G[,G...]", help="per-unit gain spread: gain 1 + G N(0,1)")
+    phys.add_argument("--adc-range", metavar="R[,R...]", help="the ADC reads [-R, R] and clips outside")
     ev.set_defaults(func=cmd_eval)
 
     rp = sub.add_parser("reproduce", help="the paper's comparison in one command: train, evaluate, figures, report.md",

@@ -13,12 +13,22 @@ What `evaluate_run` measures, on the run's own data (the char runs' test shard, 
                 The paper's timings leave it out; a digital user pays it. The trainable part is the rest.
   overlap / distinct   Overlap-n and distinct-n (reslm.ngram) of the generated text against the test text,
                 over characters for both kinds of run.
+  physical      rc / aerc runs: the readout-side constraints measured through (reservoir/physical.py), the
+                ones trained with (`physical_trained`) and any `physical_overrides`. Test noise is the
+                TEST stream, by position in the test text: what training's evaluations drew.
+
+Under other constraints (`physical=` overrides) the result goes to eval-<settings>.json (eval_file_name),
+never over the training-time eval.json. `physical_grid` scores one run under many constraint settings
+(CE only) from one pass of the reservoir over the chunk: eval-physical.json / .csv.
 """
 from __future__ import annotations
 
+import csv
+import itertools
 import platform
 import time
 from contextlib import contextmanager
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +40,13 @@ from reslm.errors import ReslmError
 from reslm.generate import sample
 from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
 from reslm.ngram import NgramReference, distinct_n
-from reslm.run import lock_run, write_json
+from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
+from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
+from reslm.run import atomic_write, lock_run, write_json
 
 EVAL_FILE = "eval.json"
+GRID_FILE = "eval-physical"   # .json and .csv
+PIECE = 65536                 # samples scored per reservoir pass
 
 
 @contextmanager
@@ -76,12 +90,49 @@ def _timed(fn, model):
 
 def _score_chars(model, tokens: torch.Tensor, context: int, batch_size: int = 1024) -> float:
     """CE over every sample of tokens in pieces of 65,536 samples (each with its own `context` lead-in)."""
-    total, count, piece = 0.0, 0, 65536
-    for a in range(0, tokens.numel() - context, piece):
-        feats = model.features(tokens[a:a + piece + context])
+    total, count = 0.0, 0
+    for a in range(0, tokens.numel() - context, PIECE):
+        feats = model.features(tokens[a:a + PIECE + context], **noise_stream(model, TEST_KEY, a))
         loss, n = estimate_loss(model, feature_batches(feats, batch_size))
         total, count = total + loss * n, count + n
     return total / max(count, 1)
+
+
+def _score_physical(model, tokens: torch.Tensor, context: int, configs, batch_size: int = 1024) -> list[float]:
+    """_score_chars under each PhysicalConfig in `configs`: one reservoir pass per piece, then each
+    measurement of those raw states (the same test noise draws, scaled by each sigma)."""
+    totals, count = [0.0] * len(configs), 0
+    for a in range(0, tokens.numel() - context, PIECE):
+        piece = tokens[a:a + PIECE + context]
+        raw = model.states(piece)
+        for i, pc in enumerate(configs):
+            model.set_physical(pc)
+            feats = model.measured(raw.clone(), piece, noise_key=TEST_KEY, offset=a)
+            loss, n = estimate_loss(model, feature_batches(feats, batch_size))
+            totals[i] += loss * n
+        count += n
+    return [t / max(count, 1) for t in totals]
+
+
+def _physical(model, cfg: dict, overrides: dict | None):
+    """(the run's trained PhysicalConfig, the one to measure through), after checking the overrides."""
+    if not hasattr(model, "physical"):
+        if overrides:
+            raise ReslmError(f"physical constraints (--state-noise, --adc-bits, --gain-mismatch, --adc-range) "
+                             f"apply to reservoir runs (rc, aerc), not to {cfg['family']}")
+        return None, None
+    unknown = sorted(set(overrides or {}) - set(PHYSICAL_FIELDS))
+    if unknown:
+        raise ReslmError(f"unknown physical constraint(s): {', '.join(unknown)}")
+    trained = model.config.physical_config()
+    return trained, replace(trained, **(overrides or {})).validate()
+
+
+def eval_file_name(result: dict) -> str:
+    """eval.json, or eval-<settings>.json for an evaluation under overridden physical constraints."""
+    if not result.get("physical_overrides"):
+        return EVAL_FILE
+    return f"eval-{PhysicalConfig(**result['physical']).tag()}.json"
 
 
 def _score_tokens(model, tokens: torch.Tensor, context: int, batch: int = 16) -> tuple[float, int]:
@@ -95,16 +146,21 @@ def _score_tokens(model, tokens: torch.Tensor, context: int, batch: int = 16) ->
 
 def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 65536, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0, device: str = "cpu",
-                 reference=None, write: bool = True) -> dict:
+                 reference=None, write: bool = True, physical: dict | None = None) -> dict:
     """Score, generate and compare one trained run (see the notes above); writes run_dir/eval.json.
 
-    reference: an `reslm.ngram.NgramReference` of the test text, to reuse across runs (built if None)."""
+    reference: an `reslm.ngram.NgramReference` of the test text, to reuse across runs (built if None).
+    physical: overrides of the run's physical constraints (PhysicalConfig fields); the result then goes
+    to run_dir/eval-<settings>.json."""
     for name, v in (("length", length), ("score", score)):
         if not isinstance(v, int) or v < 0 or (name == "length" and v < 1):
             raise ReslmError(f"{name} must be a {'positive' if name == 'length' else 'non-negative'} integer, got {v!r}")
     run_dir = Path(run_dir)
     dev = pick_device(device)
     model, codec, cfg = load_run(run_dir, dev)
+    trained, measured = _physical(model, cfg, physical)
+    if physical:
+        model.set_physical(measured)
     context = model.config.context
     token_run = data_kind(cfg["data"]) == "tokens"
     ds = open_dataset(cfg["data"])
@@ -154,7 +210,55 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
                          threads=torch.get_num_threads()))
     if token_run:
         result["score_windows"] = n_windows
+    if trained is not None:
+        result.update(physical=asdict(measured), physical_trained=asdict(trained), physical_overrides=physical or {})
     if write:
         with lock_run(run_dir):  # not while a trainer is writing the run
-            write_json(run_dir / EVAL_FILE, result)
+            write_json(run_dir / eval_file_name(result), result)
     return result
+
+
+def physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str = "cpu",
+                  write: bool = True) -> dict:
+    """Test CE of one rc / aerc run under every combination of the physical settings in `grid`
+    ({field: [values]}, fields of PhysicalConfig; the others stay as trained), on the chunk
+    `evaluate_run` scores. The reservoir runs once; each setting re-measures its states. Writes
+    run_dir/eval-physical.json and .csv (replacing a previous grid's)."""
+    if not isinstance(score, int) or score < 0:
+        raise ReslmError(f"score must be a non-negative integer, got {score!r}")
+    run_dir = Path(run_dir)
+    dev = pick_device(device)
+    model, _, cfg = load_run(run_dir, dev)
+    names = list(grid)
+    settings = [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
+    if not settings or any(not grid[n] for n in names):
+        raise ReslmError("the physical grid is empty: give at least one value per constraint")
+    trained, _ = _physical(model, cfg, settings[0])
+    configs = [_physical(model, cfg, s)[1] for s in settings]
+    ds = open_dataset(cfg["data"])
+    check_dataset(cfg, ds)
+    a, b = ds.shards[ds.test_shard]
+    tokens = torch.from_numpy(np.asarray(ds.tokens[a:b], dtype=np.int64)).to(dev)
+    context = model.config.context
+    chunk = tokens if score == 0 else tokens[:score + context]
+    if chunk.numel() <= context:
+        raise ReslmError(f"the test text of {run_dir} is too short ({tokens.numel()} characters)")
+    losses, seconds, res_seconds = _timed(lambda: _score_physical(model, chunk, context, configs), model)
+    rows = [dict(**asdict(pc), test_loss=loss, test_bits=bits(loss)) for pc, loss in zip(configs, losses)]
+    result = dict(run=str(run_dir), family=cfg["family"], preset=cfg.get("preset"),
+                  physical_trained=asdict(trained), grid={n: list(grid[n]) for n in names},
+                  score_positions=chunk.numel() - context, seconds=seconds, reservoir_seconds=res_seconds,
+                  rows=rows, environment=dict(device=str(dev), torch=torch.__version__,
+                                              threads=torch.get_num_threads()))
+    if write:
+        with lock_run(run_dir):
+            write_json(run_dir / f"{GRID_FILE}.json", result)
+            atomic_write(run_dir / f"{GRID_FILE}.csv", lambda p: _write_csv(p, rows))
+    return result
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)

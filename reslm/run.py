@@ -604,13 +604,16 @@ class MetricsLog:
 RUNTIME_FIELDS = ("device", "precision", "threads")
 
 
-def check_same_run(run_dir: Path, want: dict, defaults: dict | None = None) -> None:
+def check_same_run(run_dir: Path, want: dict, defaults: dict | None = None,
+                   model_defaults: dict | None = None) -> None:
     """Raise unless run_dir holds the model and training budget of the run config `want` (sweeps and
-    reproductions continue existing runs; they must not silently mix budgets). A training field that a
-    run made by an older reslm lacks counts as its value in `defaults` (the field did not exist then)."""
+    reproductions continue existing runs; they must not silently mix budgets). Fields that a run made
+    by an older reslm lacks count as their defaults (they did not exist then): training fields from
+    `defaults`, model fields from `model_defaults` (the family's config defaults, as when it is loaded)."""
     have = read_config(run_dir)
     have = {**have, "train": {**{k: v for k, v in (defaults or {}).items() if k in want["train"]}, **have["train"]}}
-    if have["family"] != want["family"] or have["model"] != want["model"]:
+    have_model = {**(model_defaults or {}), **have["model"]} if isinstance(have["model"], dict) else have["model"]
+    if have["family"] != want["family"] or have_model != want["model"]:
         raise ReslmError(f"{run_dir} holds a different model than asked for (remove it or use another output folder)")
     a = {k: v for k, v in have["train"].items() if k not in RUNTIME_FIELDS}
     b = {k: v for k, v in want["train"].items() if k not in RUNTIME_FIELDS}

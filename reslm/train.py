@@ -45,10 +45,11 @@ from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_d
                           setup_cuda, state_dtype, synchronize)
 from reslm.errors import ReslmError
 from reslm.models import MODELS, family, make_config
-from reslm.models.base import bits, count_params, decay_groups, estimate_loss, feature_batches
+from reslm.models.base import bits, config_dict, count_params, decay_groups, estimate_loss, feature_batches
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.progress import bar as progress_bar
 from reslm.progress import say
+from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
 from reslm.ridge import fit_ridge
 from reslm.run import (CONFIG, MetricsLog, check_same_run, create_run_dir, load_checkpoint, lock_run, read_config,
@@ -316,7 +317,9 @@ class CharShards:
     def _compute(self, shard: int, cycle: int, part: str = "train"):
         """The features of a shard's part, timed and logged as a "states" row."""
         t0 = time.perf_counter()
-        feats = self.model.features(self._tokens(shard, part), progress=self.progress, **self.kw)
+        a, _ = self._span(shard, part)   # noise rows are indexed by the position in the shard
+        feats = self.model.features(self._tokens(shard, part), progress=self.progress, **self.kw,
+                                    **noise_stream(self.model, train_key(cycle, shard), a - self.ds.shards[shard][0]))
         synchronize(self.device)
         dt = time.perf_counter() - t0
         self.state_seconds += dt
@@ -357,7 +360,8 @@ class CharShards:
     def evaluate(self, model, precision: str) -> dict:
         if self._test is None:
             tokens = self._tokens(self.ds.test_shard)
-            self._test = [model.features(tokens[s], progress=self.progress, **self.kw)
+            self._test = [model.features(tokens[s], progress=self.progress, **self.kw,
+                                         **noise_stream(model, TEST_KEY, s.start))
                           for s in eval_slices(tokens.numel(), self.context, self.tc.eval_samples)]
         total, count = 0.0, 0
         for feats in self._test:
@@ -491,7 +495,8 @@ def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrid
     be done: "starting", "resuming" or "done" (demo, reproduce and sweep skip finished runs with it)."""
     cfg = make_run_config(family_name, model_overrides, train_overrides, dataset, preset)
     if (Path(out) / CONFIG).is_file():
-        check_same_run(out, cfg, defaults=asdict(TrainConfig()))
+        check_same_run(out, cfg, defaults=asdict(TrainConfig()),
+                       model_defaults=config_dict(family(family_name).config()))
         return "done" if is_finished(out) else "resuming"
     create_run_dir(Path(out), cfg)
     return "starting"

@@ -13,13 +13,18 @@ come from a small sweep of rc-750 at the `reslm demo` budget (test CE in nats; i
 1: 2.42, 2: 2.31, 4: 2.30; spectral_radius 0.5 / 0.9 / 0.99 at scaling 1: 2.45 / 2.42 / 2.44; leak_rate
 0.5 was worse: 2.80 and 2.47). A short budget favours strong inputs; tune for your own budget.
 
+Physical constraints (reservoir/physical.py): the readout sees the measured state, gain mismatch ->
+additive noise -> b-bit ADC, applied before the normalisation in the precomputed features, in forward()
+and in step(); the state carried through the dynamics stays exact. All off by default (then the states
+are bit-identical to a model without them).
+
 Context modes (reservoir/states.py): in `window` mode a prediction sees the state after the last
 `context` characters from a zero state (the paper); in `stream` mode the state is carried through the
 text, so generation is one reservoir step per character.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -28,6 +33,8 @@ import torch.nn.functional as F
 from reslm.errors import ReslmError
 from reslm.models.base import TensorFeatures, next_token_loss
 from reslm.reservoir import CONTEXT_MODES, RESERVOIRS, parse_options, shard_states
+from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
+from reslm.reservoir.physical import OTHER_KEY, Physical, PhysicalConfig
 
 
 @dataclass
@@ -49,6 +56,11 @@ class ReservoirLMConfig:
     bias_scaling: float = 0.0       # bias ~ U(-b, b); 0 = no bias (paper)
     seed: int = 0                   # reservoir + embedding seed; head init uses seed + 1
     reservoir_options: str = ""     # the substrate's own knobs as key=value,... e.g. a_min=0.02,a_max=0.5 (see reslm.reservoir)
+    # readout-side physical constraints (reservoir/physical.py); `reslm eval` can override them
+    gain_mismatch: float = 0.0      # per-unit gain 1 + g N(0,1), fixed by the seed; 0 = off
+    state_noise: float = 0.0        # std of Gaussian noise added to the measured state; 0 = off
+    adc_bits: int = 0               # quantise the measured state to this many bits (an ADC); 0 = off
+    adc_range: float = 1.0          # the ADC reads [-R, R] and clips outside (tanh states: 1)
 
     def validate(self):
         if self.context_mode not in CONTEXT_MODES:
@@ -61,6 +73,11 @@ class ReservoirLMConfig:
         if self.warmup < 0:
             raise ReslmError(f"warmup must be >= 0, got {self.warmup}")
         self.reservoir_config().validate()
+        self.physical_config()
+
+    def physical_config(self) -> PhysicalConfig:
+        """The readout-side constraints, validated."""
+        return PhysicalConfig(**{k: getattr(self, k) for k in PHYSICAL_FIELDS}).validate()
 
     def reservoir_config(self):
         cfg_cls, _ = RESERVOIRS[self.reservoir]
@@ -85,6 +102,7 @@ class ReservoirLM(nn.Module):
         if not emb.is_meta:
             emb = torch.randn(emb.shape, generator=torch.Generator().manual_seed(cfg.seed)) / cfg.embed_dim ** 0.5
         self.register_buffer("embedding", emb)                                  # (V, d), fixed
+        self.physical = Physical(cfg.physical_config(), self.reservoir.size, cfg.seed)
         torch_state = torch.random.get_rng_state()
         torch.manual_seed(cfg.seed + 1)   # head init independent of the global RNG
         try:
@@ -100,16 +118,30 @@ class ReservoirLM(nn.Module):
         return F.embedding(idx, self.embedding)
 
     def features(self, tokens: torch.Tensor, *, dtype: torch.dtype = torch.float32,
-                 compute_dtype: torch.dtype | None = None, progress: bool = False) -> TensorFeatures:
-        """Reservoir states of every sample of a token stream (S,) -> TensorFeatures((M, N), (M,)),
-        stored in `dtype`, computed in `compute_dtype` (default: dtype)."""
+                 compute_dtype: torch.dtype | None = None, progress: bool = False,
+                 noise_key: tuple[int, ...] = OTHER_KEY, offset: int = 0) -> TensorFeatures:
+        """Measured, normalised reservoir states of every sample of a token stream (S,) ->
+        TensorFeatures((M, N), (M,)), stored in `dtype`, computed in `compute_dtype` (default: dtype).
+        noise_key / offset: sample i's measurement noise is row offset + i of that noise stream
+        (reservoir/physical.py: the split, and where `tokens` starts in its text)."""
+        states = self.states(tokens, dtype=dtype, compute_dtype=compute_dtype, progress=progress)
+        return self.measured(states, tokens, noise_key=noise_key, offset=offset)
+
+    def states(self, tokens: torch.Tensor, *, dtype: torch.dtype = torch.float32,
+               compute_dtype: torch.dtype | None = None, progress: bool = False) -> torch.Tensor:
+        """The raw reservoir states (M, N) of a token stream, before measurement (see `features`)."""
         c = self.config
-        states = shard_states(self.reservoir, self.embed, tokens, mode=c.context_mode, context=c.context,
-                              streams=c.streams, warmup=c.warmup, dtype=dtype, compute_dtype=compute_dtype,
-                              progress=progress)
-        for i0 in range(0, len(states), 65536):  # normalise once per shard, not once per epoch
-            states[i0:i0 + 65536] = self.normalize(states[i0:i0 + 65536])
-        return TensorFeatures(states, tokens[c.context:])
+        return shard_states(self.reservoir, self.embed, tokens, mode=c.context_mode, context=c.context,
+                            streams=c.streams, warmup=c.warmup, dtype=dtype, compute_dtype=compute_dtype,
+                            progress=progress)
+
+    def measured(self, states: torch.Tensor, tokens: torch.Tensor, *, noise_key: tuple[int, ...] = OTHER_KEY,
+                 offset: int = 0) -> TensorFeatures:
+        """Raw states (M, N) of `tokens` -> measured and normalised features, in place (see `features`)."""
+        for i0 in range(0, len(states), 65536):  # once per shard, not once per epoch
+            chunk = states[i0:i0 + 65536]
+            states[i0:i0 + 65536] = self.normalize(self.physical(chunk, noise_key, offset + i0))
+        return TensorFeatures(states, tokens[self.config.context:])
 
     def normalize(self, s: torch.Tensor) -> torch.Tensor:
         """The fixed, parameter-free state normalisation (part of the features, not of the head)."""
@@ -125,7 +157,7 @@ class ReservoirLM(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """idx (B, T): run the reservoir from a zero state over the window, predict the next token."""
         _, s = self.reservoir(self.embed(idx))
-        return self.forward_features(self.normalize(s), targets)
+        return self.forward_features(self.normalize(self.physical.online(s, idx.shape[1])), targets)
 
     # --- recurrent interface (generation) ---------------------------------------------------
     @property
@@ -134,11 +166,20 @@ class ReservoirLM(nn.Module):
         return self.config.context_mode == "stream"
 
     def init_state(self, batch: int, device=None) -> torch.Tensor:
+        """A zero state; also restarts the measurement clock (reservoir/physical.py)."""
+        self.physical.reset()
         return self.reservoir.init_state(batch, device=device or self.embedding.device)
 
     max_positions = None  # a carried state never runs out of positions
 
     def step(self, idx_t: torch.Tensor, state: torch.Tensor):
-        """idx_t (B,) -> (logits (B, V), next state): one reservoir step and one readout."""
+        """idx_t (B,) -> (logits (B, V), next state): one reservoir step and one readout of its
+        measurement; the state carried on is the exact one (the constraints are readout-side)."""
         state = self.reservoir.step(self.embed(idx_t), state)
-        return self.forward_features(self.normalize(state))[0][:, 0], state
+        return self.forward_features(self.normalize(self.physical.online(state)))[0][:, 0], state
+
+    def set_physical(self, cfg: PhysicalConfig) -> None:
+        """Measure through other constraints from now on (reslm eval's overrides); the head is kept."""
+        self.config = replace(self.config, **asdict(cfg))
+        self.physical = Physical(self.config.physical_config(), self.reservoir.size, self.config.seed)
+        self.physical.to(self.embedding.device)
