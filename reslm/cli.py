@@ -30,6 +30,7 @@ from reslm.errors import ReslmError, describe
 from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
 from reslm.generate import sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
+from reslm.lab import LAB_BUDGETS, SUBSTRATES, run_lab
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, reproduce
 from reslm.reservoir.physical import PhysicalConfig
 from reslm.run import CHECKPOINT, CONFIG, LOCK, lock_run, read_config
@@ -345,6 +346,14 @@ def cmd_reproduce(args):
     print(f"{(out or Path('reproduce-' + args.budget)) / 'report.md'}")
 
 
+def cmd_lab(args):
+    out = Path(args.out or f"lab-{args.budget}")
+    run_lab(out, data=args.data, budget=args.budget, substrates=args.substrates, families=args.families,
+            physical_substrate=args.physical_substrate, data_root=Path(args.root) if args.root else None,
+            device=args.device, progress=not args.no_progress, score=args.score)
+    print(out / "report.md")
+
+
 def cmd_bench(args):
     result = run_bench(quick=args.quick, progress=not args.json)
     print(json.dumps(result, indent=2) if args.json else format_summary(result))
@@ -573,6 +582,29 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     help="rc/aerc context mode (default: window for the paper budget, as in the paper; stream otherwise)")
     _shared(rp, "--root", "--device", "--no-progress")
     rp.set_defaults(func=cmd_reproduce)
+
+    lb = sub.add_parser("lab", help="the reservoir lab: every substrate at the paper's largest reservoir budgets, "
+                        "and what physical constraints cost",
+                        description=textwrap.dedent("""\
+        Train every reservoir substrate (esn, leaky, deep, nvar, diagonal, delay) as rc at the rc-2600 budget
+        and as aerc at the aerc-160-30 budget (<= 155,459 trainable parameters), in stream context mode, with
+        a `reslm reproduce` budget; score the esn runs under readout noise and b-bit ADCs; write OUT/report.md,
+        substrates.csv|png, physical.csv|png and results.json. Re-running skips finished runs.
+          smoke   tiny training: checks every stage (its numbers mean nothing)
+          quick   ~0.4% of the paper's protocol per run (minutes per substrate on 2 CPU cores)
+          paper   5 epochs on each full shard, batch 1024, Adam 1e-4 (hours per substrate on a CPU)"""),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    lb.add_argument("--budget", choices=list(LAB_BUDGETS), default="quick", help="how much to train (default quick)")
+    lb.add_argument("--substrates", default=",".join(SUBSTRATES),
+                    help=f"comma-separated subset of {','.join(SUBSTRATES)} (default: all)")
+    lb.add_argument("--families", default="rc,aerc", help="rc, aerc or both (default both)")
+    lb.add_argument("--physical-substrate", default="esn", help="the substrate whose runs are scored under noise "
+                    "and ADC bits (default esn)")
+    lb.add_argument("--score", type=int, help="test positions scored by the physical grids (default: the budget's; 0: all)")
+    lb.add_argument("--data", default="shakespeare", help="character dataset name or path (default shakespeare)")
+    lb.add_argument("--out", help="output folder (default lab-BUDGET)")
+    _shared(lb, "--root", "--device", "--no-progress")
+    lb.set_defaults(func=cmd_lab)
 
     b = sub.add_parser("bench", help="measure reservoir and training throughput on this machine",
                        description="Benchmark the reservoir recurrence against plain GEMM at the same shape, "
