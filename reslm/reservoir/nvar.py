@@ -62,7 +62,8 @@ class NVAR(nn.Module):
         self.config = cfg
         self.size, self.input_dim, self.k = cfg.size, cfg.input_dim, cfg.k
         m = cfg.k * cfg.input_dim
-        self.register_buffer("pairs", torch.triu_indices(m, m), persistent=False)   # (2, m (m+1) / 2)
+        # drawn on the CPU even under a `torch.device("meta")` context (meta's triu_indices takes seconds)
+        self.register_buffer("pairs", torch.triu_indices(m, m, device="cpu"), persistent=False)  # (2, m (m+1) / 2)
 
     def init_state(self, batch: int, device=None, dtype=None) -> torch.Tensor:
         return torch.zeros(batch, self.size, device=device or self.pairs.device, dtype=dtype or torch.float32)
