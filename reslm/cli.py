@@ -283,8 +283,11 @@ def cmd_eval(args):
           f"(reservoir {r['generation_reservoir_seconds']:.2f} s)")
     for n in r["overlap"]:
         print(f"overlap-{n} {r['overlap'][n]:.4f}   distinct-{n} {r['distinct'][n]:.4f}")
-    print(f"--- sample (temperature {args.temperature}) ---")
-    print(r["prompt"] + r["sample"])
+    if "note" in r:
+        print(r["note"])
+    else:
+        print(f"--- sample (temperature {args.temperature}) ---")
+        print(r["prompt"] + r["sample"])
     print(f"(written to {Path(args.run_dir) / EVAL_FILE})", file=sys.stderr)
 
 

@@ -13,6 +13,8 @@ What `evaluate_run` measures, on the run's own data (the char runs' test shard, 
                 The paper's timings leave it out; a digital user pays it. The trainable part is the rest.
   overlap / distinct   Overlap-n and distinct-n (reslm.ngram) of the generated text against the test text,
                 over characters for both kinds of run.
+A model whose reservoir is not `drivable` (a recorded substrate, reservoir/recorded.py) is scored only:
+no sample, empty overlap / distinct, generation_length 0 and a `note` saying so.
 """
 from __future__ import annotations
 
@@ -74,11 +76,12 @@ def _timed(fn, model):
         return out, time.perf_counter() - t0, clock["seconds"]
 
 
-def _score_chars(model, tokens: torch.Tensor, context: int, batch_size: int = 1024) -> float:
-    """CE over every sample of tokens in pieces of 65,536 samples (each with its own `context` lead-in)."""
+def _score_chars(model, tokens: torch.Tensor, context: int, offset: int, batch_size: int = 1024) -> float:
+    """CE over every sample of tokens (at `offset` of the dataset's stream) in pieces of 65,536 samples
+    (each with its own `context` lead-in)."""
     total, count, piece = 0.0, 0, 65536
     for a in range(0, tokens.numel() - context, piece):
-        feats = model.features(tokens[a:a + piece + context])
+        feats = model.features(tokens[a:a + piece + context], offset=offset + a)
         loss, n = estimate_loss(model, feature_batches(feats, batch_size))
         total, count = total + loss * n, count + n
     return total / max(count, 1)
@@ -130,21 +133,24 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
         bpc = loss * positions / max(chars, 1) / LN2
     else:  # `score` samples: each position after the first `context` characters
         chunk = tokens if score == 0 else tokens[:score + context]
-        loss, score_s, score_res = _timed(lambda: _score_chars(model, chunk, context), model)
+        loss, score_s, score_res = _timed(lambda: _score_chars(model, chunk, context, offset=a), model)
         positions, bpc = chunk.numel() - context, bits(loss)
     prompt = test[:prompt_len].tolist()
+    # A recording (reservoir/recorded.py) cannot read the symbols it would generate: scored, no sample.
+    drivable = getattr(getattr(model, "reservoir", None), "drivable", True)
     gen, gen_s, gen_res = _timed(lambda: sample(model, prompt, length, temperature=temperature, top_k=top_k,
-                                                top_p=top_p, seed=seed), model)
+                                                top_p=top_p, seed=seed), model) if drivable else ([], 0.0, 0.0)
     text = codec.decode(gen)
-    if reference is None:
+    if reference is None and drivable:
         reference = NgramReference(test_text) if token_run else NgramReference(test, base=len(codec.vocab))
     generated = text if token_run else np.asarray(gen, dtype=np.int64)
+    ns = ns if drivable else ()
     result = dict(
         run=str(run_dir), family=cfg["family"], preset=cfg.get("preset"), kind="tokens" if token_run else "chars",
         trainable_params=count_params(model)[0],
         test_loss=loss, test_bits=bits(loss), test_bpc=bpc, score_positions=positions,
         score_seconds=score_s, score_reservoir_seconds=score_res, score_trainable_seconds=score_s - score_res,
-        generation_length=length, generation_seconds=gen_s, generation_reservoir_seconds=gen_res,
+        generation_length=length if drivable else 0, generation_seconds=gen_s, generation_reservoir_seconds=gen_res,
         generation_trainable_seconds=gen_s - gen_res,
         overlap={str(n): reference.overlap(generated, n) for n in ns},
         distinct={str(n): distinct_n(generated, n) for n in ns},
@@ -154,6 +160,8 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
                          threads=torch.get_num_threads()))
     if token_run:
         result["score_windows"] = n_windows
+    if not drivable:
+        result["note"] = "no sample: a recorded substrate cannot be driven with generated text"
     if write:
         with lock_run(run_dir):  # not while a trainer is writing the run
             write_json(run_dir / EVAL_FILE, result)
