@@ -77,8 +77,8 @@ class ReservoirLMConfig:
         implied = cfg_cls.implied(parse_options(name, cfg_cls, text, reserved={*cls.__dataclass_fields__, "input_dim"}))
         for key, value in implied.items():
             if overrides.get(key, value) != value:
-                raise ReslmError(f"{key} {overrides[key]} (from --{key.replace('_', '-')} or the preset) does not "
-                                 f"match reservoir {name!r}'s {value}: leave it out, the substrate sets it")
+                raise ReslmError(f"{key} {overrides[key]} (from --{key.replace('_', '-')} or the preset) is not the "
+                                 f"{value} of the {name} substrate: leave it out, the substrate sets it")
         return {**overrides, **implied}
 
     def reservoir_config(self):
