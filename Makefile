@@ -13,7 +13,7 @@ $(BIN)/reslm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,bpe,plot,hf]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bpe,plot,hf,hw]'
 	@touch $@
 
 setup: $(BIN)/reslm

@@ -56,13 +56,17 @@ def reservoir_clock(model):
             return out
         return wrapper
 
+    names = ("forward", "replay")   # replay: a recording's states read from its file (reservoir/recorded.py)
     for m in mods:
-        m.forward = timed(m.forward)  # an instance attribute: nn.Module.__call__ and step() find it first
+        for n in names:
+            if hasattr(m, n):
+                setattr(m, n, timed(getattr(m, n)))  # instance attributes: __call__ and step() find them first
     try:
         yield clock
     finally:
         for m in mods:
-            m.__dict__.pop("forward", None)
+            for n in names:
+                m.__dict__.pop(n, None)
 
 
 def _timed(fn, model):
