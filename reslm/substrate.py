@@ -94,6 +94,20 @@ def _new_folder(out: Path):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _npy_rows(path: Path, shape: tuple[int, int]):
+    """Create a float32 .npy file of `shape` and return write(a, rows): rows (k, shape[1]) into rows a..a+k-1.
+    Written through the file, not a memory map, so the process never holds more than the rows it writes."""
+    header = np.lib.format.open_memmap(path, mode="w+", dtype="<f4", shape=shape)
+    offset, row_bytes = header.offset, shape[1] * 4
+    del header                                            # the data part is a hole until written
+
+    def write(a: int, rows) -> None:
+        with open(path, "r+b") as f:
+            f.seek(offset + a * row_bytes)
+            f.write(np.ascontiguousarray(rows, dtype="<f4").tobytes())
+    return write
+
+
 def _check_shards(shards, rows: int) -> None:
     ends = [0] + [b for _, b in shards]
     if [a for a, _ in shards] != ends[:-1] or ends[-1] != rows:
@@ -117,11 +131,9 @@ def export_drive(dataset: CharDataset, out: Path, *, embed_dim: int = 16, seed: 
     with _new_folder(out) as tmp:
         np.save(tmp / EMBEDDING_FILE, E)
         np.save(tmp / TOKENS_FILE, tokens)
-        drive = np.lib.format.open_memmap(tmp / DRIVE_FILE, mode="w+", dtype="<f4", shape=(S, embed_dim))
+        write = _npy_rows(tmp / DRIVE_FILE, (S, embed_dim))
         for a in bar(range(0, S, _CHUNK_ROWS), desc="drive", unit="chunk", enabled=progress, leave=False):
-            drive[a:a + _CHUNK_ROWS] = E[tokens[a:a + _CHUNK_ROWS]]
-        drive.flush()
-        del drive
+            write(a, E[tokens[a:a + _CHUNK_ROWS]])
         write_json(tmp / MANIFEST, dict(
             format=DRIVE_FORMAT, version=DRIVE_VERSION, rows=S, input_dim=embed_dim, seed=seed, dtype="float32",
             shape=[S, embed_dim], files=dict(drive=DRIVE_FILE, embedding=EMBEDDING_FILE, tokens=TOKENS_FILE),
@@ -163,16 +175,16 @@ def simulate(drive_dir: Path, out: Path, *, reservoir: str = "esn", size: int = 
                                                reservoir=reservoir, size=size, seed=m["seed"] if seed is None else seed,
                                                **reservoir_fields), "simulated substrate")
     res = RESERVOIRS[reservoir][1](cfg.reservoir_config())
-    drive = np.load(Path(drive_dir) / DRIVE_FILE, mmap_mode="r")
-    if drive.shape != (m["rows"], m["input_dim"]):
-        raise ReslmError(f"{Path(drive_dir) / DRIVE_FILE} has shape {drive.shape}, the manifest {m['shape']}")
+    drive = StateFile(Path(drive_dir) / DRIVE_FILE)
+    if drive.shape != (m["rows"], m["input_dim"]) or drive.dtype != "float32":
+        raise ReslmError(f"{Path(drive_dir) / DRIVE_FILE} holds {drive.dtype} {drive.shape}, not the manifest's "
+                         f"float32 {tuple(m['shape'])}")
 
     def write(tmp: Path):
-        states = np.lib.format.open_memmap(tmp, mode="w+", dtype="<f4", shape=(m["rows"], size))
+        write_rows = _npy_rows(tmp, (m["rows"], size))
         for k, (a, b) in enumerate(bar(m["shards"], desc="simulate", unit="shard", enabled=progress, leave=False)):
-            u = torch.from_numpy(np.array(drive[a:b]))                                     # (S_k, d)
-            states[a:b] = _play_shard(res, u, noise, generator(noise_seed, NOISE_KEY, k)).numpy()
-        states.flush()
+            u = drive.rows(a, b)                                                            # (S_k, d)
+            write_rows(a, _play_shard(res, u, noise, generator(noise_seed, NOISE_KEY, k)).numpy())
 
     atomic_write(Path(out), write)
     return Path(out)

@@ -54,7 +54,7 @@ def test_drive_files(rec, chars):
 
 
 @pytest.mark.parametrize("family", ["rc", "aerc"])
-def test_round_trip_is_exact(rec, chars, tmp_path, family):
+def test_round_trip_is_exact(rec, chars, tmp_path, capsys, family):
     """export -> simulate (no noise) -> import -> train: the losses and test CE of the in-process ESN in
     the matching layout (stream context, one stream per shard), to the bit; `reslm eval` agrees."""
     extra = dict(hidden=4) if family == "aerc" else {}
@@ -67,6 +67,8 @@ def test_round_trip_is_exact(rec, chars, tmp_path, family):
     e_rec = evaluate_run(tmp_path / "rec", length=20, score=0, write=False)
     assert e_rec["test_loss"] == e_ref["test_loss"] == pytest.approx(ref["final_test_loss"], rel=1e-6)  # other batches
     assert e_rec["sample"] == "" and e_rec["overlap"] == {} and "note" in e_rec
+    assert main(["eval", str(tmp_path / "rec"), "--length", "20"]) == 0
+    assert "no sample: a recorded substrate" in capsys.readouterr().out
 
 
 def test_states_are_memory_mapped(rec, chars):
@@ -161,6 +163,7 @@ def test_what_a_recording_cannot_do(rec, chars, tmp_path):
 
 def test_cli(rec, chars, tmp_path, capsys):
     root = str(chars.path.parent)
+    assert main(["substrate", "simulate", "--help"]) == 0 and "--noise" in capsys.readouterr().out
     assert main(["substrate", "export", "--data", "tiny", "--root", root, "--out", str(tmp_path / "d"),
                  "--embed-dim", "4", "--no-progress"]) == 0
     assert main(["substrate", "simulate", str(tmp_path / "d"), "--size", "8", "--noise", "0.01", "--spectral-radius",

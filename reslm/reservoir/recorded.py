@@ -118,10 +118,21 @@ class StateFile:
         self.dtype = _SAFETENSORS_DTYPES.get(raw, raw)
 
     def rows(self, a: int, b: int) -> torch.Tensor:
-        """Rows a..b-1 as a new float32 tensor (only those rows are read from the file)."""
-        if hasattr(self, "_array"):
-            return torch.from_numpy(np.array(self._array[a:b], dtype=np.float32))
-        return self._slice[a:b].to(torch.float32).contiguous()
+        """Rows a..b-1 as a new float32 tensor (only those rows are read from the file). A C-order .npy
+        maps just those rows and unmaps them after the copy, so reading the file piece by piece never
+        keeps more of it mapped (resident) than one piece."""
+        if not hasattr(self, "_array"):
+            return self._slice[a:b].to(torch.float32).contiguous()
+        whole = self._array
+        if not whole.flags.c_contiguous or b <= a:
+            return torch.from_numpy(np.array(whole[a:b], dtype=np.float32))
+        row_bytes = whole.shape[1] * whole.dtype.itemsize
+        window = np.memmap(whole.filename, dtype=whole.dtype, mode="r", offset=whole.offset + a * row_bytes,
+                           shape=(b - a, whole.shape[1]))
+        try:
+            return torch.from_numpy(np.array(window, dtype=np.float32))
+        finally:
+            del window
 
     def blocks(self):
         """(first row, float32 rows) over the whole file, SCAN_ELEMS values at a time."""
