@@ -30,8 +30,8 @@ from reslm.errors import ReslmError, describe
 from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.generate import sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
-from reslm.reproduce import ALL_FAMILIES, BUDGETS, reproduce
 from reslm.models.reservoir_lm import ReservoirLMConfig
+from reslm.reproduce import ALL_FAMILIES, BUDGETS, reproduce
 from reslm.run import CHECKPOINT, CONFIG, LOCK, lock_run, read_config
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.sweep import SWEEPS, run_sweep, write_scaling
