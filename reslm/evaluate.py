@@ -80,12 +80,12 @@ def _timed(fn, model):
         return out, time.perf_counter() - t0, clock["seconds"]
 
 
-def _score_chars(model, tokens: torch.Tensor, context: int, offset: int, batch_size: int = 1024) -> float:
-    """CE over every sample of tokens (at `offset` of the dataset's stream) in pieces of 65,536 samples
+def _score_chars(model, tokens: torch.Tensor, context: int, position: int, batch_size: int = 1024) -> float:
+    """CE over every sample of tokens (at `position` of the dataset's stream) in pieces of 65,536 samples
     (each with its own `context` lead-in)."""
     total, count, piece = 0.0, 0, 65536
     for a in range(0, tokens.numel() - context, piece):
-        feats = model.features(tokens[a:a + piece + context], offset=offset + a)
+        feats = model.features(tokens[a:a + piece + context], position=position + a)
         loss, n = estimate_loss(model, feature_batches(feats, batch_size))
         total, count = total + loss * n, count + n
     return total / max(count, 1)
@@ -137,7 +137,7 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
         bpc = loss * positions / max(chars, 1) / LN2
     else:  # `score` samples: each position after the first `context` characters
         chunk = tokens if score == 0 else tokens[:score + context]
-        loss, score_s, score_res = _timed(lambda: _score_chars(model, chunk, context, offset=a), model)
+        loss, score_s, score_res = _timed(lambda: _score_chars(model, chunk, context, position=a), model)
         positions, bpc = chunk.numel() - context, bits(loss)
     prompt = test[:prompt_len].tolist()
     # A recording (reservoir/recorded.py) cannot read the symbols it would generate: scored, no sample.

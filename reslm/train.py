@@ -287,7 +287,7 @@ class CharShards:
         if self._feats_shard != shard:
             self._feats = None  # free the previous shard's states first
             t0 = time.perf_counter()
-            self._feats = self.model.features(self._tokens(shard), offset=self._span(shard)[0], progress=self.progress,
+            self._feats = self.model.features(self._tokens(shard), position=self._span(shard)[0], progress=self.progress,
                                               **self.kw)
             synchronize(self.device)
             dt = time.perf_counter() - t0
@@ -313,7 +313,7 @@ class CharShards:
     def evaluate(self, model, precision: str) -> dict:
         if self._test is None:
             tokens, start = self._tokens(self.ds.test_shard), self._span(self.ds.test_shard)[0]
-            self._test = [model.features(tokens[s], offset=start + s.start, progress=self.progress, **self.kw)
+            self._test = [model.features(tokens[s], position=start + s.start, progress=self.progress, **self.kw)
                           for s in eval_slices(tokens.numel(), self.context, self.tc.eval_samples)]
         total, count = 0.0, 0
         for feats in self._test:

@@ -75,11 +75,11 @@ def test_states_are_memory_mapped(rec, chars):
     model = build_model("rc", make_config("rc", vocab_size=chars.vocab_size, **recorded(rec / "sub")))
     a, b = chars.shards[2]
     tokens = torch.from_numpy(np.asarray(chars.tokens[a:b], dtype=np.int64))
-    feats = model.features(tokens, offset=a)
+    feats = model.features(tokens, position=a)
     assert isinstance(model.reservoir._states._array, np.memmap)      # the file is mapped, not loaded
     assert feats.inputs.shape == (b - a - 32, N) and torch.equal(feats.targets, tokens[32:])
     with pytest.raises(ReslmError, match="not the ones"):
-        model.features(tokens, offset=a + 1)                          # another span of the stream
+        model.features(tokens, position=a + 1)                          # another span of the stream
     with pytest.raises(ReslmError, match="position of the tokens"):
         model.features(tokens)
 
@@ -134,7 +134,7 @@ def test_checksum_ties_the_tokens(rec, chars, tmp_path):
     np.save(tmp_path / "s.npy", np.load(rec / "states.npy")[:, ::-1].copy())   # same size, other content
     model = build_model("rc", make_config("rc", vocab_size=chars.vocab_size, **recorded(tmp_path / "sub")))
     with pytest.raises(ReslmError, match="changed since it was imported"):
-        model.features(torch.zeros(40, dtype=torch.long), offset=0)
+        model.features(torch.zeros(40, dtype=torch.long), position=0)
 
 
 def test_wrong_dataset_is_refused(rec, tmp_path):

@@ -124,14 +124,14 @@ class ReservoirLM(nn.Module):
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         return F.embedding(idx, self.embedding)
 
-    def features(self, tokens: torch.Tensor, *, offset: int | None = None, dtype: torch.dtype = torch.float32,
+    def features(self, tokens: torch.Tensor, *, position: int | None = None, dtype: torch.dtype = torch.float32,
                  compute_dtype: torch.dtype | None = None, progress: bool = False) -> TensorFeatures:
         """Reservoir states of every sample of a token stream (S,) -> TensorFeatures((M, N), (M,)),
-        stored in `dtype`, computed in `compute_dtype` (default: dtype). `offset` is where tokens[0]
+        stored in `dtype`, computed in `compute_dtype` (default: dtype). `position` is where tokens[0]
         sits in the dataset's stream: a substrate with `replay` (a recording) reads its states there."""
         c = self.config
         if hasattr(self.reservoir, "replay"):   # states after tokens context-1 .. S-2, as shard_states gives
-            states = self.reservoir.replay(tokens, offset)[c.context - 1:-1].to(dtype)
+            states = self.reservoir.replay(tokens, position)[c.context - 1:-1].to(dtype)
         else:
             states = shard_states(self.reservoir, self.embed, tokens, mode=c.context_mode, context=c.context,
                                   streams=c.streams, warmup=c.warmup, dtype=dtype, compute_dtype=compute_dtype,

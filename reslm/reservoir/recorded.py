@@ -14,7 +14,7 @@ the device returns to rest at every shard start and runs continuously within a s
 equivalent is stream context with `streams 1`: see reslm/substrate.py).
 
 `RecordedReservoir` serves the reservoir LMs (rc, aerc) in stream context only: for the tokens
-tokens[a:b] of the stream, ReservoirLM.features(tokens, offset=a) calls `replay`, which checks that
+tokens[a:b] of the stream, ReservoirLM.features(tokens, position=a) calls `replay`, which checks that
 they are the recording's tokens a..b-1 and reads rows a..b-1 of the memory-mapped file (only those rows
 are read: .npy through np.load(mmap_mode="r"), .safetensors through safe_open's slices). A recording
 cannot read new input, so `forward` and `step` raise: closed-loop generation and window context need
@@ -220,7 +220,7 @@ class RecordedReservoir(nn.Module):
         """States (S, N), float32 on tokens' device: row i is the state recorded right after token
         offset + i of the stream. ReslmError unless `tokens` (S,) are the recording's tokens there."""
         if offset is None:
-            raise ReslmError("a recorded substrate needs the position of the tokens in its stream (features(..., offset=))")
+            raise ReslmError("a recorded substrate needs the position of the tokens in its stream (features(..., position=))")
         states, ids = self._open()
         S = tokens.numel()
         if offset < 0 or offset + S > len(ids):
