@@ -31,11 +31,13 @@ from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_gri
 from reslm.generate import sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.lab import LAB_BUDGETS, SUBSTRATES, run_lab
+from reslm.models.reservoir_lm import ReservoirLMConfig
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, reproduce
 from reslm.reservoir.physical import PhysicalConfig
 from reslm.run import CHECKPOINT, CONFIG, LOCK, lock_run, read_config
 from reslm.search import FAMILIES as SEARCH_FAMILIES
 from reslm.search import run_search
+from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.sweep import SWEEPS, run_sweep, write_scaling
 from reslm.train import TrainConfig, authors_variant, create_run, train
 
@@ -328,12 +330,16 @@ def cmd_eval(args):
         trained = PhysicalConfig(**r["physical_trained"]).describe()
         print(f"readout constraints: {shown}" + (f" (trained with: {trained})" if r["physical_overrides"]
                                                  else " (as trained)"))
-    print(f"generated {r['generation_length']:,} {unit}s in {r['generation_seconds']:.2f} s "
-          f"(reservoir {r['generation_reservoir_seconds']:.2f} s)")
+    if "note" not in r:
+        print(f"generated {r['generation_length']:,} {unit}s in {r['generation_seconds']:.2f} s "
+              f"(reservoir {r['generation_reservoir_seconds']:.2f} s)")
     for n in r["overlap"]:
         print(f"overlap-{n} {r['overlap'][n]:.4f}   distinct-{n} {r['distinct'][n]:.4f}")
-    print(f"--- sample (temperature {args.temperature}) ---")
-    print(r["prompt"] + r["sample"])
+    if "note" in r:
+        print(r["note"])
+    else:
+        print(f"--- sample (temperature {args.temperature}) ---")
+        print(r["prompt"] + r["sample"])
     print(f"(written to {Path(args.run_dir) / eval_file_name(r)})", file=sys.stderr)
 
 
@@ -391,6 +397,25 @@ def cmd_search(args):
     print(f"best of {best['finished']} finished trials: trial {best['best_trial']}, held-out CE "
           f"{best['heldout_loss']:.4f} nats (outputs in {out})")
     print(best["command"])
+
+
+def cmd_substrate(args):
+    progress = not args.no_progress
+    if args.action == "export":
+        ds = find_dataset(args.data, "chars", Path(args.root) if args.root else None)
+        out = export_drive(ds, Path(args.out), embed_dim=args.embed_dim, seed=args.seed, progress=progress)
+        print(f"{out}: drive of {len(ds):,} tokens x {args.embed_dim} inputs ({DRIVE_FILE}, manifest.json)")
+    elif args.action == "simulate":
+        fields_ = _given(args, args._reservoir_fields)
+        out = simulate(Path(args.drive), Path(args.out), reservoir=args.reservoir, size=args.size, seed=args.seed,
+                       noise=args.noise, noise_seed=args.noise_seed, progress=progress, **fields_)
+        print(f"{out}: states of {args.reservoir} (size {args.size}, noise {args.noise:g})")
+    else:
+        m = import_states(Path(args.states), Path(args.drive), Path(args.out), tokens_sha=args.tokens_sha256,
+                          progress=progress)
+        T, N = m["states"]["shape"]
+        print(f"{args.out}: {T:,} x {N} {m['states']['dtype']} states tied to {m['dataset']['name']} "
+              f"(train with --reservoir recorded --reservoir-options path={Path(args.out).resolve()})")
 
 
 def cmd_demo(args):
@@ -472,6 +497,62 @@ def _search_parser(sub, fam_name: str):
     train_fields = _add_flags(sp.add_argument_group("training options (fixed)"), TrainConfig, fam.train,
                               skip={"seed", "device", "optimizer", *TOKEN_ONLY, *(RIDGE_ONLY if fam_name != "rc" else ())})
     sp.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_search)
+
+
+def _substrate_parser(sub):
+    """`reslm substrate export | simulate | import`: a physical reservoir's files (reslm/substrate.py)."""
+    sp = sub.add_parser("substrate", help="a physical reservoir: export its drive, simulate one, import its states",
+                        formatter_class=argparse.RawDescriptionHelpFormatter, description=textwrap.dedent("""\
+        Use a physical (or any external) reservoir: export the input vectors of a dataset's character
+        stream for the device to play, let it record one state row per input row, import that file, then
+        `reslm train --family rc|aerc --reservoir recorded --reservoir-options path=SUBSTRATE`.
+          export    DRIVE/: drive.npy float32 (S, d), embedding.npy, tokens.npy, manifest.json (protocol)
+          simulate  play DRIVE/ through an in-process substrate (+ noise): a stand-in device and a reference
+          import    check STATES (.npy / .safetensors, (S, N)) against DRIVE/ and write SUBSTRATE/
+        The device starts every shard from rest and runs through it; row t = its state after drive[t].
+        The in-process equivalent is --context-mode stream --streams 1 (see reslm/substrate.py)."""))
+    acts = sp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ex = acts.add_parser("export", help="write the drive signal of a dataset for a device to play",
+                         description="Write OUT/drive.npy (float32 (S, d): the fixed random embedding of every "
+                         "character of the dataset, in stream order), embedding.npy (V, d), tokens.npy (int32 ids) "
+                         "and manifest.json (dataset fingerprint, shard boundaries, tokens sha256, the protocol "
+                         "the device must follow). OUT must not exist.")
+    ex.add_argument("--data", default="shakespeare", help="character dataset name under --root, or a path "
+                    "(default shakespeare)")
+    ex.add_argument("--embed-dim", type=int, default=16, help="d, the input size (default 16, the paper's)")
+    ex.add_argument("--seed", type=int, default=0, help="embedding seed; train with the same --seed (default 0)")
+    ex.add_argument("--out", required=True, help="the drive folder to write")
+    _shared(ex, "--root", "--no-progress")
+    si = acts.add_parser("simulate", help="play a drive through an in-process substrate (a simulated device)",
+                         description="Play DRIVE/ through the in-process substrate that `reslm train --reservoir "
+                         "NAME` would build with these settings, following the device protocol, and write its "
+                         "states (S, N) float32 to OUT (.npy), optionally with Gaussian measurement noise. "
+                         "With noise 0 the imported result trains exactly like --context-mode stream --streams 1.")
+    si.add_argument("drive", help="a folder written by `reslm substrate export`")
+    si.add_argument("--reservoir", default="esn", help="substrate name (default esn; see reslm.reservoir)")
+    si.add_argument("--size", type=int, default=750, help="N, state size (default 750)")
+    si.add_argument("--seed", type=int, help="reservoir seed (default: the drive's embedding seed)")
+    si.add_argument("--noise", type=float, default=0.0, help="std of Gaussian noise added to every state value "
+                    "(default 0)")
+    si.add_argument("--noise-seed", type=int, default=0, help="seed of the noise (default 0)")
+    si.add_argument("--out", required=True, help="the states file to write (.npy)")
+    knobs = ("spectral_radius", "input_scaling", "leak_rate", "density", "input_density", "bias_scaling",
+             "reservoir_options")
+    res_fields = _add_flags(si.add_argument_group("reservoir options (as in `reslm train`)"), ReservoirLMConfig, {},
+                            skip=[f.name for f in fields(ReservoirLMConfig) if f.name not in knobs])
+    _shared(si, "--no-progress")
+    si.set_defaults(_reservoir_fields=res_fields)
+    im = acts.add_parser("import", help="check a device's states against its drive and make a substrate",
+                         description="Check STATES (.npy or .safetensors, memory-mapped: shape (S, N) with S the "
+                         "drive's rows, a float dtype, every value finite, the drive's tokens against their "
+                         "sha256) and write OUT/manifest.json (pointing at STATES where it is: keep it there) "
+                         "and OUT/tokens.npy. Train on it with --reservoir recorded --reservoir-options path=OUT.")
+    im.add_argument("states", help="the device's states file, (S, N), .npy or .safetensors")
+    im.add_argument("--drive", required=True, help="the drive folder the device played")
+    im.add_argument("--out", required=True, help="the substrate folder to write")
+    im.add_argument("--tokens-sha256", help="the tokens sha256 the device reports it played (checked)")
+    _shared(im, "--no-progress")
+    sp.set_defaults(func=cmd_substrate)
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -631,6 +712,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     search_family = _peek(argv, "--family") if argv[:1] == ["search"] else None
     _search_parser(sub, search_family if search_family in SEARCH_FAMILIES else "rc")
+    _substrate_parser(sub)
 
     dm = sub.add_parser("demo", help="the embedded default job: data, three families, table, samples",
                         description="Fetch the Shakespeare corpus if needed, train one model of each family "

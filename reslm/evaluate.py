@@ -20,6 +20,9 @@ What `evaluate_run` measures, on the run's own data (the char runs' test shard, 
 Under other constraints (`physical=` overrides) the result goes to eval-<settings>.json (eval_file_name),
 never over the training-time eval.json. `physical_grid` scores one run under many constraint settings
 (CE only) from one pass of the reservoir over the chunk: eval-physical.json / .csv.
+
+A model whose reservoir is not `drivable` (a recorded substrate, reservoir/recorded.py) is scored only:
+no sample, empty overlap / distinct, generation_length 0 and a `note` saying so.
 """
 from __future__ import annotations
 
@@ -68,13 +71,17 @@ def reservoir_clock(model):
             return out
         return wrapper
 
+    names = ("forward", "replay")   # replay: a recording's states read from its file (reservoir/recorded.py)
     for m in mods:
-        m.forward = timed(m.forward)  # an instance attribute: nn.Module.__call__ and step() find it first
+        for n in names:
+            if hasattr(m, n):
+                setattr(m, n, timed(getattr(m, n)))  # instance attributes: __call__ and step() find them first
     try:
         yield clock
     finally:
         for m in mods:
-            m.__dict__.pop("forward", None)
+            for n in names:
+                m.__dict__.pop(n, None)
 
 
 def _timed(fn, model):
@@ -88,23 +95,26 @@ def _timed(fn, model):
         return out, time.perf_counter() - t0, clock["seconds"]
 
 
-def _score_chars(model, tokens: torch.Tensor, context: int, batch_size: int = 1024) -> float:
-    """CE over every sample of tokens in pieces of 65,536 samples (each with its own `context` lead-in)."""
+def _score_chars(model, tokens: torch.Tensor, context: int, position: int, batch_size: int = 1024) -> float:
+    """CE over every sample of tokens (at `position` of the dataset's stream) in pieces of 65,536 samples
+    (each with its own `context` lead-in)."""
     total, count = 0.0, 0
     for a in range(0, tokens.numel() - context, PIECE):
-        feats = model.features(tokens[a:a + PIECE + context], **noise_stream(model, TEST_KEY, a))
+        feats = model.features(tokens[a:a + PIECE + context], position=position + a,
+                               **noise_stream(model, TEST_KEY, a))
         loss, n = estimate_loss(model, feature_batches(feats, batch_size))
         total, count = total + loss * n, count + n
     return total / max(count, 1)
 
 
-def _score_physical(model, tokens: torch.Tensor, context: int, configs, batch_size: int = 1024) -> list[float]:
+def _score_physical(model, tokens: torch.Tensor, context: int, configs, position: int = 0,
+                    batch_size: int = 1024) -> list[float]:
     """_score_chars under each PhysicalConfig in `configs`: one reservoir pass per piece, then each
     measurement of those raw states (the same test noise draws, scaled by each sigma)."""
     totals, count = [0.0] * len(configs), 0
     for a in range(0, tokens.numel() - context, PIECE):
         piece = tokens[a:a + PIECE + context]
-        raw = model.states(piece)
+        raw = model.states(piece, position=position + a)
         for i, pc in enumerate(configs):
             model.set_physical(pc)
             feats = model.measured(raw.clone(), piece, noise_key=TEST_KEY, offset=a)
@@ -186,21 +196,24 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
         bpc = loss * positions / max(chars, 1) / LN2
     else:  # `score` samples: each position after the first `context` characters
         chunk = tokens if score == 0 else tokens[:score + context]
-        loss, score_s, score_res = _timed(lambda: _score_chars(model, chunk, context), model)
+        loss, score_s, score_res = _timed(lambda: _score_chars(model, chunk, context, position=a), model)
         positions, bpc = chunk.numel() - context, bits(loss)
     prompt = test[:prompt_len].tolist()
+    # A recording (reservoir/recorded.py) cannot read the symbols it would generate: scored, no sample.
+    drivable = getattr(getattr(model, "reservoir", None), "drivable", True)
     gen, gen_s, gen_res = _timed(lambda: sample(model, prompt, length, temperature=temperature, top_k=top_k,
-                                                top_p=top_p, seed=seed), model)
+                                                top_p=top_p, seed=seed), model) if drivable else ([], 0.0, 0.0)
     text = codec.decode(gen)
-    if reference is None:
+    if reference is None and drivable:
         reference = NgramReference(test_text) if token_run else NgramReference(test, base=len(codec.vocab))
     generated = text if token_run else np.asarray(gen, dtype=np.int64)
+    ns = ns if drivable else ()
     result = dict(
         run=str(run_dir), family=cfg["family"], preset=cfg.get("preset"), kind="tokens" if token_run else "chars",
         trainable_params=count_params(model)[0],
         test_loss=loss, test_bits=bits(loss), test_bpc=bpc, score_positions=positions,
         score_seconds=score_s, score_reservoir_seconds=score_res, score_trainable_seconds=score_s - score_res,
-        generation_length=length, generation_seconds=gen_s, generation_reservoir_seconds=gen_res,
+        generation_length=length if drivable else 0, generation_seconds=gen_s, generation_reservoir_seconds=gen_res,
         generation_trainable_seconds=gen_s - gen_res,
         overlap={str(n): reference.overlap(generated, n) for n in ns},
         distinct={str(n): distinct_n(generated, n) for n in ns},
@@ -212,6 +225,8 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
         result["score_windows"] = n_windows
     if trained is not None:
         result.update(physical=asdict(measured), physical_trained=asdict(trained), physical_overrides=physical or {})
+    if not drivable:
+        result["note"] = "no sample: a recorded substrate cannot be driven with generated text"
     if write:
         with lock_run(run_dir):  # not while a trainer is writing the run
             write_json(run_dir / eval_file_name(result), result)
@@ -243,7 +258,7 @@ def physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str 
     chunk = tokens if score == 0 else tokens[:score + context]
     if chunk.numel() <= context:
         raise ReslmError(f"the test text of {run_dir} is too short ({tokens.numel()} characters)")
-    losses, seconds, res_seconds = _timed(lambda: _score_physical(model, chunk, context, configs), model)
+    losses, seconds, res_seconds = _timed(lambda: _score_physical(model, chunk, context, configs, position=a), model)
     rows = [dict(**asdict(pc), test_loss=loss, test_bits=bits(loss)) for pc, loss in zip(configs, losses)]
     result = dict(run=str(run_dir), family=cfg["family"], preset=cfg.get("preset"),
                   physical_trained=asdict(trained), grid={n: list(grid[n]) for n in names},

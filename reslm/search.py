@@ -179,6 +179,9 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
         raise ReslmError("--trials must be >= 1, --seed and --worker >= 0")
     if reservoir not in RESERVOIRS:
         raise ReslmError(f"unknown reservoir {reservoir!r} (known: {', '.join(RESERVOIRS)})")
+    if reservoir not in SPACE:
+        raise ReslmError(f"the {reservoir} substrate has no knobs to search (a recording's states are fixed): "
+                         f"search one of {', '.join(SPACE)}")
     model_over = {**(model_over or {}), "reservoir": reservoir}
     train_over = dict(train_over or {})
     fixed_options = parse_options(reservoir, RESERVOIRS[reservoir][0], model_over.get("reservoir_options", ""),

@@ -318,7 +318,7 @@ class CharShards:
         """The features of a shard's part, timed and logged as a "states" row."""
         t0 = time.perf_counter()
         a, _ = self._span(shard, part)   # noise rows are indexed by the position in the shard
-        feats = self.model.features(self._tokens(shard, part), progress=self.progress, **self.kw,
+        feats = self.model.features(self._tokens(shard, part), position=a, progress=self.progress, **self.kw,
                                     **noise_stream(self.model, train_key(cycle, shard), a - self.ds.shards[shard][0]))
         synchronize(self.device)
         dt = time.perf_counter() - t0
@@ -359,8 +359,8 @@ class CharShards:
 
     def evaluate(self, model, precision: str) -> dict:
         if self._test is None:
-            tokens = self._tokens(self.ds.test_shard)
-            self._test = [model.features(tokens[s], progress=self.progress, **self.kw,
+            tokens, start = self._tokens(self.ds.test_shard), self._span(self.ds.test_shard)[0]
+            self._test = [model.features(tokens[s], position=start + s.start, progress=self.progress, **self.kw,
                                          **noise_stream(model, TEST_KEY, s.start))
                           for s in eval_slices(tokens.numel(), self.context, self.tc.eval_samples)]
         total, count = 0.0, 0

@@ -71,8 +71,10 @@ for (_f, _h, _l), _p in zip([(64, 4, 4), (72, 8, 8), (128, 8, 8), (356, 8, 8), (
 
 
 def make_config(name: str, **overrides):
-    """The family's config with overrides applied and validated (ReslmError on unknown fields)."""
-    return build_config(family(name).config, overrides, name)
+    """The family's config with overrides applied and validated (ReslmError on unknown fields); a
+    config with `complete` (the reservoir LMs) first adds the fields its substrate fixes itself."""
+    cls = family(name).config
+    return build_config(cls, cls.complete(overrides) if hasattr(cls, "complete") else overrides, name)
 
 
 def build_model(name: str, cfg=None, **overrides):

@@ -11,8 +11,9 @@ Training does not call `forward` on raw windows for every model. The paper preco
 responses once per shard and reuses them across epochs, so a model turns a token stream into
 *features* once, and training draws batches from those:
 
-    features(tokens (S,), *, dtype, progress) -> Features      no grad: the fixed reservoir work
-    forward_features(x, targets) -> (logits, loss)              the trainable part only
+    features(tokens (S,), *, position, dtype, progress) -> Features   no grad: the fixed reservoir work
+                                                        (position: where tokens[0] sits in the dataset)
+    forward_features(x, targets) -> (logits, loss)                  the trainable part only
 
 For a reservoir model the features are the states and `forward_features` is the readout; for a
 window model (tf) they are the windows themselves; token models train on windows directly, so their

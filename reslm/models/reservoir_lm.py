@@ -67,6 +67,10 @@ class ReservoirLMConfig:
             raise ReslmError(f"context_mode must be one of {', '.join(CONTEXT_MODES)}, got {self.context_mode!r}")
         if self.reservoir not in RESERVOIRS:
             raise ReslmError(f"unknown reservoir {self.reservoir!r} (known: {', '.join(RESERVOIRS)})")
+        modes = getattr(RESERVOIRS[self.reservoir][0], "context_modes", CONTEXT_MODES)
+        if self.context_mode not in modes:
+            raise ReslmError(f"reservoir {self.reservoir!r} supports context mode {', '.join(modes)} only, "
+                             f"not {self.context_mode!r}")
         for name in ("vocab_size", "embed_dim", "context", "streams", "size"):
             if getattr(self, name) < 1:
                 raise ReslmError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -79,12 +83,33 @@ class ReservoirLMConfig:
         """The readout-side constraints, validated."""
         return PhysicalConfig(**{k: getattr(self, k) for k in PHYSICAL_FIELDS}).validate()
 
+    @classmethod
+    def complete(cls, overrides: dict) -> dict:
+        """`overrides` plus the fields the chosen substrate takes from its own files (a recording's size
+        and embed_dim: `implied` in reslm.reservoir); ReslmError when they were set to something else."""
+        name, text = overrides.get("reservoir", cls.reservoir), overrides.get("reservoir_options", "")
+        cfg_cls = RESERVOIRS.get(name, (None,))[0] if isinstance(name, str) else None
+        if not hasattr(cfg_cls, "implied") or not isinstance(text, str):
+            return overrides   # nothing implied (or a bad value validate() will report)
+        implied = cfg_cls.implied(parse_options(name, cfg_cls, text, reserved={*cls.__dataclass_fields__, "input_dim"}))
+        for key, value in implied.items():
+            if overrides.get(key, value) != value:
+                raise ReslmError(f"{key} {overrides[key]} (from --{key.replace('_', '-')} or the preset) is not the "
+                                 f"{value} of the {name} substrate: leave it out, the substrate sets it")
+        return {**overrides, **implied}
+
     def reservoir_config(self):
         cfg_cls, _ = RESERVOIRS[self.reservoir]
         own = {k: getattr(self, k) for k in cfg_cls.__dataclass_fields__ if hasattr(self, k)}
         extra = parse_options(self.reservoir, cfg_cls, self.reservoir_options,
                               reserved={*self.__dataclass_fields__, "input_dim"})
         return cfg_cls(**own, **extra, input_dim=self.embed_dim)
+
+
+def fixed_embedding(vocab_size: int, embed_dim: int, seed: int) -> torch.Tensor:
+    """The fixed random character embedding E (V, d), E ~ N(0, 1/d) drawn from `seed` (also what
+    `reslm substrate export` plays to a physical device)."""
+    return torch.randn((vocab_size, embed_dim), generator=torch.Generator().manual_seed(seed)) / embed_dim ** 0.5
 
 
 class ReservoirLM(nn.Module):
@@ -100,7 +125,7 @@ class ReservoirLM(nn.Module):
         self.reservoir = reservoir_cls(cfg.reservoir_config())
         emb = torch.empty(cfg.vocab_size, cfg.embed_dim)
         if not emb.is_meta:
-            emb = torch.randn(emb.shape, generator=torch.Generator().manual_seed(cfg.seed)) / cfg.embed_dim ** 0.5
+            emb = fixed_embedding(cfg.vocab_size, cfg.embed_dim, cfg.seed)
         self.register_buffer("embedding", emb)                                  # (V, d), fixed
         self.physical = Physical(cfg.physical_config(), self.reservoir.size, cfg.seed)
         torch_state = torch.random.get_rng_state()
@@ -117,20 +142,24 @@ class ReservoirLM(nn.Module):
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         return F.embedding(idx, self.embedding)
 
-    def features(self, tokens: torch.Tensor, *, dtype: torch.dtype = torch.float32,
+    def features(self, tokens: torch.Tensor, *, position: int | None = None, dtype: torch.dtype = torch.float32,
                  compute_dtype: torch.dtype | None = None, progress: bool = False,
                  noise_key: tuple[int, ...] = OTHER_KEY, offset: int = 0) -> TensorFeatures:
         """Measured, normalised reservoir states of every sample of a token stream (S,) ->
         TensorFeatures((M, N), (M,)), stored in `dtype`, computed in `compute_dtype` (default: dtype).
-        noise_key / offset: sample i's measurement noise is row offset + i of that noise stream
-        (reservoir/physical.py: the split, and where `tokens` starts in its text)."""
-        states = self.states(tokens, dtype=dtype, compute_dtype=compute_dtype, progress=progress)
+        `position` is where tokens[0] sits in the dataset's stream: a substrate with `replay` (a
+        recording) reads its states there. noise_key / offset: sample i's measurement noise is row
+        offset + i of that noise stream (reservoir/physical.py: the split, and where `tokens` starts in
+        its text)."""
+        states = self.states(tokens, position=position, dtype=dtype, compute_dtype=compute_dtype, progress=progress)
         return self.measured(states, tokens, noise_key=noise_key, offset=offset)
 
-    def states(self, tokens: torch.Tensor, *, dtype: torch.dtype = torch.float32,
+    def states(self, tokens: torch.Tensor, *, position: int | None = None, dtype: torch.dtype = torch.float32,
                compute_dtype: torch.dtype | None = None, progress: bool = False) -> torch.Tensor:
         """The raw reservoir states (M, N) of a token stream, before measurement (see `features`)."""
         c = self.config
+        if hasattr(self.reservoir, "replay"):   # states after tokens context-1 .. S-2, as shard_states gives
+            return self.reservoir.replay(tokens, position)[c.context - 1:-1].to(dtype)
         return shard_states(self.reservoir, self.embed, tokens, mode=c.context_mode, context=c.context,
                             streams=c.streams, warmup=c.warmup, dtype=dtype, compute_dtype=compute_dtype,
                             progress=progress)

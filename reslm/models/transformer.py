@@ -208,8 +208,8 @@ class CharTransformer(nn.Module):
                 norm.reset_parameters()
         linear_(self.head)
 
-    def features(self, tokens: torch.Tensor, *, dtype=None, progress: bool = False) -> WindowFeatures:
-        """Windows over the stream (built per batch); dtype/progress are for reservoir models."""
+    def features(self, tokens: torch.Tensor, *, position=None, dtype=None, progress: bool = False) -> WindowFeatures:
+        """Windows over the stream (built per batch); position/dtype/progress are for reservoir models."""
         return WindowFeatures(tokens, self.config.context)
 
     def forward_features(self, x: torch.Tensor, targets: torch.Tensor | None = None):

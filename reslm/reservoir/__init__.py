@@ -39,9 +39,19 @@ seed from their own fields and the rest through `reservoir_options` ("key=value,
     delay     delay.py     DelayConfig      one Mackey-Glass / Ikeda node with delayed feedback, N
                                             virtual nodes: eta, node_coupling, nonlinearity, p, phi,
                                             mask, input_scaling (gamma)
+    recorded  recorded.py  RecordedConfig   states a physical device measured, replayed from a file
+                                            (`reslm substrate import`): path; size and embed_dim come
+                                            from the file; stream context only, cannot generate
 
 LAERC's blocks take any of them whose size fits R = r_mult D (nvar's feature count rarely does; the
-diagonal reservoir needs an even R unless nonlinear).
+diagonal reservoir needs an even R unless nonlinear; a recording serves rc / aerc only).
+
+Optional extras a substrate may give (the models look for them): a config class attribute
+`context_modes` (the context modes it supports), a config staticmethod `implied(options) -> {field:
+value}` (reservoir-LM fields it fixes itself, applied by ReservoirLMConfig.complete), a reservoir
+attribute `drivable` (False: cannot read new input, so no generation) and a reservoir method
+`replay(tokens, offset)` (precomputed states of tokens at `offset` of the dataset's stream, used by
+ReservoirLM.features in place of computing them).
 """
 from reslm.reservoir.esn import ESN, ESNConfig, tanh_recurrence
 from reslm.reservoir.matrices import random_sparse, scale_radius, scale_spectral_radius, spectral_radius
@@ -53,12 +63,14 @@ from reslm.reservoir.nvar import NVAR, NVARConfig
 from reslm.reservoir.diagonal import DiagonalConfig, DiagonalReservoir
 from reslm.reservoir.delay import DelayConfig, DelayReservoir
 from reslm.reservoir.options import parse_options
+from reslm.reservoir.recorded import RecordedConfig, RecordedReservoir
 
 RESERVOIRS = {"esn": (ESNConfig, ESN), "leaky": (LeakyESNConfig, LeakyESN), "deep": (DeepESNConfig, DeepESN),
               "nvar": (NVARConfig, NVAR), "diagonal": (DiagonalConfig, DiagonalReservoir),
-              "delay": (DelayConfig, DelayReservoir)}
+              "delay": (DelayConfig, DelayReservoir), "recorded": (RecordedConfig, RecordedReservoir)}
 
 __all__ = ["ESN", "ESNConfig", "RESERVOIRS", "CONTEXT_MODES", "shard_states", "spectral_radius",
            "scale_spectral_radius", "scale_radius", "random_sparse", "tanh_recurrence", "child_seed",
            "generator", "LeakyESN", "LeakyESNConfig", "DeepESN", "DeepESNConfig", "NVAR", "NVARConfig",
-           "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "parse_options"]
+           "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "RecordedConfig",
+           "RecordedReservoir", "parse_options"]
