@@ -55,6 +55,8 @@ import torch.nn.functional as F
 from reslm import bench_tokens
 from reslm.bench_timing import contention_probe, loadavg, repeat, sig, stats, timing_model, timing_reservoir
 from reslm.device import autocast, bf16_status, pick_device
+from reslm.lab import SUBSTRATES
+from reslm.lab import model_overrides as lab_overrides
 from reslm.models import PRESETS, make_config
 from reslm.models.base import TensorFeatures
 from reslm.models.reference import ReferenceTransformer, authors_logits, authors_window_states
@@ -110,6 +112,7 @@ class BenchPlan:
     budget_s: float = 20.0                 # no new repetition after this many seconds
     seed: int = 0
     token_level: bool = True               # 5. LAERC vs GPT (reslm.bench_tokens)
+    substrate_chars: int = 2**16           # 6. characters per timed stream of each substrate (0: skip)
 
     @classmethod
     def full(cls) -> "BenchPlan":
@@ -119,7 +122,8 @@ class BenchPlan:
     def quick(cls) -> "BenchPlan":
         return cls(recurrence_work=12e9, recurrence_steps=(2, 16), stream_work=0.3e12, stream_steps=(16, 64),
                    window_work=0.05e12, states_bf16=False, models=("rc-750", "aerc-100-20", "tf-128-8-8"), head_steps=4,
-                   tf_steps=1, tf_warmup=1, reps=1, max_reps=10, min_time_s=1.0, budget_s=3.0)
+                   tf_steps=1, tf_warmup=1, reps=1, max_reps=10, min_time_s=1.0, budget_s=3.0,
+                   substrate_chars=2**13)
 
     def timing(self) -> dict:
         """The keyword arguments of bench_timing.repeat."""
@@ -413,6 +417,28 @@ def training_rows(plan: BenchPlan, device: torch.device, states: dict, say) -> d
     return rows
 
 
+# --- 6. substrates -----------------------------------------------------------------------------------
+def substrate_rows(plan: BenchPlan, device: torch.device, say, substrates=None) -> dict:
+    """{substrate: {"size", "chars_per_s", "vs_esn", ...}}: stream-mode reservoir states (model.states,
+    before measurement and normalisation) of each `reslm lab` substrate at its rc-2600-budget size, over
+    a random stream of plan.substrate_chars characters, in `plan.streams` streams, best of the repeats."""
+    rows = {}
+    g = torch.Generator().manual_seed(plan.seed)
+    for name in substrates or SUBSTRATES:
+        over = {**lab_overrides(name, "rc"), "streams": plan.batch, "warmup": plan.stream_warmup}
+        model = timing_model("rc", over, device)
+        tokens = torch.randint(model.config.vocab_size, (plan.substrate_chars,), generator=g).to(device)
+        t = repeat({name: lambda: model.states(tokens)}, device, **plan.timing())[name]
+        n = tokens.numel() - model.config.context
+        rows[name] = dict(size=model.reservoir.size, chars=n, chars_per_s=sig(n / min(t)), **stats(t))
+    esn = rows.get("esn", {}).get("chars_per_s")
+    for name, r in rows.items():
+        r["vs_esn"] = sig(r["chars_per_s"] / esn) if esn else None
+        say(f"substrate {name} N={r['size']}: {r['chars_per_s']:,} chars/s (stream)"
+            + (f", x{r['vs_esn']} the esn's" if esn else ""))
+    return rows
+
+
 # --- the report --------------------------------------------------------------------------------------
 def headline(recurrence: dict, states: dict, training: dict) -> dict:
     """The flat figures of the report from the detailed rows ({dtype: rows} for recurrence/states)."""
@@ -508,6 +534,8 @@ def run_bench(quick: bool = False, progress: bool = False, plan: BenchPlan | Non
     result["load_average"] = dict(before=load_before, after=loadavg(), cpus=os.cpu_count())
     if plan.token_level:
         result["token_level"] = bench_tokens.run(quick, dev, say)
+    if plan.substrate_chars:
+        result["substrate_chars_per_s"] = substrate_rows(plan, dev, say)
     probes["end"] = contention_probe()
     result["contention"] = contention(probes)
     result["seconds"] = sig(time.perf_counter() - t_start)
@@ -582,6 +610,9 @@ def format_summary(r: dict) -> str:
             if name in r.get("training_samples_per_s_bf16", {}):
                 lines.append(f"train {name} bf16 autocast: {r['training_samples_per_s_bf16'][name]:,.0f} samples/s, "
                              f"x{r['speedup_vs_authors_bf16'][name]:.1f} vs authors' approach (fp32)")
+    for name, v in r.get("substrate_chars_per_s", {}).items():
+        lines.append(f"substrate {name} (N={v['size']}): {v['chars_per_s']:,.0f} chars/s stream"
+                     + (f", x{v['vs_esn']:.1f} the esn's" if v.get("vs_esn") else ""))
     for name, t in r.get("token_level", {}).items():
         if name == "targets":
             continue

@@ -2,6 +2,7 @@
 from (ratios, the amortised formula, samples per second from the timed seconds), the
 re-implementations of the authors' approach compute the same numbers as the models, and bf16 rows
 are skipped where bf16 is slow. No absolute speed is asserted anywhere."""
+import dataclasses
 import json
 import math
 import time
@@ -25,7 +26,7 @@ TINY = BenchPlan(batch=16, recurrence_sizes=(32,), recurrence_work=1e5, recurren
                  models=(("rc-32", "rc", dict(size=32)), ("aerc-24-4", "aerc", dict(size=24, hidden=4)),
                          ("tf-16-2-1", "tf", dict(ff_dim=16, n_heads=2, n_layers=1))),
                  head_steps=2, authors_steps=1, tf_steps=1, tf_warmup=1, reps=2, max_reps=2, budget_s=5.0,
-                 token_level=False)
+                 token_level=False, substrate_chars=0)
 RESERVOIR_MODELS = ("rc-32", "aerc-24-4")
 
 
@@ -272,3 +273,16 @@ def test_laerc_stateful_generation_does_not_grow_with_the_prefix():
     g = bench_tokens.generation_ms_per_token(model, (8, 384), CPU, steps=8, reps=3)
     assert g[384]["stateful_ms"] < 3 * g[8]["stateful_ms"]
     assert g[384]["rerun_ms"] > g[8]["rerun_ms"]
+
+
+def test_substrate_rows(monkeypatch):
+    """Every lab substrate's stream states timed (tiny sizes here), relative to the esn's."""
+    real = bench.lab_overrides
+    monkeypatch.setattr(bench, "lab_overrides", lambda name, fam: {**real(name, fam), "size": 48}
+                        if name != "nvar" else dict(real(name, fam), size=153, embed_dim=8, reservoir_options="k=2"))
+    plan = dataclasses.replace(TINY, substrate_chars=300)
+    rows = bench.substrate_rows(plan, CPU, lambda msg: None)
+    assert set(rows) == set(bench.SUBSTRATES) and rows["esn"]["vs_esn"] == 1.0
+    for r in rows.values():
+        assert r["chars"] == 300 - 32 and r["chars_per_s"] == pytest.approx(r["chars"] / r["best_s"], rel=REL)
+        assert r["vs_esn"] == pytest.approx(r["chars_per_s"] / rows["esn"]["chars_per_s"], rel=REL)
