@@ -6,6 +6,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
+# the fast suite runs in 2 pytest-xdist worker processes, one test file per worker at a time (module
+# fixtures are built once; the DDP tests, which start their own processes, stay in one worker)
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-slow bench clean
 
@@ -22,7 +25,7 @@ demo: setup
 	$(BIN)/reslm demo
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow

@@ -154,7 +154,8 @@ def test_bf16_rows_are_skipped_where_bf16_is_slow(monkeypatch):
     monkeypatch.setenv("RESLM_BF16", "0")
     plan = BenchPlan(batch=8, recurrence_sizes=(16,), recurrence_work=1e4, recurrence_steps=(2, 2),
                      states_sizes=(16,), stream_work=1e4, stream_steps=(2, 2), stream_warmup=1, window_work=1e4,
-                     window_samples=(4, 4), models=(), reps=1, max_reps=1, budget_s=1.0, token_level=False)
+                     window_samples=(4, 4), models=(), reps=1, max_reps=1, budget_s=1.0, token_level=False,
+                     substrate_chars=0)
     r = run_bench(plan=plan, device="cpu")
     assert r["bf16"].startswith("skipped: no fast bf16 on this CPU")
     assert "bfloat16" not in r["recurrence"] and r["reservoir_gflops_bf16"] == {} and r["reservoir_states_bf16"] == {}
