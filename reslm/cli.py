@@ -39,7 +39,7 @@ from reslm.search import FAMILIES as SEARCH_FAMILIES
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.sweep import SWEEPS, run_sweep, write_scaling
-from reslm.train import TrainConfig, authors_variant, create_run, train
+from reslm.train import TrainConfig, authors_variant, create_run, grow_cycles, train
 
 # Training fields that only one kind of data uses (the others are hidden from that family's flags).
 CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype")
@@ -220,6 +220,8 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
     if not fresh:
         if not args.resume:
             raise ReslmError(f"{out} already holds a run (add --resume to continue it, or pick another --out)")
+        if "cycles" in train_over and grow_cycles(out, train_over["cycles"]):
+            print(f"reslm: {out} goes on to {train_over.pop('cycles')} cycles", file=sys.stderr)
         if model_over or train_over or args.preset or args.family:
             print(f"reslm: resuming {out} with its saved config (other flags ignored)", file=sys.stderr)
     else:
@@ -440,7 +442,8 @@ def _train_parser(sub, fam_name: str | None):
     t.add_argument("--data", help="dataset name under --root, or a dataset path "
                    "(default: shakespeare; shakespeare-gpt2 for laerc/gpt)")
     t.add_argument("--out", help="run directory (default: runs/<preset or family>)")
-    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint "
+                   "(with its saved config; --cycles K, more than it has, lets a character run go on to K cycles)")
     t.add_argument("--seed", type=int, help="seeds everything: weights, reservoir, shuffling, dropout (default 0)")
     _shared(t, "--root", "--device", "--no-progress")
     model_fields, train_fields = [], []

@@ -491,15 +491,42 @@ def create_run(out: Path, family_name: str, model_overrides: dict, train_overrid
 
 def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrides: dict, dataset,
                preset: str | None = None) -> str:
-    """Create the run, or check that the one in `out` is the same model and budget. Returns what is to
-    be done: "starting", "resuming" or "done" (demo, reproduce and sweep skip finished runs with it)."""
+    """Create the run, or check that the one in `out` is the same model and budget (a character run
+    asked for more cycles grows: grow_cycles). Returns what is to be done: "starting", "resuming",
+    "resuming to K cycles" or "done" (demo, reproduce and sweep skip finished runs with it)."""
     cfg = make_run_config(family_name, model_overrides, train_overrides, dataset, preset)
     if (Path(out) / CONFIG).is_file():
-        check_same_run(out, cfg, defaults=asdict(TrainConfig()),
+        have = read_config(out)["train"].get("cycles", 1)   # more cycles than the run has: it grows
+        cycles = min(have, cfg["train"]["cycles"])
+        check_same_run(out, {**cfg, "train": {**cfg["train"], "cycles": cycles}}, defaults=asdict(TrainConfig()),
                        model_defaults=config_dict(family(family_name).config()))
-        return "done" if is_finished(out) else "resuming"
+        grown = grow_cycles(out, cfg["train"]["cycles"])
+        return "done" if is_finished(out) else f"resuming{f' to {grown} cycles' if grown else ''}"
     create_run_dir(Path(out), cfg)
     return "starting"
+
+
+def grow_cycles(run_dir: Path, cycles: int) -> int:
+    """Let a character run go on for more passes over the training shards: when `cycles` is more than
+    the run's config has, the config says `cycles` from now on and the next train() continues where
+    the run stopped (a finished run included). Returns the new count, or 0 when nothing grew. Only
+    where the longer run is exactly what a fresh run of `cycles` would be: a constant learning rate
+    (the shuffle of shard-epoch k and each step's seed depend on k and the step alone), Adam, not the
+    closed-form ridge readout; anything else raises ReslmError. Fewer cycles than the run has is left
+    to check_same_run (a different budget)."""
+    with lock_run(run_dir):
+        cfg = read_config(run_dir)
+        tc = cfg["train"]
+        have = tc.get("cycles", 1)
+        if not isinstance(cycles, int) or cycles <= have:
+            return 0
+        if family(cfg["family"]).data != "chars":
+            raise ReslmError(f"{run_dir} is a token-level run: cycles do not apply (it trains for max_steps)")
+        if tc.get("schedule", "constant") != "constant" or tc.get("optimizer", "adam") == "ridge":
+            raise ReslmError(f"{run_dir} cannot be extended to {cycles} cycles: only a constant-lr, gradient-trained "
+                             f"run goes on exactly as a fresh {cycles}-cycle run would (start a new run instead)")
+        write_json(Path(run_dir) / CONFIG, {**cfg, "train": {**tc, "cycles": cycles}})
+    return cycles
 
 
 def _schedule_key(cfg: dict) -> str:
@@ -736,4 +763,4 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
 
 
 __all__ = ["TrainConfig", "train_config", "step_seed", "lr_at", "CharShards", "TokenWindows", "SOURCES",
-           "check_holdout", "make_run_config", "create_run", "ensure_run", "is_finished", "train", "summarize", "bits"]
+           "check_holdout", "make_run_config", "create_run", "ensure_run", "grow_cycles", "is_finished", "train", "summarize", "bits"]

@@ -177,3 +177,29 @@ def test_non_finite_loss_stops_with_the_last_checkpoint_kept(chars, tmp_path):
         tt.train(out, progress=False)
     assert (out / "checkpoint.pt").read_bytes() != before  # the poisoned file is what we wrote, untouched since
     assert all(np.isfinite(r.get("train_loss", 0.0)) for r in read_metrics(out))
+
+
+def test_more_cycles_grow_a_finished_run_into_the_longer_one(chars, tmp_path):
+    """A finished 1-cycle run asked for 2 cycles goes on and ends where a fresh 2-cycle run ends."""
+    model = dict(size=24, hidden=4)
+    train = {**CHAR_TRAIN, "epoch_samples": 128, "epochs_per_shard": 1}
+    fresh = tt.create_run(tmp_path / "fresh", "aerc", model, {**train, "cycles": 2}, chars)
+    tt.train(fresh, progress=False)
+    grown = tmp_path / "grown"
+    assert tt.ensure_run(grown, "aerc", model, train, chars) == "starting"
+    tt.train(grown, progress=False)
+    assert tt.ensure_run(grown, "aerc", model, train, chars) == "done"
+    assert tt.ensure_run(grown, "aerc", model, {**train, "cycles": 2}, chars) == "resuming to 2 cycles"
+    tt.train(grown, progress=False)
+    assert tt.ensure_run(grown, "aerc", model, {**train, "cycles": 2}, chars) == "done"
+    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
+    assert key(read_metrics(fresh)) == key(read_metrics(grown))
+    a = torch.load(fresh / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(grown / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ReslmError, match="different budget"):   # fewer cycles than the run has
+        tt.ensure_run(grown, "aerc", model, train, chars)
+    cosine = tt.create_run(tmp_path / "cosine", "aerc", model, {**train, "schedule": "cosine"}, chars)
+    with pytest.raises(ReslmError, match="cannot be extended"):
+        tt.grow_cycles(cosine, 2)
