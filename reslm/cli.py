@@ -363,7 +363,7 @@ def cmd_lab(args):
 
 
 def cmd_bench(args):
-    result = run_bench(quick=args.quick, progress=not args.json)
+    result = run_bench(quick=args.quick, progress=not args.no_progress)
     print(json.dumps(result, indent=2) if args.json else format_summary(result))
 
 
@@ -692,10 +692,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure reservoir and training throughput on this machine",
                        description="Benchmark the reservoir recurrence against plain GEMM at the same shape, "
-                       "and training samples/s of the three families in both context modes, against "
-                       "re-implementations of the authors' approach measured in the same run.")
-    b.add_argument("--json", action="store_true", help="print one JSON object")
-    b.add_argument("--quick", action="store_true", help="fewer repetitions (a rough figure in seconds)")
+                       "training samples/s of the three families in both context modes against "
+                       "re-implementations of the authors' approach measured in the same run, LAERC/GPT "
+                       "generation, and the stream states of every lab substrate. Progress lines go to "
+                       "stderr; the summary (or --json) to stdout.")
+    b.add_argument("--json", action="store_true", help="print one JSON object (progress still goes to stderr)")
+    b.add_argument("--quick", action="store_true", help="fewer repetitions and smaller substrate streams (a rough "
+                   "figure in a few minutes)")
+    _shared(b, "--no-progress")
     b.set_defaults(func=cmd_bench)
 
     sw = sub.add_parser("sweep", help="scaling sweep of LAERC vs GPT sizes with L_min = a log10 N + b fits",
