@@ -89,6 +89,17 @@ def test_resume_equals_uninterrupted(corpus, tmp_path, capsys, monkeypatch):
     assert key(full) == key(cut)
 
 
+def test_resume_with_more_cycles_goes_on(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train(corpus, run, "--family", "aerc", "--size", "24", "--hidden", "4", "--epoch-samples", "128") == 0
+    assert json.loads(capsys.readouterr().out)["evaluations"] == 5
+    assert train(corpus, run, "--resume", "--cycles", "2") == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["evaluations"] == 10 and "goes on to 2 cycles" in err
+    assert train(corpus, run, "--resume", "--cycles", "1") == 0           # fewer: ignored, said so
+    assert "other flags ignored" in capsys.readouterr().err
+
+
 def test_presets_json(capsys):
     assert main(["presets", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
