@@ -763,4 +763,5 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
 
 
 __all__ = ["TrainConfig", "train_config", "step_seed", "lr_at", "CharShards", "TokenWindows", "SOURCES",
-           "check_holdout", "make_run_config", "create_run", "ensure_run", "grow_cycles", "is_finished", "train", "summarize", "bits"]
+           "check_holdout", "make_run_config", "create_run", "ensure_run", "grow_cycles", "is_finished", "train",
+           "summarize", "bits"]
