@@ -23,7 +23,8 @@ BATCH = 1024
 
 
 def sdpa_forward(self, x, last_only):
-    """SelfAttention.forward with torch's fused attention (its own dropout and 1/(1-p) rescaling)."""
+    """SelfAttention.forward with torch's fused attention (its own dropout and 1/(1-p) rescaling). The
+    projection lines repeat SelfAttention.forward on purpose: only the attention product is swapped."""
     B, L, d = x.shape
     h, hd = self.n_heads, d // self.n_heads
     train = self.training and self.dropout > 0
