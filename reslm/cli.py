@@ -136,6 +136,16 @@ def _train_family(argv: list[str]) -> str | None:
     return None
 
 
+def _check_resume(argv: list[str]) -> None:
+    """`reslm train --out X --resume` where X holds no run: say so before the family's flags are parsed
+    (with no run there is no family, so its flags would read as unrecognised)."""
+    out = _peek(argv, "--out")
+    is_train = argv[:1] == ["train"] or "train" in argv[:2]
+    if is_train and "--resume" in argv and out and not ({"-h", "--help"} & set(argv)) \
+            and not (Path(out) / CONFIG).exists():
+        raise ReslmError(f"{out} holds no run to resume (no {CONFIG})")
+
+
 # --- commands -----------------------------------------------------------------------------------
 def cmd_data(args):
     root = Path(args.root) if args.root else data.default_data_root()
@@ -734,7 +744,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        _check_resume(argv)
         args = build_parser(argv).parse_args(argv)
+    except ReslmError as e:
+        print(f"reslm: error: {e}", file=sys.stderr)
+        return 2
     except SystemExit as e:  # --help, or a bad flag (one line already printed)
         return int(e.code or 0)
     debug = args.debug or os.environ.get("RESLM_DEBUG", "") not in ("", "0")

@@ -98,6 +98,9 @@ def test_resume_with_more_cycles_goes_on(corpus, tmp_path, capsys):
     assert json.loads(out)["evaluations"] == 10 and "goes on to 2 cycles" in err
     assert train(corpus, run, "--resume", "--cycles", "1") == 0           # fewer: ignored, said so
     assert "other flags ignored" in capsys.readouterr().err
+    # no run there: that is the one line, not argparse's "unrecognized arguments" for the family's flags
+    assert train(corpus, tmp_path / "none", "--resume", "--cycles", "2") == 2
+    assert "holds no run to resume" in err_line(capsys)
 
 
 def test_presets_json(capsys):
