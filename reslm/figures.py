@@ -450,8 +450,8 @@ def plot_substrates(rows, out_dir, stem: str = "substrates", paper: dict | None 
             if paper and fam in paper:
                 ax.axhline(paper[fam], ls="--", lw=1, color=FAMILY_COLORS.get(fam),
                            label=f"paper, {_label(fam)} (full protocol)")
-        lo = min(r["test_loss"] for r in rows)
-        ax.set_ylim(max(0.0, lo - 0.3), max(r["test_loss"] for r in rows) + 0.15)
+        shown = [r["test_loss"] for r in rows] + [v for f, v in (paper or {}).items() if f in fams]
+        ax.set_ylim(max(0.0, min(shown) - 0.3), max(shown) + 0.15)   # the paper's lines in view too
         ax.set_xticks(range(len(subs)), subs)
         ax.set_ylabel("test CE (nats/char)")
         ax.grid(True, axis="y", alpha=0.3)

@@ -127,7 +127,7 @@ def run_lab(out: Path, *, data: str = "shakespeare", budget: str = "quick", subs
         results = dict(budget=dict(name=budget, char_train=bud.char_train, left_out=bud.left_out),
                        data=str(dataset.path), substrates=rows, physical=physical,
                        physical_score=score, seconds=round(time.perf_counter() - t0, 1),
-                       figures={k: {kk: str(vv) if isinstance(vv, Path) else vv for kk, vv in v.items()
+                       figures={k: {kk: vv.name if isinstance(vv, Path) else vv for kk, vv in v.items()  # in OUT
                                     if kk in ("png", "csv", "note")} for k, v in figs.items()})
         write_json(out / "results.json", results)
         report = write_report(out, results)
@@ -172,7 +172,8 @@ def write_report(out: Path, results: dict) -> Path:
               ", ".join(f"{r['bits'] or 'off'}: {r['test_loss']:.4f}" for r in p["adc"]), ""]
     fig = results["figures"]["physical"]
     L += [f"![physical constraints]({Path(fig['png']).name})" if fig.get("png") else fig["note"], "",
-          f"Total wall time {results['seconds']:.0f} s.", ""]
+          f"Wall time of this call {results['seconds']:.0f} s (runs that earlier calls finished are not in it; "
+          "each run's own times are in the table).", ""]
     path = out / "report.md"
     atomic_write(path, lambda tmp: tmp.write_text("\n".join(L), encoding="utf-8"))
     return path
