@@ -11,7 +11,11 @@
                   and left out of the search.
     study         optuna, TPESampler seeded by child_seed(seed, worker, trials already in the study),
                   storage SQLite (default OUT/study.db): re-running continues the study, and several
-                  processes (each its own --worker index) can fill one study together.
+                  processes (each its own --worker index) can fill one study together. A worker
+                  killed mid-trial (kill -9, a lost machine) leaves its finished trials in the
+                  database; its trial in progress stops sending heartbeats (every HEARTBEAT_S) and is
+                  marked failed once it is GRACE_S old by the next worker that starts a trial, which
+                  retries its parameters once (optuna's RetryFailedTrialCallback).
 
 Outputs in OUT (rewritten atomically after every run of the command, from all trials in the study):
     trials.csv          number, state, value, seconds, each parameter, error
@@ -22,12 +26,17 @@ Outputs in OUT (rewritten atomically after every run of the command, from all tr
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
+import inspect
 import io
 import json
 import math
+import os
 import shlex
 import time
+import warnings
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -48,6 +57,7 @@ from reslm.train import CharShards, TrainConfig, check_holdout, lr_at, make_opti
 
 SEARCH_KEY = 200   # seeding key of the samplers (apart from the reservoir's and training's keys)
 FAMILIES = ("rc", "aerc")
+HEARTBEAT_S, GRACE_S = 10, 60   # a running trial's heartbeat period; silent this long, it is stale (killed)
 
 # (low, high, log); int knobs have int bounds. Model fields apply where the substrate's config has them.
 MODEL_KNOBS = {"spectral_radius": (0.1, 1.5, False), "input_scaling": (0.05, 8.0, True),
@@ -163,6 +173,38 @@ def _import_optuna():
     return optuna
 
 
+def _heartbeat_storage(optuna, url: str):
+    """RDBStorage at `url` with heartbeats and one retry of a stale (killed) trial's parameters; the
+    callback's names changed in optuna 5 (RetryHeartbeatStaleTrialCallback), the old ones still work."""
+    stores = optuna.storages
+    retry = getattr(stores, "RetryHeartbeatStaleTrialCallback", None) or stores.RetryFailedTrialCallback
+    arg = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback"
+           in inspect.signature(stores.RDBStorage).parameters else "failed_trial_callback")
+    with warnings.catch_warnings():   # heartbeats are "experimental" in optuna; they are what kill -9 needs
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return stores.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                 **{arg: retry(max_retry=1)},
+                                 # SQLite: several workers wait for the write lock up to 60 s, not 5
+                                 engine_kwargs=dict(connect_args={"timeout": 60}) if url.startswith("sqlite") else None)
+
+
+def _open_study(optuna, url: str, name: str):
+    """Create or load the study. Workers started together on a new SQLite file would race to create its
+    tables ("table ... already exists", "UNIQUE constraint failed"): they take turns on a flock beside it."""
+    heartbeat = "://" in url and not url.startswith(("redis", "journal"))   # an RDB URL (module doc)
+    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+    with contextlib.ExitStack() as stack:
+        try:
+            if path and path != ":memory:":
+                fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+                stack.callback(os.close, fd)
+                fcntl.flock(fd, fcntl.LOCK_EX)   # released when fd closes
+            storage = _heartbeat_storage(optuna, url) if heartbeat else url
+            return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+        except Exception as e:  # a bad storage URL, an unreadable database, a study of another direction
+            raise ReslmError(f"cannot open study {name!r} in {url}: {e}") from None
+
+
 def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn", model_over: dict | None = None,
                train_over: dict | None = None, trials: int = 20, optimizer: str = "ridge", storage: str | None = None,
                study_name: str | None = None, seed: int = 0, worker: int = 0, progress: bool = True) -> dict:
@@ -200,13 +242,10 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    storage = storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    url = storage or f"sqlite:///{(out / 'study.db').resolve()}"
     study_name = study_name or f"{family}-{reservoir}-{optimizer}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize", load_if_exists=True)
-    except Exception as e:  # a bad storage URL, an unreadable database, a study of another direction
-        raise ReslmError(f"cannot open study {study_name!r} in {storage}: {e}") from None
+    study = _open_study(optuna, url, study_name)
     # seeded by the worker and the trials already there, so resumed and parallel runs draw apart
     study.sampler = optuna.samplers.TPESampler(seed=child_seed(seed, SEARCH_KEY, worker, len(study.trials)) % 2**32)
     study.set_user_attr("setup", dict(family=family, reservoir=reservoir, optimizer=optimizer))

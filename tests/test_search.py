@@ -3,8 +3,12 @@ held-out objective (the test shard unread) and the missing-optuna error."""
 import csv
 import json
 import shlex
+import signal
+import subprocess
 import sys
+import time
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +110,67 @@ def test_search_bad_input(chars, tmp_path, capsys):
     assert "holdout" in capsys.readouterr().err
     assert main(["search", "--help"]) == 0
     assert "held-out" in capsys.readouterr().out
+
+
+def test_a_trial_killed_mid_run_is_failed_and_retried(chars, tmp_path, monkeypatch):
+    """A worker killed mid-trial leaves a RUNNING trial whose heartbeat stops: the next worker marks it
+    failed and retries its parameters; finished trials stay as they were."""
+    import optuna
+    out = tmp_path / "s"
+    search.run_search(out, chars, model_over=MODEL, trials=2, progress=False)
+    url = f"sqlite:///{(out / 'study.db').resolve()}"
+    storage = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=1)
+    study = optuna.load_study(study_name="rc-esn-ridge", storage=storage)
+    before = [(t.number, t.value) for t in study.trials]
+    dead = study.ask({"spectral_radius": optuna.distributions.FloatDistribution(0.1, 1.5)})
+    storage.record_heartbeat(dead._trial_id)     # as a worker does, then it "dies": no more heartbeats
+    monkeypatch.setattr(search, "GRACE_S", 1)
+    time.sleep(1.5)
+    search.run_search(out, chars, model_over=MODEL, trials=1, progress=False)
+    trials = optuna.load_study(study_name="rc-esn-ridge", storage=url).trials
+    assert [(t.number, t.value) for t in trials[:2]] == before
+    assert trials[dead.number].state == optuna.trial.TrialState.FAIL
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert retried and retried[0].state == optuna.trial.TrialState.COMPLETE
+    assert retried[0].params["spectral_radius"] == dead.params["spectral_radius"]
+
+
+def _complete(db: Path) -> list[tuple[int, float]]:
+    import optuna
+    study = optuna.load_study(study_name="rc-esn-ridge", storage=f"sqlite:///{db}")
+    return [(t.number, t.value) for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+
+@pytest.mark.slow
+def test_two_workers_share_a_study_and_survive_kill_9(chars, tmp_path):
+    """The issue's check, with real processes: two workers fill one SQLite study, one is killed with
+    SIGKILL mid-search, its finished trials survive, and re-running it completes a study of >= 50
+    trials (the killed trial failed by heartbeat and retried). Heartbeats are shortened so that this
+    does not wait a minute."""
+    out, db = tmp_path / "s", tmp_path / "s" / "study.db"
+    code = ("import sys; import reslm.search as s; s.HEARTBEAT_S, s.GRACE_S = 1, 3; from reslm.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+
+    def worker(index: int, trials: int):
+        argv = ["search", "--data", str(chars.path), "--out", str(out), "--size", "30", "--streams", "8",
+                "--trials", str(trials), "--worker", str(index), "--no-progress"]
+        return subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+
+    out.mkdir()
+    first = worker(0, 40)
+    second = worker(1, 25)
+    deadline = time.time() + 300
+    while time.time() < deadline and (not db.exists() or len(_complete(db)) < 10):
+        time.sleep(0.5)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    before = _complete(db)
+    assert len(before) >= 10
+    assert second.wait(timeout=600) == 0, second.stderr.read()
+    again = worker(0, 50 - len(_complete(db)) + 1)
+    assert again.wait(timeout=600) == 0, again.stderr.read()
+    after = _complete(db)
+    assert set(before) <= set(after) and len(after) >= 50
+    rows = _csv(out / "trials.csv")
+    assert len(rows) == len(after) + sum(r["state"] != "COMPLETE" for r in rows)
