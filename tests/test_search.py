@@ -112,6 +112,7 @@ def test_search_bad_input(chars, tmp_path, capsys):
     assert "held-out" in capsys.readouterr().out
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::optuna.exceptions.ExperimentalWarning")
 def test_a_trial_killed_mid_run_is_failed_and_retried(chars, tmp_path, monkeypatch):
     """A worker killed mid-trial leaves a RUNNING trial whose heartbeat stops: the next worker marks it
     failed and retries its parameters; finished trials stay as they were."""
