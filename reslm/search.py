@@ -14,8 +14,8 @@
                   processes (each its own --worker index) can fill one study together. A worker
                   killed mid-trial (kill -9, a lost machine) leaves its finished trials in the
                   database; its trial in progress stops sending heartbeats (every HEARTBEAT_S) and is
-                  marked failed once it is GRACE_S old by the next worker that starts a trial, which
-                  retries its parameters once (optuna's RetryFailedTrialCallback).
+                  marked failed, once they have been silent GRACE_S, by the next worker that starts a
+                  trial, which retries its parameters once (optuna's RetryHeartbeatStaleTrialCallback).
 
 Outputs in OUT (rewritten atomically after every run of the command, from all trials in the study):
     trials.csv          number, state, value, seconds, each parameter, error
@@ -37,7 +37,7 @@ import os
 import shlex
 import time
 import warnings
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -182,10 +182,10 @@ def _heartbeat_storage(optuna, url: str):
            in inspect.signature(stores.RDBStorage).parameters else "failed_trial_callback")
     with warnings.catch_warnings():   # heartbeats are "experimental" in optuna; they are what kill -9 needs
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return stores.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                                 **{arg: retry(max_retry=1)},
-                                 # SQLite: several workers wait for the write lock up to 60 s, not 5
-                                 engine_kwargs=dict(connect_args={"timeout": 60}) if url.startswith("sqlite") else None)
+        # SQLite: several workers wait for the write lock up to 60 s, not 5
+        engine = dict(connect_args={"timeout": 60}) if url.startswith("sqlite") else None
+        return stores.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, engine_kwargs=engine,
+                                 **{arg: retry(max_retry=1)})
 
 
 def _open_study(optuna, url: str, name: str):
