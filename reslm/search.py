@@ -241,11 +241,17 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
     check_holdout(dataset, TrainConfig(**base["train"]), base["model"]["context"])
 
     out = Path(out)
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     url = storage or f"sqlite:///{(out / 'study.db').resolve()}"
     study_name = study_name or f"{family}-{reservoir}-{optimizer}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = _open_study(optuna, url, study_name)
+    try:
+        study = _open_study(optuna, url, study_name)
+    except ReslmError:
+        if made and not any(out.iterdir()):   # leave no empty output folder behind a bad --storage
+            out.rmdir()
+        raise
     # seeded by the worker and the trials already there, so resumed and parallel runs draw apart
     study.sampler = optuna.samplers.TPESampler(seed=child_seed(seed, SEARCH_KEY, worker, len(study.trials)) % 2**32)
     study.set_user_attr("setup", dict(family=family, reservoir=reservoir, optimizer=optimizer))

@@ -108,6 +108,9 @@ def test_search_bad_input(chars, tmp_path, capsys):
     assert "use --optimizer adam" in capsys.readouterr().err
     assert main(["search", "--data", str(chars.path), "--out", str(tmp_path / "b"), "--holdout", "0.999"]) == 2
     assert "holdout" in capsys.readouterr().err
+    for url in ("bogus://x", f"sqlite:///{tmp_path / 'no' / 'dir' / 'x.db'}"):   # one line, no empty --out left
+        assert main(["search", "--data", str(chars.path), "--out", str(tmp_path / "c"), "--storage", url]) == 2
+        assert "cannot open study" in capsys.readouterr().err and not (tmp_path / "c").exists()
     assert main(["search", "--help"]) == 0
     assert "held-out" in capsys.readouterr().out
 
