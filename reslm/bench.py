@@ -47,7 +47,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from reslm import bench_tokens
 from reslm.bench_timing import contention_probe, loadavg, repeat, sig, stats, timing_model, timing_reservoir
 from reslm.device import autocast, bf16_status, pick_device
+from reslm.errors import ReslmError
 from reslm.lab import SUBSTRATES
 from reslm.lab import model_overrides as lab_overrides
 from reslm.models import PRESETS, make_config
@@ -75,6 +76,20 @@ MODES = ("window", "stream")
 
 
 # --- plan ------------------------------------------------------------------------------------------
+SECTIONS = ("recurrence", "states", "training", "tokens", "substrates")   # what `--only` can pick
+
+
+def parse_sections(sections) -> tuple[str, ...]:
+    """"a,b" or a list -> a tuple of SECTIONS, in their order; one-line error on anything else."""
+    if isinstance(sections, str):
+        sections = [x.strip() for x in sections.split(",") if x.strip()]
+    bad = [x for x in sections if x not in SECTIONS]
+    if bad or not sections:
+        raise ReslmError(f"unknown bench section {', '.join(bad) or '(none)'}: use a comma-separated subset "
+                         f"of {','.join(SECTIONS)}")
+    return tuple(x for x in SECTIONS if x in sections)
+
+
 @dataclass
 class BenchPlan:
     """What to measure and how long to spend on it. Work sizes are in flops of the recurrent
@@ -124,6 +139,16 @@ class BenchPlan:
                    window_work=0.05e12, states_bf16=False, models=("rc-750", "aerc-100-20", "tf-128-8-8"), head_steps=4,
                    tf_steps=1, tf_warmup=1, reps=1, max_reps=10, min_time_s=1.0, budget_s=3.0,
                    substrate_chars=2**13)
+
+    def only(self, sections) -> "BenchPlan":
+        """This plan measuring only some of SECTIONS ("training" also times its models' states)."""
+        keep = set(parse_sections(sections))
+        return replace(self, recurrence_dtypes=self.recurrence_dtypes if "recurrence" in keep else (),
+                       states_sizes=self.states_sizes if "states" in keep else (),
+                       states_bf16=self.states_bf16 and "states" in keep,
+                       models=self.models if "training" in keep else (),
+                       token_level=self.token_level and "tokens" in keep,
+                       substrate_chars=self.substrate_chars if "substrates" in keep else 0)
 
     def timing(self) -> dict:
         """The keyword arguments of bench_timing.repeat."""
@@ -498,9 +523,12 @@ def bench_dtypes(device: torch.device) -> tuple[list[str], str]:
 
 
 def run_bench(quick: bool = False, progress: bool = False, plan: BenchPlan | None = None,
-              device: str | torch.device = "auto") -> dict:
-    """Run every measurement of `plan` (BenchPlan.quick() / .full() by default) and return the report."""
+              device: str | torch.device = "auto", only=None) -> dict:
+    """Run every measurement of `plan` (BenchPlan.quick() / .full() by default), or `only` some of
+    SECTIONS ("a,b" or a list), and return the report."""
     plan = plan or (BenchPlan.quick() if quick else BenchPlan.full())
+    if only:
+        plan = plan.only(only)
     dev = pick_device(device) if isinstance(device, str) else device
     say = functools.partial(_log, progress)
     t_start, load_before = time.perf_counter(), loadavg()
@@ -526,6 +554,7 @@ def run_bench(quick: bool = False, progress: bool = False, plan: BenchPlan | Non
 
     result = dict(machine(dev), dtype="float32", bf16=bf16_note, batch_size=plan.batch, context=plan.context,
                   epochs_per_shard=plan.epochs_per_shard, quick=bool(quick),
+                  sections=list(parse_sections(only) if only else SECTIONS),
                   **headline(recurrence, states, training),
                   authors_quoted=dict(AUTHORS_QUOTED, conditions=AUTHORS_QUOTED_CONDITIONS), targets=TARGETS,
                   recurrence=recurrence, reservoir_states=states.get("float32", {}),

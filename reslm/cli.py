@@ -22,7 +22,7 @@ from pathlib import Path
 from reslm import data
 from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
-from reslm.bench import format_summary, run_bench
+from reslm.bench import SECTIONS, format_summary, run_bench
 from reslm.checkpoint import find_dataset, load_run
 from reslm.demo import run_demo
 from reslm.device import pick_device
@@ -373,7 +373,7 @@ def cmd_lab(args):
 
 
 def cmd_bench(args):
-    result = run_bench(quick=args.quick, progress=not args.no_progress)
+    result = run_bench(quick=args.quick, progress=not args.no_progress, only=args.only)
     print(json.dumps(result, indent=2) if args.json else format_summary(result))
 
 
@@ -709,6 +709,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print one JSON object (progress still goes to stderr)")
     b.add_argument("--quick", action="store_true", help="fewer repetitions and smaller substrate streams (a rough "
                    "figure in a few minutes)")
+    b.add_argument("--only", metavar="SECTIONS", help="comma-separated subset of " + ",".join(SECTIONS)
+                   + " (default: all; training also times its models' reservoir states)")
     _shared(b, "--no-progress")
     b.set_defaults(func=cmd_bench)
 

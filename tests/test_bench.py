@@ -287,3 +287,16 @@ def test_substrate_rows(monkeypatch):
     for r in rows.values():
         assert r["chars"] == 300 - 32 and r["chars_per_s"] == pytest.approx(r["chars"] / r["best_s"], rel=REL)
         assert r["vs_esn"] == pytest.approx(r["chars_per_s"] / rows["esn"]["chars_per_s"], rel=REL)
+
+
+def test_only_measures_the_chosen_sections(capsys):
+    r = run_bench(plan=TINY, device="cpu", only="recurrence")
+    assert r["sections"] == ["recurrence"] and r["reservoir_vs_gemm"]["32"] > 0
+    assert r["training"] == {} and r["reservoir_states"] == {} and "token_level" not in r
+    plan = TINY.only(["training", "states"])     # training keeps the states its reservoir rows need
+    assert plan.models == TINY.models and plan.states_sizes == TINY.states_sizes and plan.recurrence_dtypes == ()
+    assert TINY.only("training").states_sizes == () and TINY.only("substrates").models == ()
+    from reslm.cli import main
+    assert main(["bench", "--only", "recurrence,bogus"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "unknown bench section bogus" in err
