@@ -107,7 +107,7 @@ def diagonal_scan(v: torch.Tensor, h: torch.Tensor | None, radius: torch.Tensor,
             out.append(x)
         else:
             if h is not None:
-                x[:, 0] += lam * h
+                x[:, 0].addcmul_(lam, h)                                  # fused: no (B, K) temporary
             for j, p in enumerate(powers):
                 s = 2 ** j
                 if s < x.shape[1]:
