@@ -443,14 +443,26 @@ def training_rows(plan: BenchPlan, device: torch.device, states: dict, say) -> d
 
 
 # --- 6. substrates -----------------------------------------------------------------------------------
+LINEAR_DIAGONAL = "diagonal-linear"   # the lab's diagonal without its fixed tanh mix: the parallel scan alone
+
+
+def _substrate_overrides(name: str) -> dict:
+    """rc-budget model overrides of a lab substrate, or of the linear diagonal reservoir (N = 2K real
+    states from K complex units; the lab's diagonal spends half of N on tanh(M x), one (N/2)^2 GEMM per step)."""
+    if name == LINEAR_DIAGONAL:
+        return {**lab_overrides("diagonal", "rc"), "reservoir_options": "nonlinear=false"}
+    return lab_overrides(name, "rc")
+
+
 def substrate_rows(plan: BenchPlan, device: torch.device, say, substrates=None) -> dict:
     """{substrate: {"size", "chars_per_s", "vs_esn", ...}}: stream-mode reservoir states (model.states,
-    before measurement and normalisation) of each `reslm lab` substrate at its rc-2600-budget size, over
+    before measurement and normalisation) of each `reslm lab` substrate, and of the linear diagonal
+    reservoir (LINEAR_DIAGONAL), at its rc-2600-budget size, over
     a random stream of plan.substrate_chars characters, in `plan.streams` streams, best of the repeats."""
     rows = {}
     g = torch.Generator().manual_seed(plan.seed)
-    for name in substrates or SUBSTRATES:
-        over = {**lab_overrides(name, "rc"), "streams": plan.batch, "warmup": plan.stream_warmup}
+    for name in substrates or (*SUBSTRATES, LINEAR_DIAGONAL):
+        over = {**_substrate_overrides(name), "streams": plan.batch, "warmup": plan.stream_warmup}
         model = timing_model("rc", over, device)
         tokens = torch.randint(model.config.vocab_size, (plan.substrate_chars,), generator=g).to(device)
         t = repeat({name: lambda: model.states(tokens)}, device, **plan.timing())[name]

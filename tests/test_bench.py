@@ -283,7 +283,8 @@ def test_substrate_rows(monkeypatch):
                         if name != "nvar" else dict(real(name, fam), size=153, embed_dim=8, reservoir_options="k=2"))
     plan = dataclasses.replace(TINY, substrate_chars=300)
     rows = bench.substrate_rows(plan, CPU, lambda msg: None)
-    assert set(rows) == set(bench.SUBSTRATES) and rows["esn"]["vs_esn"] == 1.0
+    assert set(rows) == {*bench.SUBSTRATES, "diagonal-linear"} and rows["esn"]["vs_esn"] == 1.0
+    assert rows["diagonal-linear"]["size"] == rows["diagonal"]["size"] == 48
     for r in rows.values():
         assert r["chars"] == 300 - 32 and r["chars_per_s"] == pytest.approx(r["chars"] / r["best_s"], rel=REL)
         assert r["vs_esn"] == pytest.approx(r["chars_per_s"] / rows["esn"]["chars_per_s"], rel=REL)
