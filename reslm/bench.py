@@ -457,8 +457,8 @@ def _substrate_overrides(name: str) -> dict:
 def substrate_rows(plan: BenchPlan, device: torch.device, say, substrates=None) -> dict:
     """{substrate: {"size", "chars_per_s", "vs_esn", ...}}: stream-mode reservoir states (model.states,
     before measurement and normalisation) of each `reslm lab` substrate, and of the linear diagonal
-    reservoir (LINEAR_DIAGONAL), at its rc-2600-budget size, over
-    a random stream of plan.substrate_chars characters, in `plan.streams` streams, best of the repeats."""
+    reservoir (LINEAR_DIAGONAL), at its rc-2600-budget size, over a random stream of plan.substrate_chars
+    characters, in `plan.streams` streams, best of the repeats."""
     rows = {}
     g = torch.Generator().manual_seed(plan.seed)
     for name in substrates or (*SUBSTRATES, LINEAR_DIAGONAL):
