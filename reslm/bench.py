@@ -55,8 +55,7 @@ import torch.nn.functional as F
 from reslm import bench_tokens
 from reslm.bench_timing import contention_probe, loadavg, repeat, sig, stats, timing_model, timing_reservoir
 from reslm.device import autocast, bf16_status, pick_device
-from reslm.errors import ReslmError
-from reslm.lab import SUBSTRATES
+from reslm.lab import SUBSTRATES, _names
 from reslm.lab import model_overrides as lab_overrides
 from reslm.models import PRESETS, make_config
 from reslm.models.base import TensorFeatures
@@ -81,13 +80,7 @@ SECTIONS = ("recurrence", "states", "training", "tokens", "substrates")   # what
 
 def parse_sections(sections) -> tuple[str, ...]:
     """"a,b" or a list -> a tuple of SECTIONS, in their order; one-line error on anything else."""
-    if isinstance(sections, str):
-        sections = [x.strip() for x in sections.split(",") if x.strip()]
-    bad = [x for x in sections if x not in SECTIONS]
-    if bad or not sections:
-        raise ReslmError(f"unknown bench section {', '.join(bad) or '(none)'}: use a comma-separated subset "
-                         f"of {','.join(SECTIONS)}")
-    return tuple(x for x in SECTIONS if x in sections)
+    return _names(sections, SECTIONS, "bench section")
 
 
 @dataclass
@@ -539,7 +532,7 @@ def run_bench(quick: bool = False, progress: bool = False, plan: BenchPlan | Non
     """Run every measurement of `plan` (BenchPlan.quick() / .full() by default), or `only` some of
     SECTIONS ("a,b" or a list), and return the report."""
     plan = plan or (BenchPlan.quick() if quick else BenchPlan.full())
-    if only:
+    if only is not None:
         plan = plan.only(only)
     dev = pick_device(device) if isinstance(device, str) else device
     say = functools.partial(_log, progress)
@@ -566,7 +559,7 @@ def run_bench(quick: bool = False, progress: bool = False, plan: BenchPlan | Non
 
     result = dict(machine(dev), dtype="float32", bf16=bf16_note, batch_size=plan.batch, context=plan.context,
                   epochs_per_shard=plan.epochs_per_shard, quick=bool(quick),
-                  sections=list(parse_sections(only) if only else SECTIONS),
+                  sections=list(SECTIONS if only is None else parse_sections(only)),
                   **headline(recurrence, states, training),
                   authors_quoted=dict(AUTHORS_QUOTED, conditions=AUTHORS_QUOTED_CONDITIONS), targets=TARGETS,
                   recurrence=recurrence, reservoir_states=states.get("float32", {}),

@@ -301,3 +301,5 @@ def test_only_measures_the_chosen_sections(capsys):
     assert main(["bench", "--only", "recurrence,bogus"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "unknown bench section bogus" in err
+    assert main(["bench", "--only", ""]) == 2                  # empty: refused, not the whole bench
+    assert "unknown bench section (none)" in capsys.readouterr().err
