@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import os
 import shutil
 import sys
@@ -39,7 +40,7 @@ from reslm.search import FAMILIES as SEARCH_FAMILIES
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.sweep import SWEEPS, run_sweep, write_scaling
-from reslm.train import TrainConfig, authors_variant, create_run, grow_cycles, train
+from reslm.train import CHECKPOINT_SECONDS, TrainConfig, authors_variant, create_run, grow_cycles, train
 
 # Training fields that only one kind of data uses (the others are hidden from that family's flags).
 CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype")
@@ -226,6 +227,8 @@ def cmd_train(args):
 
 
 def _train_command(args, out: Path, model_over: dict, train_over: dict):
+    if not math.isfinite(args.checkpoint_minutes) or args.checkpoint_minutes < 0:
+        raise ReslmError(f"--checkpoint-minutes must be a finite number >= 0, got {args.checkpoint_minutes}")
     fresh = not (out / CONFIG).exists()
     if not fresh:
         if not args.resume:
@@ -251,7 +254,7 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
         dataset = find_dataset(args.data or ("shakespeare" if kind == "chars" else "shakespeare-gpt2"), kind,
                                Path(args.root) if args.root else None)
         create_run(out, name, {**over, **model_over}, train_over, dataset, preset=args.preset)
-    summary = train(out, progress=not args.no_progress)
+    summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes)
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(summary, indent=2))
 
@@ -455,6 +458,9 @@ def _train_parser(sub, fam_name: str | None):
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint "
                    "(with its saved config; --cycles K, more than it has, lets a character run go on to K cycles)")
     t.add_argument("--seed", type=int, help="seeds everything: weights, reservoir, shuffling, dropout (default 0)")
+    t.add_argument("--checkpoint-minutes", type=float, default=CHECKPOINT_SECONDS / 60, metavar="MIN",
+                   help="between evaluations, also checkpoint after this many minutes of training, so that a kill "
+                        f"loses at most that much (default {CHECKPOINT_SECONDS / 60:g}; the result is the same)")
     _shared(t, "--root", "--device", "--no-progress")
     model_fields, train_fields = [], []
     if fam_name:

@@ -58,6 +58,7 @@ from reslm.run import (CONFIG, MetricsLog, check_same_run, create_run_dir, load_
 OPTIMIZERS = ("adam", "adamw", "ridge")
 SCHEDULES = ("constant", "cosine")
 _EVAL_SEED = 0x5EED_E7A1
+CHECKPOINT_SECONDS = 600.0   # a checkpoint between evaluations after this much training (train())
 
 
 @dataclass
@@ -564,18 +565,23 @@ def _finite(loss: torch.Tensor, params) -> bool:
     return all(p.grad is None or torch.isfinite(p.grad).all() for p in params)
 
 
-def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None) -> dict:
+def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
+          checkpoint_seconds: float = CHECKPOINT_SECONDS) -> dict:
     """Train (or continue training) the run in run_dir; returns the summary (also summary.json).
 
     `stop_at`: stop (after an evaluation and a checkpoint) once this many steps are done; a later call
-    resumes. The run directory is locked while this runs (a second trainer of the same run gets
-    ReslmError). Under torchrun every rank calls this and rank 0 holds the lock (see the module doc)."""
+    resumes. Between evaluations a checkpoint is also written every `checkpoint_seconds` of training,
+    so a kill loses at most that much work even when an evaluation is hours away (a transformer's
+    paper-protocol shard-epoch on a CPU); it holds the running window of the segment's train loss, and
+    the resumed run logs what an uninterrupted one does. The run directory is locked while this runs (a
+    second trainer of the same run gets ReslmError). Under torchrun every rank calls this and rank 0
+    holds the lock (see the module doc)."""
     run_dir = Path(run_dir)
     with lock_run(run_dir) if dist_.env_world()[0] == 0 else contextlib.nullcontext():
-        return _train(run_dir, progress, stop_at)
+        return _train(run_dir, progress, stop_at, checkpoint_seconds)
 
 
-def _train(run_dir: Path, progress: bool, stop_at: int | None) -> dict:
+def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float) -> dict:
     cfg = read_config(run_dir)
     fam = family(cfg["family"])
     tc = run_train_config(cfg)
@@ -602,6 +608,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
 
     step, train_seconds = 0, 0.0
+    # the segment since the last evaluation: summed train loss, its sample count, first step, seconds
+    segment = dict(loss=0.0, n=0, start=0, seconds=0.0, win_loss=0.0, win_steps=0)
     ck = load_checkpoint(run_dir, map_location=device)
     if ck is not None:
         try:
@@ -609,6 +617,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None) -> dict:
             opt.load_state_dict(ck["optimizer"])
             scaler.load_state_dict(ck["scaler"])
             step, train_seconds = int(ck["step"]), float(ck["train_seconds"])
+            segment = {**segment, "start": step, **ck.get("segment", {})}
         except (RuntimeError, KeyError, ValueError, TypeError) as e:
             raise ReslmError(f"the checkpoint in {run_dir} does not fit its config: "
                              f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
@@ -635,9 +644,10 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None) -> dict:
     bar = progress_bar(total=source.total, initial=step, enabled=progress and main and step < end,
                        desc=f"{cfg.get('preset') or cfg['family']}", unit="step")
     model.train()
-    seg_loss, seg_n, win_loss, win_steps = 0.0, 0, 0.0, 0
-    t_seg = t_log = time.perf_counter()   # wall clock since the last checkpoint / step row
-    seg_start = step
+    seg_loss, seg_n, seg_start = segment["loss"], segment["n"], segment["start"]
+    win_loss, win_steps = segment["win_loss"], segment["win_steps"]
+    t_log = t_saved = time.perf_counter()     # wall clock at the last step row / checkpoint
+    t_seg = t_log - segment["seconds"]        # wall clock at the segment's start (last evaluation)
     samples_per_step = tc.batch_size * (tc.grad_accum if fam.data == "tokens" else 1)
     while step < end:
         lr = lr_at(tc, step, source.total)
@@ -700,7 +710,15 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None) -> dict:
             dist_.barrier()
             # windows restart at every checkpoint, so a resumed run logs exactly what an uninterrupted one does
             seg_loss, seg_n, seg_start, win_loss, win_steps = 0.0, 0, step, 0.0, 0
-            t_seg = t_log = time.perf_counter()
+            t_seg = t_log = t_saved = time.perf_counter()
+        elif main and time.perf_counter() - t_saved >= checkpoint_seconds:
+            now = time.perf_counter()
+            save_checkpoint(run_dir, dict(model=model.state_dict(), optimizer=opt.state_dict(),
+                                          scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
+                                          metrics_rows=log.rows,
+                                          segment=dict(loss=seg_loss, n=seg_n, start=seg_start, seconds=now - t_seg,
+                                                       win_loss=win_loss, win_steps=win_steps)))
+            t_saved = time.perf_counter()
     bar.close()
     summary = summarize(run_dir, model, cfg, source) if main else None
     if world > 1:

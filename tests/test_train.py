@@ -163,6 +163,40 @@ def test_char_resume_is_bitwise(chars, tmp_path, monkeypatch, family, model):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("family,model,data", [("tf", dict(ff_dim=16, n_heads=2, n_layers=1), "chars"),
+                                                ("rc", dict(size=32), "chars"), ("gpt", MODELS["gpt"], "dataset")])
+def test_killed_between_evaluations_resumes_from_the_timed_checkpoint(request, tmp_path, monkeypatch, family, model,
+                                                                       data):
+    """checkpoint_seconds=0 writes a checkpoint after every step between evaluations; a run killed right
+    after one of them (mid shard-epoch) resumes from it and logs and ends exactly as an uninterrupted run."""
+    ds = request.getfixturevalue(data)
+    train = ({**CHAR_TRAIN, "epoch_samples": 256, "epochs_per_shard": 1, "log_every": 3} if data == "chars"
+             else {**TRAIN, "max_steps": 12, "eval_every": 6, "log_every": 4})
+    full = tt.create_run(tmp_path / "full", family, model, train, ds)
+    tt.train(full, progress=False)
+    real_save, saves = tt.save_checkpoint, []
+
+    def save_then_die(run_dir, state):
+        real_save(run_dir, state)
+        saves.append(state)
+        if len(saves) == 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    cut = tt.create_run(tmp_path / "cut", family, model, train, ds)
+    with pytest.raises(KeyboardInterrupt):
+        tt.train(cut, progress=False, checkpoint_seconds=0)
+    assert "segment" in saves[-1] and saves[-1]["segment"]["n"] > 0     # died between two evaluations
+    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    tt.train(cut, progress=False)
+    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
+    assert key(read_metrics(full)) == key(read_metrics(cut))
+    a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(cut / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_non_finite_loss_stops_with_the_last_checkpoint_kept(chars, tmp_path):
     out = tt.create_run(tmp_path / "nan", "tf", dict(ff_dim=16, n_heads=2, n_layers=1),
                         {**CHAR_TRAIN, "epoch_samples": 128, "epochs_per_shard": 1, "lr": 1.0}, chars)
