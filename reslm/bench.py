@@ -183,15 +183,18 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
     x = torch.randn(batch, size, generator=g).tanh().to(device, dtype)
     y = torch.empty(batch, size, device=device, dtype=dtype)
 
-    # Driven the way shard_states drives it: time chunks of <= 2^22 state elements, state carried.
-    # (One call over all steps would allocate a fresh buffer of up to 100 MB per call, above glibc's
-    # mmap threshold, and time page faults instead of the recurrence.)
+    # Driven the way shard_states drives it: time chunks of <= 2^22 state elements in one work buffer,
+    # the state carried. (A fresh buffer per call, above glibc's mmap threshold, is mapped and
+    # page-faulted anew each time: the timing would be of page faults, not of the recurrence.)
     chunk = max(1, 2**22 // (batch * size))
+    work = torch.empty((chunk + 1) * batch * size, device=device, dtype=dtype)
+    carry = torch.empty(batch, size, device=device, dtype=dtype)
 
     def reservoir(esn=esn):
         s = s0
         for k in range(0, steps, chunk):
-            _, s = esn(u[:, k:k + chunk], s)
+            _, s = esn(u[:, k:k + chunk], s, work=work)
+            s = carry.copy_(s)
 
     def gemm():
         for _ in range(steps):

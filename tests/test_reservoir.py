@@ -93,6 +93,28 @@ def test_stream_mode_matches_sequential_run(streams, warmup):
         torch.testing.assert_close(states, ref, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["window", "stream"])
+def test_one_work_buffer_for_every_chunk_same_states(mode, monkeypatch):
+    """shard_states hands the ESN one buffer for all chunks; the states are bitwise those of
+    fresh buffers (a reservoir whose forward takes no `work` gets none)."""
+    esn = ESN(ESNConfig(size=48, seed=4))
+    tokens = torch.randint(0, 11, (500,), generator=torch.Generator().manual_seed(2))
+    kw = dict(mode=mode, context=16, streams=8, chunk_elems=48 * 16 * 9)
+    seen, forward = [], ESN.forward
+
+    def spy(self, u, s0=None, work=None):
+        seen.append(None if work is None else work.data_ptr())
+        return forward(self, u, s0, work)
+
+    monkeypatch.setattr(ESN, "forward", spy)
+    reused = shard_states(esn, _embed, tokens, **kw)
+    assert len(seen) >= 2 and len({p for p in seen if p is not None}) == 1
+    monkeypatch.setattr(ESN, "forward", lambda self, u, s0=None: forward(self, u, s0))   # no `work`
+    seen.clear()
+    fresh = shard_states(esn, _embed, tokens, **kw)
+    assert torch.equal(reused, fresh)
+
+
 @pytest.mark.parametrize("norm,measure", [("spectral", spectral_radius), ("singular", largest_singular_value)])
 def test_radius_norm_gives_the_requested_radius(norm, measure):
     esn = ESN(ESNConfig(size=80, spectral_radius=0.9, radius_norm=norm, seed=5))

@@ -96,7 +96,8 @@ class ESNConfig:
 
 @torch.no_grad()
 def tanh_recurrence(states: torch.Tensor, s: torch.Tensor | None, W_T: torch.Tensor,
-                    leak_rate: float = 1.0, block_rows: int = 0) -> torch.Tensor | None:
+                    leak_rate: float = 1.0, block_rows: int = 0,
+                    scratch: torch.Tensor | None = None) -> torch.Tensor | None:
     """The reservoir's hot loop, in place over a time-major buffer.
 
     states (T,B,N) holds the input term W_in u_t + b of every step on entry and the states on exit:
@@ -107,10 +108,14 @@ def tanh_recurrence(states: torch.Tensor, s: torch.Tensor | None, W_T: torch.Ten
     block_rows > 0 cuts each step into row blocks of that many sequences: the GEMM of a block and the
     tanh of its (block_rows, N) result follow each other while the result is still in the cache
     (the "blocked" backend; the same arithmetic row by row, so the same states).
+    `scratch`: a (>= rows, N) buffer to use instead of a new one.
     """
     B = states.shape[1] if states.dim() == 3 else 0
     rows = block_rows if 0 < block_rows < B else B
-    scratch = states.new_empty(rows, states.shape[-1]) if len(states) else None
+    if scratch is None:
+        scratch = states.new_empty(rows, states.shape[-1]) if len(states) else None
+    else:
+        scratch = scratch[:rows]
     for t in range(len(states)):
         x = states[t]                              # (B, N), holds W_in u_t + b
         if s is None:
@@ -198,13 +203,18 @@ class ESN(nn.Module):
             self._cast = (key, tuple(t.to(dtype) for t in bufs))
         return self._cast[1]
 
-    def forward(self, u: torch.Tensor, s0: torch.Tensor | None = None):
+    def forward(self, u: torch.Tensor, s0: torch.Tensor | None = None, work: torch.Tensor | None = None):
         """Run T steps for B sequences. u (B,T,d); s0 (B,N) or None (zero state).
 
         Returns (states (B,T,N), s_T (B,N)) in the compute dtype. Loop backend, time-major: the input
         term W_in u + b of all steps is one GEMM into a (T,B,N) buffer, then `tanh_recurrence` runs
         the steps in place (one BLAS call and one tanh per step, no copies); the returned states are
         a (B,T,N) view. Autocast is off inside: the compute dtype is the config's, not autocast's.
+
+        `work`: a contiguous tensor of at least T*B*N elements in the compute dtype to use as that
+        buffer (no gradient, loop backends). The states returned are then views of `work`, valid until
+        it is reused: shard_states passes one buffer to every chunk, so that a chunk's buffer is not a
+        fresh allocation (above glibc's mmap threshold every one was mapped and page-faulted anew).
         """
         B, T, d = u.shape
         dtype = self.compute_dtype(u.device, u.dtype)
@@ -221,13 +231,24 @@ class ESN(nn.Module):
                 with torch.set_grad_enabled(grad):
                     states, s = torch.rnn_tanh(u.transpose(0, 1), h0, params, True, 1, 0.0, grad, False, False)
                 return states.transpose(0, 1), s[0]
-            inputs = torch.addmm(bias, u.transpose(0, 1).reshape(T * B, d), W_in_T).view(T, B, self.size)
+            u2, N, scratch = u.transpose(0, 1).reshape(T * B, d), self.size, None
+            if work is not None and not grad:
+                if work.dtype != dtype or work.device != u.device or not work.is_contiguous() \
+                        or work.numel() < (T + 1) * B * N:
+                    raise ValueError(f"work buffer: need a contiguous {dtype} tensor of >= {(T + 1) * B * N} "
+                                     f"elements on {u.device}")
+                flat = work.view(-1)
+                inputs = torch.addmm(bias, u2, W_in_T, out=flat[:T * B * N].view(T * B, N))
+                scratch = flat[T * B * N:(T + 1) * B * N].view(B, N)
+            else:
+                inputs = torch.addmm(bias, u2, W_in_T)
+            inputs = inputs.view(T, B, N)
             if grad:
                 states = _recurrence_with_grad(inputs, s0, W_T, self.config.leak_rate)
             else:
                 with torch.no_grad():
                     tanh_recurrence(inputs, s0, W_T, self.config.leak_rate,
-                                    BLOCK_ROWS if self.backend(u.device) == "blocked" else 0)
+                                    BLOCK_ROWS if self.backend(u.device) == "blocked" else 0, scratch)
                 states = inputs
             return states.transpose(0, 1), states[-1]
 

@@ -18,6 +18,7 @@ Both run as batched recurrences: B sequences advance together, so each step is o
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Callable
 
@@ -60,14 +61,22 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
                               desc)
 
 
+def _work(reservoir, elems: int, compute: torch.dtype, device) -> dict:
+    """{"work": one buffer for every chunk} where the reservoir's forward takes one (reslm's ESN:
+    its (T,B,N) states and a (B,N) scratch, so elems = (T + 1) B N)."""
+    takes = "work" in inspect.signature(reservoir.forward).parameters
+    return {"work": torch.empty(elems, dtype=compute, device=device)} if takes else {}
+
+
 def _window_states(reservoir, embed, tokens, M, context, N, dtype, compute, chunk_elems, progress, desc):
     out = torch.empty(M, N, dtype=dtype, device=tokens.device)
     batch = min(M, max(256, chunk_elems // (context * N)))   # >= 256 rows keep the GEMMs efficient
     offsets = torch.arange(context, device=tokens.device)
+    work = _work(reservoir, batch * (context + 1) * N, compute, tokens.device)
     for i0 in bar(range(0, M, batch), desc=f"{desc} (window)", unit="chunk", enabled=progress, leave=False):
         i1 = min(M, i0 + batch)
         windows = tokens[torch.arange(i0, i1, device=tokens.device)[:, None] + offsets]   # (b, context)
-        _, last = reservoir(embed(windows).to(compute))                                     # (b, N)
+        _, last = reservoir(embed(windows).to(compute), **work)                             # (b, N)
         out[i0:i1] = last                                                                   # stored as dtype
     return out
 
@@ -89,11 +98,15 @@ def _stream_states(reservoir, embed, tokens, M, context, N, streams, warmup, dty
     out = torch.empty(B * L, N, dtype=dtype, device=dev)       # position-major: row = position
     out_bl = out.view(B, L, N)
     step = max(1, min(L, chunk_elems // (B * N)))
+    work = _work(reservoir, (step + 1) * B * N, compute, dev)
+    carry = torch.empty_like(s)
     for k0 in bar(range(0, L, step), desc=f"{desc} (stream)", unit="chunk", enabled=progress, leave=False):
         k1 = min(L, k0 + step)
         idx = (starts[:, None] + torch.arange(k0, k1, device=dev)).clamp_(max=P - 1)  # tail padding
-        st, s = reservoir(embed(tokens[idx]).to(compute), s)                         # (B, k, N)
+        st, s = reservoir(embed(tokens[idx]).to(compute), s, **work)                 # (B, k, N)
         out_bl[:, k0:k1] = st
+        if work:                              # s is a view of the buffer the next chunk overwrites
+            s = carry.copy_(s)
     return out[context - 1:P]
 
 
