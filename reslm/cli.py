@@ -254,7 +254,8 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
         dataset = find_dataset(args.data or ("shakespeare" if kind == "chars" else "shakespeare-gpt2"), kind,
                                Path(args.root) if args.root else None)
         create_run(out, name, {**over, **model_over}, train_over, dataset, preset=args.preset)
-    summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes)
+    summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,
+                    cache_states=args.cache_states)
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(summary, indent=2))
 
@@ -461,6 +462,10 @@ def _train_parser(sub, fam_name: str | None):
     t.add_argument("--checkpoint-minutes", type=float, default=CHECKPOINT_SECONDS / 60, metavar="MIN",
                    help="between evaluations, also checkpoint after this many minutes of training, so that a kill "
                         f"loses at most that much (default {CHECKPOINT_SECONDS / 60:g}; the result is the same)")
+    t.add_argument("--cache-states", action="store_true",
+                   help="character reservoir runs: keep the current shard's and the test reservoir states in "
+                        "RUN/states, so that --resume reads them back instead of computing them again "
+                        "(disk: states x N x 4 bytes per shard; removed when the run finishes)")
     _shared(t, "--root", "--device", "--no-progress")
     model_fields, train_fields = [], []
     if fam_name:

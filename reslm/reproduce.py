@@ -69,6 +69,7 @@ class Budget:
     gen_length: int = 2000                 # generated characters per char run (tokens: gen_length // 4)
     score: int = 65536                     # test positions scored per run (0: all)
     kn_orders: tuple = tuple(range(1, 11))
+    cache_states: bool = False             # keep reservoir states on disk across interruptions (train())
     left_out: str = ""
 
 
@@ -101,6 +102,7 @@ BUDGETS = {
         char_train=dict(state_dtype="auto"),
         reservoir_model=dict(context_mode="window"),   # every sample's state from its own 32-char window
         token_sweep="paper", token_data="shakespeare-gpt2", gen_length=10000, score=0,
+        cache_states=True,   # a shard's window states take hours at rc-1750/2600: never compute them twice
         left_out="the number of cycles over the five training shards, which the paper does not give (1 "
                  "here unless --cycles K). Otherwise the character protocol is the paper's: window "
                  "context (each sample's reservoir state from a zero state over its own 32 characters), "
@@ -154,7 +156,7 @@ def _char_runs(out: Path, budget: Budget, families, presets, dataset, device: st
         what = ensure_run(run, fam, model, train_over, dataset, preset=name)
         _log(f"[{i}/{len(plan)}] {name}: {what}")
         if what != "done":
-            train(run, progress=progress)
+            train(run, progress=progress, cache_states=budget.cache_states)
         dirs.append(run)
     return dirs
 

@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -45,20 +46,22 @@ from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_d
                           setup_cuda, state_dtype, synchronize)
 from reslm.errors import ReslmError
 from reslm.models import MODELS, family, make_config
-from reslm.models.base import bits, config_dict, count_params, decay_groups, estimate_loss, feature_batches
+from reslm.models.base import (TensorFeatures, bits, config_dict, count_params, decay_groups, estimate_loss,
+                               feature_batches)
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.progress import bar as progress_bar
 from reslm.progress import say
 from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
 from reslm.ridge import fit_ridge
-from reslm.run import (CONFIG, MetricsLog, check_same_run, create_run_dir, load_checkpoint, lock_run, read_config,
-                       read_metrics, save_checkpoint, write_json)
+from reslm.run import (CONFIG, MetricsLog, atomic_write, check_same_run, create_run_dir, load_checkpoint, lock_run,
+                       read_config, read_metrics, save_checkpoint, write_json)
 
 OPTIMIZERS = ("adam", "adamw", "ridge")
 SCHEDULES = ("constant", "cosine")
 _EVAL_SEED = 0x5EED_E7A1
 CHECKPOINT_SECONDS = 600.0   # a checkpoint between evaluations after this much training (train())
+STATES = "states"            # RUN/states: train(cache_states=True)'s feature cache (StateCache)
 
 
 @dataclass
@@ -211,6 +214,48 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
+class StateCache:
+    """Computed features kept on disk in the run folder (RUN/states/NAME.pt) so that a resumed run
+    reads them back instead of computing them again: window-mode states of a large reservoir take
+    hours per shard on a CPU, longer than the gaps between a laptop's or a session's interruptions.
+
+    Files are written atomically and read back memory-mapped (torch.load(mmap=True)); a file of
+    another dtype or an unreadable one is ignored (and recomputed). Only the current training shard's
+    and the test states are kept; train() removes the folder when the run is finished. The features
+    are a fixed function of the run's config (reservoir, embedding, measurement and its noise seeds),
+    so a cached file gives bitwise what a recomputation gives."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        for tmp in self.folder.glob(".*.tmp"):   # a killed writer's partial file (we hold the run's lock)
+            tmp.unlink(missing_ok=True)
+
+    def load(self, name: str, dtype: torch.dtype) -> "TensorFeatures | None":
+        path = self.folder / f"{name}.pt"
+        if not path.is_file():
+            return None
+        try:
+            d = torch.load(path, mmap=True, weights_only=True)
+            inputs, targets = d["inputs"], d["targets"]
+        except Exception:   # noqa: BLE001 - a torn or foreign file is recomputed, never trusted
+            return None
+        if inputs.dtype != dtype or inputs.dim() != 2 or len(inputs) != len(targets):
+            return None
+        return TensorFeatures(inputs, targets)
+
+    def store(self, name: str, feats, keep_prefix: str | None = None) -> None:
+        self.folder.mkdir(exist_ok=True)
+        if keep_prefix is not None:   # drop the previous training shard's file first (disk)
+            for old in self.folder.glob("*.pt"):
+                if old.stem != name and not old.name.startswith(keep_prefix):
+                    old.unlink(missing_ok=True)
+        try:
+            atomic_write(self.folder / f"{name}.pt",
+                         lambda p: torch.save(dict(inputs=feats.inputs, targets=feats.targets), p))
+        except ReslmError as e:   # e.g. disk full: training goes on, a resume computes them again
+            say(f"reslm: reservoir states not cached ({e})")
+
+
 class CharShards:
     """Shard-cyclic batches over precomputed features (the paper's protocol), see the module doc.
 
@@ -225,11 +270,12 @@ class CharShards:
     eval_kind = "test"
 
     def __init__(self, model, dataset, tc: TrainConfig, device: torch.device, log: MetricsLog | None,
-                 progress: bool, world: int = 1, holdout: float = 0.0):
+                 progress: bool, world: int = 1, holdout: float = 0.0, cache: Path | None = None):
         if world > 1:
             raise ReslmError("multi-process training (torchrun) is for the token families (laerc, gpt)")
         self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
         self.holdout = holdout
+        self.cache = StateCache(cache) if cache is not None and hasattr(model, "reservoir") else None
         self.context = model.config.context
         self.plan = [(c, s, e) for c in range(tc.cycles) for s in dataset.train_shards
                      for e in range(tc.epochs_per_shard)]
@@ -316,16 +362,27 @@ class CharShards:
         return dict(index=k, cycle=cycle, shard=shard, epoch=epoch)
 
     def _compute(self, shard: int, cycle: int, part: str = "train"):
-        """The features of a shard's part, timed and logged as a "states" row."""
+        """The features of a shard's part, timed and logged as a "states" row (read back from the
+        state cache when an earlier process of this run left them there)."""
         t0 = time.perf_counter()
         a, _ = self._span(shard, part)   # noise rows are indexed by the position in the shard
-        feats = self.model.features(self._tokens(shard, part), position=a, progress=self.progress, **self.kw,
-                                    **noise_stream(self.model, train_key(cycle, shard), a - self.ds.shards[shard][0]))
+        name = f"{part}-shard{shard}-cycle{cycle}"
+        feats = self.cache.load(name, self.dtype) if self.cache else None
+        if feats is None:
+            feats = self.model.features(self._tokens(shard, part), position=a, progress=self.progress, **self.kw,
+                                        **noise_stream(self.model, train_key(cycle, shard),
+                                                       a - self.ds.shards[shard][0]))
+            if self.cache and part == "train":
+                self.cache.store(name, feats, keep_prefix="test-")   # this shard's and the test states
+            cached = False
+        else:
+            cached = True
         synchronize(self.device)
         dt = time.perf_counter() - t0
         self.state_seconds += dt
         if self.log is not None:
             self.log.write(dict(kind="states", cycle=cycle, shard=shard, **({"part": part} if self.holdout else {}),
+                                **({"cached": True} if cached else {}),
                                 seconds=round(dt, 4), tokens_per_s=round(len(feats) / dt, 1)))
         return feats
 
@@ -361,9 +418,15 @@ class CharShards:
     def evaluate(self, model, precision: str) -> dict:
         if self._test is None:
             tokens, start = self._tokens(self.ds.test_shard), self._span(self.ds.test_shard)[0]
-            self._test = [model.features(tokens[s], position=start + s.start, progress=self.progress, **self.kw,
-                                         **noise_stream(model, TEST_KEY, s.start))
-                          for s in eval_slices(tokens.numel(), self.context, self.tc.eval_samples)]
+            self._test = []
+            for i, s in enumerate(eval_slices(tokens.numel(), self.context, self.tc.eval_samples)):
+                feats = self.cache.load(f"test-{i}", self.dtype) if self.cache else None
+                if feats is None:
+                    feats = model.features(tokens[s], position=start + s.start, progress=self.progress, **self.kw,
+                                           **noise_stream(model, TEST_KEY, s.start))
+                    if self.cache:
+                        self.cache.store(f"test-{i}", feats)
+                self._test.append(feats)
         total, count = 0.0, 0
         for feats in self._test:
             loss, n = estimate_loss(model, feature_batches(feats, self.tc.batch_size), precision=precision)
@@ -566,7 +629,7 @@ def _finite(loss: torch.Tensor, params) -> bool:
 
 
 def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
-          checkpoint_seconds: float = CHECKPOINT_SECONDS) -> dict:
+          checkpoint_seconds: float = CHECKPOINT_SECONDS, cache_states: bool = False) -> dict:
     """Train (or continue training) the run in run_dir; returns the summary (also summary.json).
 
     `stop_at`: stop (after an evaluation and a checkpoint) once this many steps are done; a later call
@@ -575,13 +638,21 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
     paper-protocol shard-epoch on a CPU); it holds the running window of the segment's train loss, and
     the resumed run logs what an uninterrupted one does. The run directory is locked while this runs (a
     second trainer of the same run gets ReslmError). Under torchrun every rank calls this and rank 0
-    holds the lock (see the module doc)."""
+    holds the lock (see the module doc).
+
+    `cache_states` (character reservoir runs): keep the computed features in RUN/states (StateCache),
+    so that a resumed run does not compute the current shard's and the test states again; the folder
+    is removed once the run is finished."""
     run_dir = Path(run_dir)
     with lock_run(run_dir) if dist_.env_world()[0] == 0 else contextlib.nullcontext():
-        return _train(run_dir, progress, stop_at, checkpoint_seconds)
+        summary = _train(run_dir, progress, stop_at, checkpoint_seconds, cache_states)
+        if is_finished(run_dir):
+            shutil.rmtree(run_dir / STATES, ignore_errors=True)
+        return summary
 
 
-def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float) -> dict:
+def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float,
+           cache_states: bool) -> dict:
     cfg = read_config(run_dir)
     fam = family(cfg["family"])
     tc = run_train_config(cfg)
@@ -600,6 +671,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     log = MetricsLog(run_dir) if main else None
     source = SOURCES[fam.data](model, dataset, tc, device, log, progress and main, world=world,
                                **({"rank": rank} if fam.data == "tokens" else {}),
+                               **({"cache": run_dir / STATES} if cache_states and fam.data == "chars" else {}),
                                **({"holdout": tc.holdout} if tc.optimizer == "ridge" else {}))
     if tc.optimizer == "ridge":
         return _train_ridge(run_dir, cfg, model, source, log, precision, progress)

@@ -128,6 +128,7 @@ def test_paper_budget_is_window_mode_and_resumes(tmp_path, monkeypatch, capsys):
         if len(calls) == 1:
             raise KeyboardInterrupt
         calls.append(run.name)
+        assert kw.get("cache_states") is True      # the paper budget keeps states across interruptions
         return real_train(run, **kw)
 
     monkeypatch.setattr(rep, "train", train_two)
@@ -146,4 +147,5 @@ def test_paper_budget_is_window_mode_and_resumes(tmp_path, monkeypatch, capsys):
         assert {k: cfg["train"][k] for k in ("epochs_per_shard", "batch_size", "lr", "cycles", "eval_samples")} == \
             dict(epochs_per_shard=5, batch_size=1024, lr=1e-4, cycles=1, eval_samples=0)
     assert len(results["char_runs"]) == 3 and tt.is_finished(out / "runs" / "aerc-100-20")
+    assert not any((out / "runs" / r["preset"] / tt.STATES).exists() for r in results["char_runs"])  # cleaned up
     assert "cycles" in (out / "report.md").read_text()

@@ -197,6 +197,43 @@ def test_killed_between_evaluations_resumes_from_the_timed_checkpoint(request, t
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp_path, monkeypatch):
+    """cache_states keeps the shard's and the test features in RUN/states: a run killed mid shard-epoch
+    reads them back (states rows marked cached), ends bitwise as an uninterrupted run, and removes the
+    folder; a torn cache file is computed again, never trusted."""
+    model, train = dict(size=32), {**CHAR_TRAIN, "epoch_samples": 256, "epochs_per_shard": 1}
+    full = tt.create_run(tmp_path / "full", "rc", model, train, chars)
+    tt.train(full, progress=False)
+    real_save, saves = tt.save_checkpoint, []
+
+    def save_then_die(run_dir, state):
+        real_save(run_dir, state)
+        saves.append(state)
+        if len(saves) == 6:                  # step 6: shard-epoch 2, after the test states exist
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    cut = tt.create_run(tmp_path / "cut", "rc", model, train, chars)
+    with pytest.raises(KeyboardInterrupt):
+        tt.train(cut, progress=False, checkpoint_seconds=0, cache_states=True)
+    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    cached = sorted(p.name for p in (cut / tt.STATES).glob("*.pt"))
+    assert cached == ["test-0.pt", "train-shard1-cycle0.pt"]       # shard 0's file went with shard 0
+    torn = cut / tt.STATES / "test-0.pt"
+    torn.write_bytes(torn.read_bytes()[:100])
+    tt.train(cut, progress=False, cache_states=True)
+    rows = read_metrics(cut)
+    states = [(r["shard"], r.get("cached", False)) for r in rows if r["kind"] == "states"]
+    assert states[:4] == [(0, False), (1, False), (1, True), (2, False)]   # shard 1 read back on resume
+    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
+    assert key(read_metrics(full)) == key(rows)
+    a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(cut / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not (cut / tt.STATES).exists()
+
+
 def test_non_finite_loss_stops_with_the_last_checkpoint_kept(chars, tmp_path):
     out = tt.create_run(tmp_path / "nan", "tf", dict(ff_dim=16, n_heads=2, n_layers=1),
                         {**CHAR_TRAIN, "epoch_samples": 128, "epochs_per_shard": 1, "lr": 1.0}, chars)
