@@ -211,8 +211,9 @@ class ESN(nn.Module):
         the steps in place (one BLAS call and one tanh per step, no copies); the returned states are
         a (B,T,N) view. Autocast is off inside: the compute dtype is the config's, not autocast's.
 
-        `work`: a contiguous tensor of at least T*B*N elements in the compute dtype to use as that
-        buffer (no gradient, loop backends). The states returned are then views of `work`, valid until
+        `work`: a contiguous tensor of at least (T+1)*B*N elements in the compute dtype to use as that
+        buffer and the loop's (B,N) scratch (no gradient, loop backends). The states returned are then
+        views of `work`, valid until
         it is reused: shard_states passes one buffer to every chunk, so that a chunk's buffer is not a
         fresh allocation (above glibc's mmap threshold every one was mapped and page-faulted anew).
         """
