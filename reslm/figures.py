@@ -413,7 +413,7 @@ def plot_token_curves(runs, out_dir, stem: str = "fig6_token_loss", smooth: floa
             ax.set_title(_label(fam))
             ax.set_xlabel("optimisation step")
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7, title="lines: smoothed train, dots: val", title_fontsize=7)
+            ax.legend(fontsize=7, loc="upper right", title="lines: smoothed train, dots: val", title_fontsize=7)
         axes[0, 0].set_ylabel("loss (nats/token)")
         fig.suptitle(f"training loss (EMA, smooth = {smooth:g}) and validation loss", fontsize=9)
     return _finish(plt, fig, out_dir, stem, csv_path)

@@ -156,7 +156,7 @@ def _char_runs(out: Path, budget: Budget, families, presets, dataset, device: st
         what = ensure_run(run, fam, model, train_over, dataset, preset=name)
         _log(f"[{i}/{len(plan)}] {name}: {what}")
         if what != "done":
-            train(run, progress=progress, cache_states=budget.cache_states)
+            train(run, progress=progress, cache_states=budget.cache_states and fam in ("rc", "aerc"))
         dirs.append(run)
     return dirs
 

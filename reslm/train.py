@@ -668,6 +668,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     precision = resolve_precision(tc.precision, device)
     setup_cuda()
     model = load_model(cfg, device)
+    if cache_states and not (fam.data == "chars" and hasattr(model, "reservoir")):
+        raise ReslmError(f"--cache-states keeps a character reservoir run's states; a {cfg['family']} run has none")
     log = MetricsLog(run_dir) if main else None
     source = SOURCES[fam.data](model, dataset, tc, device, log, progress and main, world=world,
                                **({"rank": rank} if fam.data == "tokens" else {}),

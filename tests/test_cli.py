@@ -124,13 +124,14 @@ def test_bad_inputs(corpus, tmp_path, capsys):
         ["train", "--preset", "rc-250", "--data", "nope", *data, "--out", str(tmp_path / "r5")],
         ["train", "--preset", "rc-250", "--batch-size", "0", "--data", "tiny", *data, "--out", str(tmp_path / "r6")],
         ["train", "--preset", "rc-250", "--checkpoint-minutes", "-1", "--data", "tiny", *data, "--out", str(tmp_path / "r7")],
+        ["train", "--preset", "tf-64-4-4", "--cache-states", "--data", "tiny", *data, "--out", str(tmp_path / "r8")],
         ["generate", str(tmp_path), "--prompt", "to be"],
     ]
     for argv in cases:
         assert main(argv) == 2, argv
         err_line(capsys)
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
-    assert not any((tmp_path / f"r{i}").exists() for i in range(1, 8))
+    assert not any((tmp_path / f"r{i}").exists() for i in range(1, 9))
 
 
 def test_bad_prompt_and_existing_run(corpus, tmp_path, capsys):
