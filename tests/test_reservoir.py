@@ -75,6 +75,56 @@ def test_window_mode_equals_from_scratch_run():
         torch.testing.assert_close(states[i], ref[0])
 
 
+def _repetitive_text(n: int, seed: int) -> torch.Tensor:
+    """Tokens of a text that repeats words, as natural text does (random tokens share few prefixes)."""
+    g = torch.Generator().manual_seed(seed)
+    words = [torch.randint(0, 11, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g) for _ in range(12)]
+    return torch.cat([words[int(i)] for i in torch.randint(0, 12, (n,), generator=g)])[:n]
+
+
+@pytest.mark.parametrize("name", ["esn", "leaky", "deep", "nvar", "diagonal", "delay"])
+@pytest.mark.parametrize("chunk", [64, 10**6])
+def test_shared_prefix_window_states_equal_the_plain_ones(name, chunk):
+    """Window states computed once per distinct prefix (the default for a pure reservoir) equal every
+    window run from zero, for every registered substrate, across chunk boundaries and repeated windows."""
+    from reslm.reservoir import RESERVOIRS
+    from reslm.reservoir.nvar import nvar_size
+    cfg_cls, cls = RESERVOIRS[name]
+    d = 4 if name == "nvar" else 16
+    size = nvar_size(2, d) if name == "nvar" else 40     # nvar's size is its feature count
+    res = cls(cfg_cls(size=size, input_dim=d, seed=3))
+    emb = torch.randn(11, d, generator=torch.Generator().manual_seed(0))
+    tokens = _repetitive_text(700, seed=5)
+    kw = dict(mode="window", context=12, chunk_elems=size * chunk)
+    assert getattr(res, "pure", False)
+    shared = shard_states(res, lambda i: emb[i], tokens, **kw)
+    plain = shard_states(res, lambda i: emb[i], tokens, share_prefixes=False, **kw)
+    torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_shared_prefixes_step_only_the_distinct_prefixes(monkeypatch):
+    """The shared path runs one reservoir step per distinct prefix (within a sorted chunk), and a
+    reservoir that is not declared pure gets the plain path (every window from zero)."""
+    esn = ESN(ESNConfig(size=24, seed=1))
+    tokens = _repetitive_text(600, seed=2)
+    ctx, M = 10, 600 - 10
+    windows = {tuple(tokens[i:i + ctx].tolist()) for i in range(M)}
+    distinct = sum(len({w[:k] for w in windows}) for k in range(1, ctx + 1))
+    rows, forward = [], ESN.forward
+
+    def count(self, u, s0=None, work=None):
+        rows.append(u.shape[0] * u.shape[1])
+        return forward(self, u, s0, work)
+
+    monkeypatch.setattr(ESN, "forward", count)
+    shard_states(esn, _embed, tokens, mode="window", context=ctx, chunk_elems=24 * 10**6)   # one chunk
+    assert sum(rows) == distinct < 0.6 * ctx * M
+    rows.clear()
+    monkeypatch.setattr(ESN, "pure", False)
+    shard_states(esn, _embed, tokens, mode="window", context=ctx, chunk_elems=24 * 10**6)
+    assert sum(rows) == ctx * M
+
+
 @pytest.mark.parametrize("streams,warmup", [(1, 32), (7, 32), (64, 0), (300, 5)])
 def test_stream_mode_matches_sequential_run(streams, warmup):
     """Each stream piece, after its warm-up, carries the same state a single pass over the text does

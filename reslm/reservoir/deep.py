@@ -55,6 +55,8 @@ class DeepESNConfig(ESNConfig):
 class DeepESN(nn.Module):
     """L stacked ESNs. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N) = layers concatenated, s_T)."""
 
+    pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
+
     def __init__(self, cfg: DeepESNConfig):
         super().__init__()
         cfg.validate()

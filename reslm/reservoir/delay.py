@@ -86,6 +86,8 @@ def _node_scan_matrices(c: float, N: int, block: int):
 class DelayReservoir(nn.Module):
     """Single nonlinear node with delayed feedback. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N), s_T)."""
 
+    pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
+
     def __init__(self, cfg: DelayConfig):
         super().__init__()
         cfg.validate()

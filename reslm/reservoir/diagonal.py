@@ -119,6 +119,8 @@ def diagonal_scan(v: torch.Tensor, h: torch.Tensor | None, radius: torch.Tensor,
 class DiagonalReservoir(nn.Module):
     """Diagonal complex linear reservoir. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N), s_T)."""
 
+    pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
+
     def __init__(self, cfg: DiagonalConfig):
         super().__init__()
         cfg.validate()

@@ -153,6 +153,8 @@ def _recurrence_with_grad(inputs: torch.Tensor, s: torch.Tensor | None, W_T: tor
 class ESN(nn.Module):
     """Fixed tanh reservoir. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N), s_T); step(u_t, s) -> s."""
 
+    pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
+
     def __init__(self, cfg: ESNConfig):
         super().__init__()
         cfg.validate()

@@ -56,6 +56,8 @@ class NVARConfig:
 class NVAR(nn.Module):
     """Polynomial features of the last k inputs. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N), s_T)."""
 
+    pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
+
     def __init__(self, cfg: NVARConfig):
         super().__init__()
         cfg.validate()
