@@ -97,14 +97,17 @@ def test_shared_prefix_window_states_equal_the_plain_ones(name, chunk):
     tokens = _repetitive_text(700, seed=5)
     kw = dict(mode="window", context=12, chunk_elems=size * chunk)
     assert getattr(res, "pure", False)
-    shared = shard_states(res, lambda i: emb[i], tokens, **kw)
+    shared = shard_states(res, lambda i: emb[i], tokens, share_prefixes=True, **kw)
     plain = shard_states(res, lambda i: emb[i], tokens, share_prefixes=False, **kw)
     torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-6)
 
 
 def test_shared_prefixes_step_only_the_distinct_prefixes(monkeypatch):
-    """The shared path runs one reservoir step per distinct prefix (within a sorted chunk), and a
-    reservoir that is not declared pure gets the plain path (every window from zero)."""
+    """The shared path runs one reservoir step per distinct prefix (within a sorted chunk). It is the
+    default for a pure reservoir from SHARE_MIN_SIZE on; one not declared pure gets the plain path
+    (every window from zero)."""
+    import reslm.reservoir.states as states
+    monkeypatch.setattr(states, "SHARE_MIN_SIZE", 24)
     esn = ESN(ESNConfig(size=24, seed=1))
     tokens = _repetitive_text(600, seed=2)
     ctx, M = 10, 600 - 10
@@ -119,10 +122,11 @@ def test_shared_prefixes_step_only_the_distinct_prefixes(monkeypatch):
     monkeypatch.setattr(ESN, "forward", count)
     shard_states(esn, _embed, tokens, mode="window", context=ctx, chunk_elems=24 * 10**6)   # one chunk
     assert sum(rows) == distinct < 0.6 * ctx * M
-    rows.clear()
-    monkeypatch.setattr(ESN, "pure", False)
-    shard_states(esn, _embed, tokens, mode="window", context=ctx, chunk_elems=24 * 10**6)
-    assert sum(rows) == ctx * M
+    for size, pure in [(23, True), (24, False)]:   # below the size, or not pure: every window from zero
+        rows.clear()
+        monkeypatch.setattr(ESN, "pure", pure)
+        shard_states(ESN(ESNConfig(size=size, seed=1)), _embed, tokens, mode="window", context=ctx)
+        assert sum(rows) == ctx * M
 
 
 @pytest.mark.parametrize("streams,warmup", [(1, 32), (7, 32), (64, 0), (300, 5)])

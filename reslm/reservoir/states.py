@@ -23,7 +23,11 @@ windows. So the windows are sorted (lexicographically, whole shard), and step k 
 k-prefix within a sorted chunk, from its (k-1)-prefix's state: about 69% of the plain path's reservoir
 steps on that shard, with the same arithmetic per step. It needs a reservoir whose forward(u, s0) is a
 pure function of its arguments (class attribute `pure = True`: every registered digital substrate); a
-device that cannot be set to a given state (a physical reservoir) runs every window from zero.
+device that cannot be set to a given state (a physical reservoir) runs every window from zero. Each
+step of a chunk also costs a dozen small index operations, so sharing is the default from N = 500 on,
+where the step's GEMM outweighs them (measured on this project's 2-core machine: x1.45 the plain path's
+speed at N = 500, x1.15 at N = 750, x0.55 at N = 250, on 12-40 k characters of Shakespeare, which share
+less than a whole shard does; one thread, best of 2-3 alternated runs on a noisy host).
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from reslm.errors import ReslmError
 from reslm.progress import bar
 
 CONTEXT_MODES = ("window", "stream")
+SHARE_MIN_SIZE = 500   # window states share prefixes from this reservoir size on (module doc)
 
 
 def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor, *,
@@ -54,7 +59,8 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
     chunk_elems bounds the working buffer (time-chunk x batch x N elements); 2^22 (16 MiB in fp32)
     keeps it near the caches (window states at N=750 measured ~35% faster than with 2^26).
     share_prefixes (window mode): compute a prefix shared by several windows once (module doc);
-    None = where the reservoir is `pure`. False runs every window from zero (the reference).
+    None = where the reservoir is `pure` and N >= SHARE_MIN_SIZE. False runs every window from zero
+    (the reference).
     """
     S = tokens.numel()
     M = S - context
@@ -67,7 +73,7 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
     with torch.no_grad():
         if mode == "window":
             if share_prefixes is None:
-                share_prefixes = getattr(reservoir, "pure", False)
+                share_prefixes = getattr(reservoir, "pure", False) and N >= SHARE_MIN_SIZE
             window = _shared_window_states if share_prefixes else _window_states
             return window(reservoir, embed, tokens, M, context, N, dtype, compute_dtype, chunk_elems, progress, desc)
         return _stream_states(reservoir, embed, tokens, M, context, N, streams,
