@@ -54,6 +54,7 @@ ALL_FAMILIES = CHAR_FAMILIES + TOKEN_FAMILIES
 assert set(CHAR_FAMILIES) == set(families("chars"))
 LARGEST = {"tf": "tf-256-16-16", "aerc": "aerc-160-30", "rc": "rc-2600"}
 PAPER = {"test_ce": {"tf": 1.67, "aerc": 1.73, "rc": 1.81}, "a_TF": -1.72, "a_Res": -0.81}
+STATE_DTYPES = ("auto", "float32", "bfloat16")   # --state-dtype of the rc / aerc presets
 FAMILY_NAMES = {"tf": "Transformer", "rc": "Reservoir (RC)", "aerc": "AERC", "laerc": "LAERC", "gpt": "GPT"}
 
 
@@ -64,6 +65,7 @@ class Budget:
     char_train: dict                       # TrainConfig overrides shared by the 15 presets
     token_sweep: str                       # a reslm.sweep.SWEEPS name
     reservoir_model: dict = field(default_factory=dict)  # model overrides of the rc / aerc presets
+    reservoir_train: dict = field(default_factory=dict)  # training overrides of the rc / aerc presets
     token_train: dict = field(default_factory=dict)  # overrides of that sweep's training budget
     token_data: str = "shakespeare-bpe4096"
     gen_length: int = 2000                 # generated characters per char run (tokens: gen_length // 4)
@@ -145,15 +147,17 @@ def _parse_presets(presets, families) -> tuple[str, ...] | None:
 
 def _char_runs(out: Path, budget: Budget, families, presets, dataset, device: str, progress: bool) -> list[Path]:
     train_over = dict(budget.char_train, device=device)
-    plan = [(name, fam, {**model, **(budget.reservoir_model if fam in ("rc", "aerc") else {})})
+    res = ("rc", "aerc")
+    plan = [(name, fam, {**model, **(budget.reservoir_model if fam in res else {})},
+             {**train_over, **(budget.reservoir_train if fam in res else {})})
             for name, (fam, model, _) in PRESETS.items()
             if fam in families and (presets is None or name in presets)]
-    for name, fam, model in plan:  # validate every config before the first run starts
-        make_run_config(fam, model, train_over, dataset, preset=name)
+    for name, fam, model, over in plan:  # validate every config before the first run starts
+        make_run_config(fam, model, over, dataset, preset=name)
     dirs = []
-    for i, (name, fam, model) in enumerate(plan, 1):
+    for i, (name, fam, model, over) in enumerate(plan, 1):
         run = out / "runs" / name
-        what = ensure_run(run, fam, model, train_over, dataset, preset=name)
+        what = ensure_run(run, fam, model, over, dataset, preset=name)
         _log(f"[{i}/{len(plan)}] {name}: {what}")
         if what != "done":
             train(run, progress=progress, cache_states=budget.cache_states and fam in ("rc", "aerc"))
@@ -388,12 +392,14 @@ def write_report(out: Path, results: dict) -> Path:
 def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = None, data: str = "shakespeare",
               token_data: str | None = None, data_root: Path | None = None, device: str = "auto",
               progress: bool = True, command: str = "", cycles: int | None = None,
-              context_mode: str | None = None, presets=None) -> dict:
+              context_mode: str | None = None, presets=None, state_dtype: str | None = None) -> dict:
     """Run the whole reproduction into `out` (see the module docstring); returns results.json's content.
 
     cycles: passes over the training shards (default: the budget's, 1); context_mode: rc/aerc context
     mode instead of the budget's ("window" for the paper budget, "stream" otherwise); presets: only these
-    Table-1 presets (a list or "name,name"; default all of the chosen character families)."""
+    Table-1 presets (a list or "name,name"; default all of the chosen character families); state_dtype:
+    how rc/aerc store (and, where bf16 is fast, compute) their reservoir states: float32, bfloat16 or
+    auto (float32 where it fits in memory), instead of the budget's."""
     if budget not in BUDGETS:
         raise ReslmError(f"unknown budget {budget!r} (use {', '.join(BUDGETS)})")
     bud = BUDGETS[budget]
@@ -403,6 +409,10 @@ def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = N
         bud = replace(bud, char_train={**bud.char_train, "cycles": cycles})
     if context_mode is not None:
         bud = replace(bud, reservoir_model={**bud.reservoir_model, "context_mode": context_mode})
+    if state_dtype is not None:
+        if state_dtype not in STATE_DTYPES:
+            raise ReslmError(f"--state-dtype must be one of {', '.join(STATE_DTYPES)}, got {state_dtype!r}")
+        bud = replace(bud, reservoir_train={**bud.reservoir_train, "state_dtype": state_dtype})
     families = _parse_families(families)
     presets = _parse_presets(presets, families)
     out = Path(out) if out is not None else Path(f"reproduce-{budget}")

@@ -149,3 +149,24 @@ def test_paper_budget_is_window_mode_and_resumes(tmp_path, monkeypatch, capsys):
     assert len(results["char_runs"]) == 3 and tt.is_finished(out / "runs" / "aerc-100-20")
     assert not any((out / "runs" / r["preset"] / tt.STATES).exists() for r in results["char_runs"])  # cleaned up
     assert "cycles" in (out / "report.md").read_text()
+
+
+def test_state_dtype_applies_to_the_reservoir_presets(char_data, tmp_path, capsys):
+    """--state-dtype bfloat16 reaches the rc/aerc runs' training config, not the transformer's; a
+    reproduction resumed with another state dtype is refused (its states would differ), with one line."""
+    out = tmp_path / "bf16"
+    reproduce("smoke", "rc,tf", out, data=str(char_data.path), device="cpu", progress=False,
+              presets="rc-250,tf-64-4-4", state_dtype="bfloat16")
+    dtype = {p: json.loads((out / "runs" / p / "config.json").read_text())["train"].get("state_dtype", "float32")
+             for p in ("rc-250", "tf-64-4-4")}
+    assert dtype == {"rc-250": "bfloat16", "tf-64-4-4": "float32"}
+    with pytest.raises(ReslmError, match="state_dtype"):
+        reproduce("smoke", "rc", out, data=str(char_data.path), device="cpu", progress=False, presets="rc-250",
+                  state_dtype="float32")
+    with pytest.raises(ReslmError, match="--state-dtype must be one of"):
+        reproduce("smoke", "rc", out, data=str(char_data.path), progress=False, state_dtype="fp8")
+    capsys.readouterr()
+    assert main(["reproduce", "--budget", "smoke", "--families", "rc", "--presets", "rc-250", "--out", str(out),
+                 "--data", str(char_data.path), "--state-dtype", "float32"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("reslm: error:")
