@@ -379,8 +379,9 @@ def write_report(out: Path, results: dict) -> Path:
           f"- seeds: every run uses training seed {env['seed']} (shuffling, dropout, reservoir and weight draws); "
           f"sampling seed {results['eval_settings']['seed']}",
           f"- budget `{b['name']}`: character training {json.dumps(b['char_train'])}; token sweep `{b['token_sweep']}` "
-          f"with overrides {json.dumps(b['token_train'])}",
-          f"- wall time of this invocation: " + ", ".join(f"{k} {v:.0f} s" for k, v in results["timings"].items()),
+          f"with overrides {json.dumps(b['token_train'])}; rc/aerc model {json.dumps(b.get('reservoir_model', {}))}, "
+          f"training {json.dumps(b.get('reservoir_train', {}))}",
+          "- wall time of this invocation: " + ", ".join(f"{k} {v:.0f} s" for k, v in results["timings"].items()),
           "", "Finished runs are reused when the command is re-run, so a re-run's wall times cover only what it redid.",
           ""]
     path = out / "report.md"
