@@ -339,7 +339,7 @@ def plot_times(rows, out_dir, stem: str = "fig4_time") -> dict:
             ax.set_title(title)
             ax.grid(True, which="both", alpha=0.3)
         axes[0].set_ylabel("time (seconds)")
-        axes[0].legend(fontsize=7, ncol=2)
+        axes[0].legend(fontsize=7, ncol=2, loc="upper left")   # "best" scans every point (slow)
         fig.suptitle(r"training (solid) / inference (dashed); numbers: $\alpha$ of $y = \alpha\,\log_{10} x$",
                      fontsize=9)
     return _finish(plt, fig, out_dir, stem, csv_path, fits=fits)
