@@ -173,9 +173,10 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
     """ESN.forward over `batch` streams x `steps` steps vs `steps` x torch.mm((B,N),(N,N)), same dtype.
 
     Both sides count 2 B N^2 flops per step; the reservoir side also pays its input GEMM and tanh.
-    The ESN runs with its default backend ("reservoir") and with the row-blocked loop ("blocked")."""
-    esn = timing_reservoir(ESNConfig(size=size, input_dim=input_dim, backend="loop"), device)
-    esn_blocked = timing_reservoir(ESNConfig(size=size, input_dim=input_dim, backend="blocked"), device)
+    The ESN runs with its default backend ("reservoir": on a CPU tanh as 2 sigmoid(2z) - 1), with the
+    plain loop and torch.tanh ("loop", the reference) and with the row-blocked loop ("blocked")."""
+    esn, esn_loop, esn_blocked = (timing_reservoir(ESNConfig(size=size, input_dim=input_dim, backend=b), device)
+                                  for b in ("auto", "loop", "blocked"))
     g = torch.Generator().manual_seed(1)
     u = torch.randn(batch, steps, input_dim, generator=g).to(device, dtype)
     s0 = torch.zeros(batch, size, device=device, dtype=dtype)   # given, so every step has its product
@@ -209,18 +210,20 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
         torch.mm(x, W, out=y)
         torch.tanh(x, out=y)
 
-    t = repeat(dict(gemm=gemm, reservoir=reservoir, blocked=lambda: reservoir(esn_blocked), tanh=tanh), device,
-               **timing, warmup=warm)
+    t = repeat(dict(gemm=gemm, reservoir=reservoir, loop=lambda: reservoir(esn_loop),
+                    blocked=lambda: reservoir(esn_blocked), tanh=tanh), device, **timing, warmup=warm)
     flops = 2.0 * batch * steps * size * size
-    res_s, gemm_s, blk_s = min(t["reservoir"]), min(t["gemm"]), min(t["blocked"])
+    res_s, gemm_s, loop_s, blk_s = (min(t[k]) for k in ("reservoir", "gemm", "loop", "blocked"))
     return dict(size=size, batch=batch, steps=steps, dtype=str(dtype).replace("torch.", ""),
+                backend=esn.backend(device),
                 reservoir_gflops=sig(flops / res_s / 1e9), gemm_gflops=sig(flops / gemm_s / 1e9),
                 reservoir_vs_gemm=sig(gemm_s / res_s),
+                loop_gflops=sig(flops / loop_s / 1e9), loop_vs_gemm=sig(gemm_s / loop_s),
                 blocked_gflops=sig(flops / blk_s / 1e9), blocked_vs_gemm=sig(gemm_s / blk_s),
                 reservoir_ms_per_step=sig(1e3 * res_s / steps), gemm_ms_per_step=sig(1e3 * gemm_s / steps),
                 tanh_ms_per_step=sig(1e3 * min(t["tanh"]) / steps),
                 states_per_s=sig(batch * steps / res_s),
-                reservoir=stats(t["reservoir"]), gemm=stats(t["gemm"]), blocked=stats(t["blocked"]))
+                **{k: stats(t[k]) for k in ("reservoir", "gemm", "loop", "blocked")})
 
 
 def recurrence_rows(plan: BenchPlan, device: torch.device, dtype: str, say) -> dict:
@@ -231,7 +234,8 @@ def recurrence_rows(plan: BenchPlan, device: torch.device, dtype: str, say) -> d
         r = rows[str(N)] = bench_recurrence(N, batch=plan.batch, steps=T, dtype=getattr(torch, dtype),
                                             device=device, input_dim=plan.embed_dim, **plan.timing())
         say(f"recurrence N={N} {dtype} B={plan.batch} T={T}: reservoir {r['reservoir_gflops']} GFLOP/s, "
-            f"gemm {r['gemm_gflops']} GFLOP/s, ratio {r['reservoir_vs_gemm']} (blocked loop {r['blocked_vs_gemm']}) "
+            f"gemm {r['gemm_gflops']} GFLOP/s, ratio {r['reservoir_vs_gemm']} ({r['backend']}; torch.tanh loop "
+            f"{r['loop_vs_gemm']}, blocked {r['blocked_vs_gemm']}) "
             f"(tanh {r['tanh_ms_per_step']} ms/step; best of {r['reservoir']['reps']})")
     return rows
 
@@ -589,7 +593,9 @@ def method(plan: BenchPlan) -> dict:
     return dict(
         repetitions=reps,
         clock="time.perf_counter around each repetition, reslm.device.synchronize before reading it",
-        reservoir_gflops=("ESN.forward(u (B,T,d), s0) with B=batch_size streams and T steps "
+        reservoir_gflops=("ESN.forward(u (B,T,d), s0), its default backend (recurrence[dtype][N]['backend']; "
+                          "on a CPU 'sigmoid', tanh as 2 sigmoid(2z) - 1 in float32; loop_gflops: the plain loop "
+                          "with torch.tanh, blocked_gflops: that loop in row blocks), B=batch_size streams and T steps "
                           f"(T = {plan.recurrence_work:g} flops / (2 B N^2) clamped to {plan.recurrence_steps}; "
                           "per N in recurrence[dtype][N]['steps']), counted as 2 B T N^2 flops; "
                           "timing reservoir (see reslm.bench_timing)"),

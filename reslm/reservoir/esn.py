@@ -22,10 +22,14 @@ pass in); "auto" is float16 on CUDA and float32 on CPU; or a fixed "float32" | "
 "float16". Low-precision weight copies are cast once and cached (not saved; recast when the buffers
 change). States come back in the compute dtype.
 
-Kernels (`backend`): "loop" is `tanh_recurrence`, one GEMM + tanh per step in place; "blocked" is the
-same loop cut into blocks of BLOCK_ROWS sequences (GEMM then tanh per block, cache-resident); "rnn" is
+Kernels (`backend`): "loop" is `tanh_recurrence`, one GEMM + tanh per step in place, the reference;
+"sigmoid" is the same loop with tanh(z) evaluated as 2 sigmoid(2z) - 1 in float32 on a CPU (the 2 is
+the GEMM's alpha and beta, so one sigmoid pass and one affine pass replace torch.tanh, which costs ~6x
+a sigmoid there: its vectorised tanh is the slow, 1-ulp kind); the states differ from loop's by at
+most ~2.4e-7 (2 ulp of 1.0) per step, and in other dtypes or on a GPU it is loop. "blocked" is the
+loop cut into blocks of BLOCK_ROWS sequences (GEMM then tanh per block, cache-resident); "rnn" is
 `torch.rnn_tanh` (cuDNN's fused RNN on a GPU; it also runs on a CPU) and needs leak_rate = 1; "auto"
-picks rnn on CUDA when leak_rate = 1, else loop.
+picks rnn on CUDA when leak_rate = 1, loop elsewhere on a GPU, and sigmoid on a CPU.
 
 Gradients: the weights never get one, but when u (or s0) requires grad and grad mode is on, the
 recurrence is recorded by autograd so that u gets a gradient through the reservoir (LAERC's
@@ -45,7 +49,7 @@ from reslm.reservoir.matrices import (DISTRIBUTIONS, RADIUS_NORMS, random_sparse
 from reslm.reservoir.seeding import generator
 
 DTYPES = ("input", "auto", "float32", "bfloat16", "float16")
-BACKENDS = ("auto", "loop", "blocked", "rnn")
+BACKENDS = ("auto", "loop", "sigmoid", "blocked", "rnn")
 BLOCK_ROWS = 256                      # the blocked backend's rows per GEMM + tanh
 W_KEY, W_IN_KEY, BIAS_KEY = 0, 1, 2   # seeding keys: one generator per matrix
 
@@ -67,7 +71,7 @@ class ESNConfig:
     input_density: float = 1.0      # fraction of non-zero entries in W_in
     bias_scaling: float = 0.0       # b ~ U(-bias_scaling, bias_scaling); 0 = no bias (paper)
     dtype: str = "input"            # compute precision: input (u's dtype) | auto (float16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16
-    backend: str = "auto"           # loop (tanh_recurrence) | blocked (the loop in row blocks) | rnn (torch.rnn_tanh, cuDNN on CUDA) | auto (rnn on CUDA if no leak)
+    backend: str = "auto"           # loop (tanh_recurrence) | sigmoid (loop, tanh as 2 sigmoid(2z) - 1 on CPU fp32) | blocked (the loop in row blocks) | rnn (torch.rnn_tanh, cuDNN on CUDA) | auto (rnn on CUDA if no leak, sigmoid on CPU)
     seed: int = 0
 
     def validate(self):
@@ -94,10 +98,37 @@ class ESNConfig:
             raise ReslmError(f"seed must be a non-negative integer, got {self.seed!r}")
 
 
+_MINUS_ONE = torch.tensor(-1.0)
+
+
+def _tanh_step(x: torch.Tensor, s: torch.Tensor | None, W_T: torch.Tensor, buf: torch.Tensor, via_sigmoid: bool):
+    """x <- tanh(s W_T + x) (s None: tanh(x)), through the scratch `buf` of x's shape.
+
+    via_sigmoid: tanh(z) = 2 sigmoid(2z) - 1, the 2z from the GEMM's alpha = beta = 2 (exact scaling)."""
+    if not via_sigmoid:
+        if s is None:
+            x.tanh_()
+        else:
+            torch.addmm(x, s, W_T, out=buf)
+            torch.tanh(buf, out=x)
+        return
+    if s is None:
+        torch.mul(x, 2, out=buf)
+    else:
+        torch.addmm(x, s, W_T, beta=2, alpha=2, out=buf)
+    buf.sigmoid_()
+    torch.add(_MINUS_ONE, buf, alpha=2, out=x)
+
+
+def sigmoid_tanh_pays(t: torch.Tensor) -> bool:
+    """Whether the "sigmoid" backend evaluates tanh as 2 sigmoid(2z) - 1 for `t` (float32 on a CPU)."""
+    return t.dtype == torch.float32 and t.device.type == "cpu"
+
+
 @torch.no_grad()
 def tanh_recurrence(states: torch.Tensor, s: torch.Tensor | None, W_T: torch.Tensor,
                     leak_rate: float = 1.0, block_rows: int = 0,
-                    scratch: torch.Tensor | None = None) -> torch.Tensor | None:
+                    scratch: torch.Tensor | None = None, via_sigmoid: bool = False) -> torch.Tensor | None:
     """The reservoir's hot loop, in place over a time-major buffer.
 
     states (T,B,N) holds the input term W_in u_t + b of every step on entry and the states on exit:
@@ -109,26 +140,20 @@ def tanh_recurrence(states: torch.Tensor, s: torch.Tensor | None, W_T: torch.Ten
     tanh of its (block_rows, N) result follow each other while the result is still in the cache
     (the "blocked" backend; the same arithmetic row by row, so the same states).
     `scratch`: a (>= rows, N) buffer to use instead of a new one.
+    via_sigmoid: tanh as 2 sigmoid(2z) - 1 where `sigmoid_tanh_pays` (the "sigmoid" backend).
     """
     B = states.shape[1] if states.dim() == 3 else 0
     rows = block_rows if 0 < block_rows < B else B
+    via_sigmoid = via_sigmoid and sigmoid_tanh_pays(states)
     if scratch is None:
         scratch = states.new_empty(rows, states.shape[-1]) if len(states) else None
     else:
         scratch = scratch[:rows]
     for t in range(len(states)):
         x = states[t]                              # (B, N), holds W_in u_t + b
-        if s is None:
-            x.tanh_()
-        elif rows == B:
-            torch.addmm(x, s, W_T, out=scratch)    # W s_{t-1} + W_in u_t + b
-            torch.tanh(scratch, out=x)
-        else:
-            for r0 in range(0, B, rows):
-                r1 = min(B, r0 + rows)
-                buf = scratch[:r1 - r0]
-                torch.addmm(x[r0:r1], s[r0:r1], W_T, out=buf)
-                torch.tanh(buf, out=x[r0:r1])
+        for r0 in range(0, B, rows or 1):          # one block unless block_rows
+            r1 = min(B, r0 + rows)
+            _tanh_step(x[r0:r1], None if s is None else s[r0:r1], W_T, scratch[:r1 - r0], via_sigmoid)
         if leak_rate != 1.0:                       # leaky integration
             x.mul_(leak_rate)
             if s is not None:
@@ -189,8 +214,11 @@ class ESN(nn.Module):
         return getattr(torch, name)
 
     def backend(self, device: torch.device) -> str:
-        """"loop" or "rnn" on `device` (see ESNConfig.backend)."""
+        """The kernel on `device`: the config's, or for "auto" rnn on CUDA without leak, loop on other
+        GPUs and sigmoid on a CPU (see ESNConfig.backend)."""
         if self.config.backend == "auto":
+            if device.type == "cpu":
+                return "sigmoid"
             return "rnn" if device.type == "cuda" and self.config.leak_rate == 1 else "loop"
         return self.config.backend
 
@@ -250,8 +278,9 @@ class ESN(nn.Module):
                 states = _recurrence_with_grad(inputs, s0, W_T, self.config.leak_rate)
             else:
                 with torch.no_grad():
-                    tanh_recurrence(inputs, s0, W_T, self.config.leak_rate,
-                                    BLOCK_ROWS if self.backend(u.device) == "blocked" else 0, scratch)
+                    backend = self.backend(u.device)
+                    tanh_recurrence(inputs, s0, W_T, self.config.leak_rate, BLOCK_ROWS if backend == "blocked" else 0,
+                                    scratch, via_sigmoid=backend == "sigmoid")
                 states = inputs
             return states.transpose(0, 1), states[-1]
 
