@@ -44,7 +44,6 @@ import functools
 import json
 import math
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -54,7 +53,7 @@ import torch.nn.functional as F
 
 from reslm import bench_tokens
 from reslm.bench_timing import contention_probe, loadavg, repeat, sig, stats, timing_model, timing_reservoir
-from reslm.device import autocast, bf16_status, pick_device
+from reslm.device import autocast, bf16_status, cpu_name, pick_device
 from reslm.lab import SUBSTRATES, _names
 from reslm.lab import model_overrides as lab_overrides
 from reslm.models import PRESETS, make_config
@@ -522,7 +521,7 @@ def contention(probes: dict) -> dict:
 
 
 def machine(device: torch.device) -> dict:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     return dict(device=str(device), device_name=name, torch=torch.__version__, threads=torch.get_num_threads())
 
 

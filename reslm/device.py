@@ -55,6 +55,19 @@ def cpu_bf16_flags() -> set[str] | None:
     return words & set(BF16_CPU_FLAGS)
 
 
+@functools.cache
+def cpu_name() -> str:
+    """The CPU as /proc/cpuinfo names it plus torch's kernel level, e.g. "AMD EPYC (AVX512)"; timings
+    differ by CPU, so every report says which one made them."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name} ({torch.backends.cpu.get_cpu_capability()})"
+
+
 def bf16_matmul_speed(n: int = 256, reps: int = 5) -> float:
     """fp32 time / bf16 time of an (n, n) @ (n, n) matmul on the CPU, one thread, best of `reps`
     each (alternated, so that load from other processes hits both alike). > 1: bf16 is faster."""

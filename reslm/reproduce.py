@@ -38,7 +38,7 @@ import torch
 import reslm
 from reslm import figures
 from reslm.checkpoint import SUMMARY, find_dataset, read_json
-from reslm.device import pick_device, resolve_precision
+from reslm.device import cpu_name, pick_device, resolve_precision
 from reslm.errors import ReslmError
 from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.models import PRESETS, families
@@ -373,7 +373,7 @@ def write_report(out: Path, results: dict) -> Path:
               "```", ""]
     env = results["environment"]
     L += ["## Environment", "",
-          f"- device: {env['device']}; precision: {env['precision']}; torch {env['torch']}, python {env['python']}, "
+          f"- device: {env['device']}" + (f" ({env['cpu']})" if env.get("cpu") else "") + f"; precision: {env['precision']}; torch {env['torch']}, python {env['python']}, "
           f"{env['threads']} CPU threads; {env['platform']}",
           f"- reslm {env['reslm']}, git commit {env['git']}",
           f"- seeds: every run uses training seed {env['seed']} (shuffling, dropout, reservoir and weight draws); "
@@ -480,7 +480,7 @@ def _stages(out: Path, bud: Budget, families, presets, char_ds, tok_ds, device: 
         figures={k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items() if kk in ("png", "csv", "note")}
                  for k, v in figs.items()},
         paper=PAPER, timings=clock.timings,
-        environment=dict(device=str(dev), precision=resolve_precision("auto", dev), torch=torch.__version__,
+        environment=dict(device=str(dev), cpu=cpu_name(), precision=resolve_precision("auto", dev), torch=torch.__version__,
                          python=platform.python_version(), threads=torch.get_num_threads(),
                          platform=platform.platform(), reslm=reslm.__version__, git=_git_commit(), seed=0))
 
