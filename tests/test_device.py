@@ -131,3 +131,21 @@ def test_bf16_reservoir_refused_where_bf16_is_slow(monkeypatch):
         load_model(cfg)
     monkeypatch.setenv("RESLM_BF16", "1")
     assert load_model(cfg) is not None
+
+
+def test_cpu_name_says_the_model_and_the_kernel_level(monkeypatch):
+    level = f"({torch.backends.cpu.get_cpu_capability()})"
+    assert device.cpu_name().endswith(level) and device.cpu_name() != level
+    real_open = open
+
+    def no_cpuinfo(path, *a, **k):                       # a machine without /proc/cpuinfo
+        if path == "/proc/cpuinfo":
+            raise OSError("no such file")
+        return real_open(path, *a, **k)
+
+    device.cpu_name.cache_clear()
+    monkeypatch.setattr("builtins.open", no_cpuinfo)
+    try:
+        assert device.cpu_name().endswith(level) and device.cpu_name() != level
+    finally:
+        device.cpu_name.cache_clear()
