@@ -184,7 +184,8 @@ def plot_char_losses(runs, out_dir, stem: str = "fig2_losses") -> dict:
     fig = None
     if plt is not None:
         fams = _families(runs)
-        fig, axes = plt.subplots(2, len(fams), figsize=(4.2 * len(fams), 6.4), sharex="col",
+        # one x axis for all columns: a run that stopped early reads as partial beside the others
+        fig, axes = plt.subplots(2, len(fams), figsize=(4.2 * len(fams), 6.4), sharex=True,
                                  sharey="row", squeeze=False)
         for j, fam in enumerate(fams):
             members = _by_size(r for r in runs if r["family"] == fam)
