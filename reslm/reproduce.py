@@ -145,7 +145,10 @@ def _parse_presets(presets, families) -> tuple[str, ...] | None:
     return tuple(presets)
 
 
-def _char_runs(out: Path, budget: Budget, families, presets, dataset, device: str, progress: bool) -> list[Path]:
+def _char_runs(out: Path, budget: Budget, families, presets, dataset, device: str, progress: bool,
+               evaluate, clock) -> list[Path]:
+    """Train (or continue) each chosen preset and evaluate it as soon as it is trained, so that a
+    reproduction interrupted later, hours into the next preset, keeps every finished run's evaluation."""
     train_over = dict(budget.char_train, device=device)
     res = ("rc", "aerc")
     plan = [(name, fam, {**model, **(budget.reservoir_model if fam in res else {})},
@@ -160,7 +163,10 @@ def _char_runs(out: Path, budget: Budget, families, presets, dataset, device: st
         what = ensure_run(run, fam, model, over, dataset, preset=name)
         _log(f"[{i}/{len(plan)}] {name}: {what}")
         if what != "done":
-            train(run, progress=progress, cache_states=budget.cache_states and fam in ("rc", "aerc"))
+            with clock("character training"):
+                train(run, progress=progress, cache_states=budget.cache_states and fam in ("rc", "aerc"))
+        with clock("evaluation"):
+            evaluate(run)
         dirs.append(run)
     return dirs
 
@@ -452,16 +458,16 @@ class _Clock:
 def _stages(out: Path, bud: Budget, families, presets, char_ds, tok_ds, device: str, progress: bool) -> dict:
     """Train, evaluate, Kneser-Ney, figures: everything results.json holds but the command line."""
     clock = _Clock()
-    with clock("character training"):
-        char_dirs = _char_runs(out, bud, families, presets, char_ds, device, progress) if char_ds is not None else []
-    with clock("token training"):
-        sweep_rows = _token_runs(out, bud, families, tok_ds, device, progress) if tok_ds is not None else []
     settings = dict(length=bud.gen_length, score=bud.score, temperature=1.0, seed=0)
-    reference = None
+    reference, char_dirs = None, []
     if char_ds is not None:
         reference = NgramReference(np.asarray(char_ds.shard(char_ds.test_shard), dtype=np.int64),
                                    base=char_ds.vocab_size)
-    with clock("evaluation"):
+        char_dirs = _char_runs(out, bud, families, presets, char_ds, device, progress,
+                               lambda run: _evaluate(run, settings, reference, device), clock)
+    with clock("token training"):
+        sweep_rows = _token_runs(out, bud, families, tok_ds, device, progress) if tok_ds is not None else []
+    with clock("evaluation"):   # the character runs' evaluations are read back (done after each run)
         char_rows = [_char_row(run, _evaluate(run, settings, reference, device)) for run in char_dirs]
         token_rows = _token_rows(out, bud, sweep_rows, tok_ds, settings, device)
     with clock("Kneser-Ney"):

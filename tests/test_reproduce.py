@@ -107,7 +107,8 @@ def test_bad_input(smoke, char_data, dataset, tmp_path, capsys):
 
 def test_paper_budget_is_window_mode_and_resumes(tmp_path, monkeypatch, capsys):
     """The paper budget: window context for rc/aerc, the family defaults (5 epochs per full shard,
-    batch 1024, Adam 1e-4), states stored by need; a partly finished run resumes, skipping done presets.
+    batch 1024, Adam 1e-4), states stored by need; each preset is evaluated as soon as it is trained; a
+    partly finished run resumes, skipping done presets and their evaluations.
     (Generation and scoring shortened: the protocol under test is training's.)"""
     import dataclasses
 
@@ -135,12 +136,14 @@ def test_paper_budget_is_window_mode_and_resumes(tmp_path, monkeypatch, capsys):
     out = tmp_path / "paper"
     with pytest.raises(KeyboardInterrupt):
         reproduce("paper", "aerc", out, data=str(char_data.path), device="cpu", progress=False)
+    # the finished preset was evaluated before the next one started, so the interruption kept it
+    assert (out / "runs" / "aerc-75-13" / rep.EVAL_FILE).is_file()
     monkeypatch.setattr(rep, "train", real_train)
     capsys.readouterr()
     results = reproduce("paper", "aerc", out, data=str(char_data.path), device="cpu", progress=False)
     err = capsys.readouterr().err
     assert err.count(": done") == 1 and "aerc-75-13: done" in err and "aerc-75-19: resuming" in err
-    assert err.count(": starting") == 1
+    assert err.count(": starting") == 1 and "evaluating aerc-75-13" not in err   # read back, not redone
     for r in results["char_runs"]:
         cfg = json.loads((out / "runs" / r["preset"] / "config.json").read_text())
         assert cfg["model"]["context_mode"] == "window"
