@@ -22,6 +22,7 @@ from reslm.data.chars import CharDataset, check_fingerprint, default_data_root, 
 from reslm.device import bf16_status
 from reslm.errors import ReslmError
 from reslm.models import build_model, family, make_config
+from reslm.registry import is_published, load_published
 from reslm.run import load_checkpoint, read_config
 
 SUMMARY = "summary.json"
@@ -73,11 +74,15 @@ def data_kind(data: dict) -> str:
 
 
 def open_dataset(data: dict):
-    """The dataset a run config's `data` section names."""
+    """The dataset a run config's `data` section names: at its path, or, where that path does not
+    exist (a published run on another machine), by its name under the data root ($RESLM_DATA or
+    ./data). Callers check it with check_dataset (its fingerprint)."""
     try:
-        path = data["path"]
+        path = Path(data["path"])
     except (KeyError, TypeError):
         raise ReslmError("the run config's data section has no dataset path") from None
+    if not path.exists() and isinstance(data.get("name"), str) and (default_data_root() / data["name"]).is_dir():
+        path = default_data_root() / data["name"]
     return CharDataset.load(path) if data_kind(data) == "chars" else TokenDataset.load(path)
 
 
@@ -143,17 +148,21 @@ def codec_of(cfg: dict, ds=None):
 
 
 def load_run(run_dir: Path, device="cpu"):
-    """(model in eval mode with the last checkpoint's weights, codec with encode/decode, run config)."""
+    """(model in eval mode with the last checkpoint's weights, codec with encode/decode, run config).
+    A published folder (reslm.registry) gives its weights.safetensors on the buffers its seed rebuilds."""
     cfg = read_config(run_dir)
-    ck = load_checkpoint(run_dir, map_location=device)
-    if ck is None:
-        raise ReslmError(f"{run_dir} has no checkpoint yet (train it first)")
-    model = load_model(cfg, device)
-    try:
-        model.load_state_dict(ck["model"])
-    except (RuntimeError, KeyError, TypeError) as e:
-        raise ReslmError(f"checkpoint in {run_dir} does not match its config: "
-                         f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    if is_published(run_dir):
+        model = load_published(run_dir, load_model(cfg, device))
+    else:
+        ck = load_checkpoint(run_dir, map_location=device)
+        if ck is None:
+            raise ReslmError(f"{run_dir} has no checkpoint yet (train it first)")
+        model = load_model(cfg, device)
+        try:
+            model.load_state_dict(ck["model"])
+        except (RuntimeError, KeyError, TypeError) as e:
+            raise ReslmError(f"checkpoint in {run_dir} does not match its config: "
+                             f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     ds = None
     if data_kind(cfg["data"]) == "tokens":  # the tokenizer lives with the dataset: check it is the run's
         ds = open_dataset(cfg["data"])

@@ -10,6 +10,7 @@ becomes one line on stderr and a non-zero exit (`--debug` or RESLM_DEBUG=1 shows
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import math
@@ -33,6 +34,8 @@ from reslm.generate import sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.lab import LAB_BUDGETS, SUBSTRATES, run_lab
 from reslm.models.reservoir_lm import ReservoirLMConfig
+from reslm.publish import publish, unpacked
+from reslm.registry import is_published
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, STATE_DTYPES, reproduce
 from reslm.reservoir.physical import PhysicalConfig
 from reslm.run import CHECKPOINT, CONFIG, LOCK, lock_run, read_config
@@ -254,8 +257,9 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
         dataset = find_dataset(args.data or ("shakespeare" if kind == "chars" else "shakespeare-gpt2"), kind,
                                Path(args.root) if args.root else None)
         create_run(out, name, {**over, **model_over}, train_over, dataset, preset=args.preset)
-    summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,
-                    cache_states=args.cache_states)
+    with unpacked(out) if is_published(out) else contextlib.nullcontext():   # results/NAME: published again after
+        summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,
+                        cache_states=args.cache_states)
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(summary, indent=2))
 
@@ -357,6 +361,15 @@ def cmd_eval(args):
         print(f"--- sample (temperature {args.temperature}) ---")
         print(r["prompt"] + r["sample"])
     print(f"(written to {Path(args.run_dir) / eval_file_name(r)})", file=sys.stderr)
+
+
+def cmd_publish(args):
+    dest = Path(args.dest) if args.dest else Path(args.run_dir)
+    m = publish(Path(args.run_dir), dest, command=args.command)
+    size = sum((dest / n).stat().st_size for n in m["files"])
+    state = "finished" if m["finished"] else "in progress, with its checkpoint (continue it with `reslm train --out " \
+        f"{dest} --resume`)"
+    print(f"{dest}: {m['run']} at step {m['step']:,}, {state}; {len(m['files'])} files, {size / 1024:,.0f} KiB")
 
 
 def cmd_reproduce(args):
@@ -622,7 +635,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _train_parser(sub, _train_family(argv) if argv[:1] == ["train"] or "train" in argv[:2] else None)
 
     def sampling(parser, unit: str, length: int):
-        parser.add_argument("run_dir", help="a run directory written by `reslm train`")
+        parser.add_argument("run_dir", help="a run directory written by `reslm train`, or a published results/NAME")
         parser.add_argument("--length", type=int, default=length, help=f"{unit}s to generate (default {length})")
         parser.add_argument("--temperature", type=float, default=1.0,
                             help="sampling temperature; 0 = greedy (default 1: the model's own distribution)")
@@ -661,6 +674,23 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     phys.add_argument("--gain-mismatch", metavar="G[,G...]", help="per-unit gain spread: gain 1 + G N(0,1)")
     phys.add_argument("--adc-range", metavar="R[,R...]", help="the ADC reads [-R, R] and clips outside")
     ev.set_defaults(func=cmd_eval)
+
+    pb = sub.add_parser("publish", help="publish a run into the results registry (results/NAME)",
+                        formatter_class=argparse.RawDescriptionHelpFormatter, description=textwrap.dedent("""\
+        Copy a run into a results folder that can live in git: config.json, metrics.jsonl, summary.json,
+        eval.json, the trainable weights as weights.safetensors (never the reservoir or the embedding:
+        they are rebuilt from the seed and checked against the fingerprints in manifest.json),
+        provenance.json (command, commit, CPU, torch, threads, wall times, date) and manifest.json.
+        An unfinished run also gets its checkpoint (optimizer state, no weights), so that
+        `reslm train --out DEST --resume` continues it on any machine; once it is finished, publishing
+        drops the checkpoint. Publishing again into DEST updates it in place, file by file, atomically.
+        `reslm eval DEST` and `reslm generate DEST` read the folder like a run directory.
+        Run it on the machine that trained the run: provenance.json records this machine's CPU."""))
+    pb.add_argument("run_dir", help="the run directory (or a published folder, to publish it again in place)")
+    pb.add_argument("dest", nargs="?", help="the results folder, e.g. results/aerc-160-30 (default: RUN_DIR itself)")
+    pb.add_argument("--command", help="the command that trained the run, for provenance.json (default: a "
+                    "`reslm train` command rebuilt from its config)")
+    pb.set_defaults(func=cmd_publish)
 
     rp = sub.add_parser("reproduce", help="the paper's comparison in one command: train, evaluate, figures, report.md",
                         description=textwrap.dedent("""\

@@ -44,6 +44,7 @@ from reslm.generate import sample
 from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
 from reslm.ngram import NgramReference, distinct_n
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
+from reslm.registry import is_published, record_file
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
 from reslm.run import atomic_write, lock_run, write_json
 
@@ -230,6 +231,8 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
     if write:
         with lock_run(run_dir):  # not while a trainer is writing the run
             write_json(run_dir / eval_file_name(result), result)
+            if is_published(run_dir) and eval_file_name(result) == EVAL_FILE:  # a results/ folder: keep its manifest true
+                record_file(run_dir, EVAL_FILE)
     return result
 
 

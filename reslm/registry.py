@@ -1,0 +1,202 @@
+"""Stage 4, a published run (results/NAME): the folder format, and loading a model back from it.
+
+A published folder is a run directory without what can be rebuilt or is too big to keep in git:
+
+    config.json          the run's config, as trained
+    metrics.jsonl        its log, up to its checkpoint
+    summary.json         when it is consistent with that log (the end of a train call)
+    eval.json            when the run was evaluated (`reslm eval`)
+    weights.safetensors  the TRAINABLE parameters only (requires_grad); buffers such as the reservoir
+                         matrices and the fixed embedding are rebuilt from the config's seed
+    checkpoint.pt        only while the run is unfinished: optimizer state, step, schedule position
+                         (its "model" entry is left out: the weights are weights.safetensors)
+    provenance.json      how it was made: command, commit, CPU of each publish, torch, threads, wall times
+    manifest.json        format version, sha256 of every file above, and the fingerprint of every
+                         fixed tensor (shape, dtype, sha256 of its bytes, float64 sum and sum of squares)
+
+Never reservoir states, never the dataset. `load_published(folder, model)` fills a freshly built model
+(whose buffers the config's seed has just rebuilt) with the folder's weights after checking the
+weight file against the manifest and the rebuilt buffers against their fingerprints. A buffer whose
+bytes differ but whose sum and sum of squares agree to 1e-5 is the same matrix rounded differently
+(an eigenvalue routine of another CPU or BLAS scales the reservoir): accepted with a warning. Anything
+else (a missing or altered weight file, another reservoir, a format newer than FORMAT) is a one-line
+ReslmError. Publishing (reslm.publish) writes these files; this module only reads and checks them,
+so that reslm.checkpoint can open a published folder like a run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from reslm.errors import ReslmError
+from reslm.run import CONFIG, write_json
+
+FORMAT = 1                       # manifest.json "format"; a folder with a larger one is refused
+MANIFEST, WEIGHTS, PROVENANCE = "manifest.json", "weights.safetensors", "provenance.json"
+EVAL = "eval.json"
+ROUNDING = 1e-5                  # relative tolerance of a fixed tensor's sum / sum of squares
+
+
+def is_published(folder: Path) -> bool:
+    """True for a published folder (it has manifest.json), False for a plain run directory."""
+    return (Path(folder) / MANIFEST).is_file()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def fingerprint(t: torch.Tensor) -> dict:
+    """shape, dtype, sha256 of the bytes, and (float tensors) the float64 sum and sum of squares."""
+    fp = dict(shape=list(t.shape), dtype=str(t.dtype).removeprefix("torch."), sha256=hashlib.sha256(_bytes(t)).hexdigest())
+    if t.is_floating_point() or t.is_complex():
+        x = torch.view_as_real(t.detach().cpu()) if t.is_complex() else t.detach().cpu()
+        x = x.double()
+        fp.update(sum=float(x.sum()), sumsq=float((x * x).sum()))
+    return fp
+
+
+def split_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(trainable, fixed) tensors of a model's state dict. Trainable: parameters with requires_grad,
+    each once (a tied parameter under its first name); fixed: every other state-dict entry."""
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    ids = {id(p) for p in trainable.values()}
+    fixed = {k: v for k, v in model.state_dict(keep_vars=True).items() if id(v) not in ids}
+    return ({k: v.detach() for k, v in trainable.items()}, {k: v.detach() for k, v in fixed.items()})
+
+
+def fixed_fingerprints(model: torch.nn.Module) -> dict[str, dict]:
+    return {k: fingerprint(v) for k, v in sorted(split_state(model)[1].items())}
+
+
+def same_tensor(saved: dict, now: dict) -> str | None:
+    """None when two fingerprints are the same tensor, "rounding" when only the bytes differ within
+    ROUNDING (see the module doc), else a short reason."""
+    if saved.get("shape") != now["shape"] or saved.get("dtype") != now["dtype"]:
+        return f"shape/dtype {saved.get('shape')} {saved.get('dtype')} != {now['shape']} {now['dtype']}"
+    if saved.get("sha256") == now["sha256"]:
+        return None
+    if "sumsq" in now and isinstance(saved.get("sumsq"), (int, float)) and isinstance(saved.get("sum"), (int, float)):
+        scale = max(now["sumsq"], 1e-30)
+        n = max(1, math.prod(now["shape"]))
+        if abs(saved["sumsq"] - now["sumsq"]) <= ROUNDING * scale and \
+                abs(saved["sum"] - now["sum"]) <= ROUNDING * (n * scale) ** 0.5:
+            return "rounding"
+    return "different values"
+
+
+def read_manifest(folder: Path) -> dict:
+    """manifest.json of a published folder, checked: a JSON object of a format this reslm reads."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReslmError(f"{folder} is not a published run (no {MANIFEST})") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ReslmError(f"cannot read {path}: {e.__class__.__name__}: {e}".split("\n")[0]) from None
+    if not isinstance(m, dict) or not isinstance(m.get("format"), int) or not isinstance(m.get("files"), dict) \
+            or not isinstance(m.get("fixed"), dict):
+        raise ReslmError(f"{path} is not a reslm manifest (it needs format, files and fixed)")
+    if m["format"] > FORMAT:
+        raise ReslmError(f"{folder} was published in registry format {m['format']}, newer than this reslm reads "
+                         f"({FORMAT}): update reslm")
+    return m
+
+
+def check_file(folder: Path, name: str, manifest: dict) -> Path:
+    """folder/name after checking it against the manifest's sha256 (ReslmError when missing or altered)."""
+    path = Path(folder) / name
+    want = manifest["files"].get(name)
+    if want is None:
+        raise ReslmError(f"{folder}/{MANIFEST} does not list {name}")
+    if not path.is_file():
+        raise ReslmError(f"{path} is missing (the published run is incomplete)")
+    if sha256_file(path) != want:
+        raise ReslmError(f"{path} does not match its sha256 in {MANIFEST} (altered or damaged file)")
+    return path
+
+
+def read_weights(folder: Path, manifest: dict | None = None) -> dict[str, torch.Tensor]:
+    """The trainable tensors of a published folder, after checking the file against the manifest."""
+    manifest = manifest or read_manifest(folder)
+    path = check_file(folder, WEIGHTS, manifest)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ReslmError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def check_fixed(folder: Path, model: torch.nn.Module, manifest: dict) -> None:
+    """ReslmError unless the model's fixed tensors (rebuilt from the config's seed) are the ones the
+    folder was published with; a rounding-only difference is a warning on stderr."""
+    now = fixed_fingerprints(model)
+    saved = manifest["fixed"]
+    if set(saved) != set(now):
+        extra, missing = sorted(set(now) - set(saved)), sorted(set(saved) - set(now))
+        raise ReslmError(f"the fixed tensors rebuilt for {folder} are not the published ones "
+                         f"(not in the manifest: {', '.join(extra) or '-'}; missing: {', '.join(missing) or '-'})")
+    for name in sorted(now):
+        why = same_tensor(saved[name], now[name])
+        if why == "rounding":
+            print(f"reslm: warning: the rebuilt {name} differs from the published one only by rounding (another "
+                  f"CPU or BLAS); losses may differ from the published ones in the last digits", file=sys.stderr)
+        elif why is not None:
+            raise ReslmError(f"the rebuilt {name} does not match its fingerprint in {folder}/{MANIFEST} ({why}): "
+                             f"this reslm does not rebuild the published reservoir from its seed")
+
+
+def load_published(folder: Path, model: torch.nn.Module, check_config: bool = True) -> torch.nn.Module:
+    """Fill `model` (just built from the folder's config.json) with the published trainable weights,
+    after checking config.json (unless check_config is False: a resumed run may have grown its
+    cycles) and the weight file against the manifest and the rebuilt fixed tensors against their
+    fingerprints. Returns the model."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if check_config:
+        check_file(folder, CONFIG, manifest)
+    check_fixed(folder, model, manifest)
+    weights = read_weights(folder, manifest)
+    trainable, _ = split_state(model)
+    if set(weights) != set(trainable):
+        diff = sorted(set(weights) ^ set(trainable))
+        raise ReslmError(f"{folder}/{WEIGHTS} does not hold this model's trainable parameters "
+                         f"(differs in: {', '.join(diff[:5])}{' ...' if len(diff) > 5 else ''})")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            p = params[name]
+            if tuple(value.shape) != tuple(p.shape):
+                raise ReslmError(f"{folder}/{WEIGHTS}: {name} has shape {tuple(value.shape)}, the model "
+                                 f"{tuple(p.shape)}")
+            p.copy_(value.to(p.device, p.dtype))
+    return model
+
+
+def record_file(folder: Path, name: str) -> None:
+    """Put the current sha256 of folder/name into the folder's manifest (after `reslm eval` rewrote
+    eval.json in a published folder)."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    manifest["files"] = dict(sorted({**manifest["files"], name: sha256_file(folder / name)}.items()))
+    write_json(folder / MANIFEST, manifest)
+
+
+__all__ = ["FORMAT", "MANIFEST", "WEIGHTS", "PROVENANCE", "is_published", "sha256_file", "fingerprint",
+           "split_state", "fixed_fingerprints", "same_tensor", "read_manifest", "check_file", "read_weights",
+           "check_fixed", "load_published", "record_file"]
