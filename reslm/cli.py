@@ -35,6 +35,7 @@ from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.lab import LAB_BUDGETS, SUBSTRATES, run_lab
 from reslm.models.reservoir_lm import ReservoirLMConfig
 from reslm.publish import publish, unpacked
+from reslm.report import report
 from reslm.registry import is_published
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, STATE_DTYPES, reproduce
 from reslm.reservoir.physical import PhysicalConfig
@@ -372,6 +373,13 @@ def cmd_publish(args):
     print(f"{dest}: {m['run']} at step {m['step']:,}, {state}; {len(m['files'])} files, {size / 1024:,.0f} KiB")
 
 
+def cmd_report(args):
+    changed = report(Path(args.repo), check=args.check)
+    if args.check and changed:
+        raise ReslmError(f"out of date: {', '.join(changed)} (run `reslm report`)")
+    print(f"{'up to date' if not changed else 'updated: ' + ', '.join(changed)}")
+
+
 def cmd_reproduce(args):
     out = Path(args.out) if args.out else None
     reproduce(args.budget, args.families, out, data=args.data, token_data=args.token_data,
@@ -691,6 +699,20 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     pb.add_argument("--command", help="the command that trained the run, for provenance.json (default: a "
                     "`reslm train` command rebuilt from its config)")
     pb.set_defaults(func=cmd_publish)
+
+    rep = sub.add_parser("report", help="build the results tables and figures from results/ and docs/bench-*.json",
+                         formatter_class=argparse.RawDescriptionHelpFormatter, description=textwrap.dedent("""\
+        Regenerate, from data only: docs/results.md (the paper-protocol table: per-shard test CE of the last
+        cycle, bits/char, the paper's figure, wall times and CPU of every row; other published runs; Fig. 2
+        as docs/results-fig2.png and .csv), docs/speed.md (the bench tables, from docs/bench-*.json, each row
+        with its CPU) and the README's results table between <!-- results:begin --> and <!-- results:end -->.
+        Rows come from the published runs in results/ and, for earlier runs whose folders are gone, from
+        results/legacy.csv (marked "weights not published"). The same inputs give the same bytes."""))
+    rep.add_argument("--repo", default=".", help="the repository root holding results/, docs/ and README.md "
+                     "(default: the current folder)")
+    rep.add_argument("--check", action="store_true", help="write nothing; fail (exit 2) naming the outputs that "
+                     "differ from what would be written")
+    rep.set_defaults(func=cmd_report)
 
     rp = sub.add_parser("reproduce", help="the paper's comparison in one command: train, evaluate, figures, report.md",
                         description=textwrap.dedent("""\

@@ -1,0 +1,84 @@
+"""`reslm report`: every results table and figure from results/ and docs/bench-*.json; the README's table
+is what the report writes (no number drifts), and the report is deterministic."""
+import shutil
+from pathlib import Path
+
+import pytest
+
+import reslm.train as tt
+from reslm.cli import main
+from reslm.publish import publish
+from reslm.report import README_BEGIN, README_END, build, report
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER = dict(batch_size=1024, lr=1e-4, epochs_per_shard=5, epoch_samples=0, shard_chars=0, eval_samples=0)
+
+
+def test_readme_docs_and_figures_are_what_report_writes():
+    """README.md's results table, docs/results.md and docs/speed.md equal what `reslm report` writes from the
+    repository's data: run `reslm report` after publishing a run or adding a bench JSON."""
+    text = (REPO / "README.md").read_text()
+    assert text.count(README_BEGIN) == 1 and text.count(README_END) == 1
+    outputs, _ = build(REPO)
+    assert outputs["README.md"] == text, "README.md's results table is out of date: run `reslm report`"
+    assert report(REPO, check=True) == []
+
+
+def test_legacy_rows_are_marked_and_read_from_their_curves():
+    outputs, curves = build(REPO)
+    table = outputs["README.md"].split(README_BEGIN)[1].split(README_END)[0]
+    row = next(line for line in table.splitlines() if line.startswith("| aerc-160-30 |"))
+    assert "| 1.7992 | 2.596 | 1.73 |" in row and "weights not published" in row
+    assert any(c["name"] == "tf-64-4-4" and len(c["epochs"]) == 15 for c in curves)
+    assert "| 2.2905 / 2.1622 / 2.0977 / ... / ... | 3.026 after shard 3 |" in outputs["docs/results.md"]
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A copy of the repository's inputs to the report."""
+    for name in ("docs", "results"):
+        shutil.copytree(REPO / name, tmp_path / name)
+    shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    return tmp_path
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+            and p.name != ".lock"}
+
+
+def test_report_twice_gives_no_diff_and_published_runs_replace_legacy_rows(repo, chars, tmp_path, capsys):
+    """A published paper-protocol run (tiny, labelled rc-250) takes the legacy rc-250 row's place, with a
+    link to its folder; a run at another budget goes to "Other published runs"; a second report
+    changes no byte (figure included)."""
+    run = tt.create_run(tmp_path / "runs" / "a", "rc", dict(size=32, context_mode="window"), PAPER, chars,
+                        preset="rc-250")
+    tt.train(run, progress=False)
+    publish(run, repo / "results" / "rc-250", date="2026-01-01T00:00:00+00:00")
+    other = tt.create_run(tmp_path / "runs" / "b", "rc", dict(size=24), dict(batch_size=64, epochs_per_shard=1,
+                                                                               epoch_samples=128), chars)
+    tt.train(other, progress=False, stop_at=3)
+    publish(other, repo / "results" / "small", date="2026-01-01T00:00:00+00:00")
+    assert main(["report", "--repo", str(repo)]) == 0
+    first = snapshot(repo)
+    assert main(["report", "--repo", str(repo)]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert snapshot(repo) == first
+    md = (repo / "docs" / "results.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| rc-250 |")]
+    assert len(rows) == 1 and "[results/rc-250](../results/rc-250)" in rows[0]
+    assert "## Other published runs" in md and "[small](../results/small)" in md and "| no |" in md
+    assert (repo / "docs" / "results-fig2.png").read_bytes().startswith(b"\x89PNG")
+    readme = (repo / "README.md").read_text()
+    assert "[results/rc-250](results/rc-250)" in readme
+
+
+def test_check_names_what_is_out_of_date(repo, capsys):
+    path = repo / "README.md"
+    path.write_text(path.read_text().replace("| 1.7992 |", "| 1.7000 |"))
+    assert main(["report", "--repo", str(repo), "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["reslm: error: out of date: README.md (run `reslm report`)"]
+    path.write_text(path.read_text().replace(README_BEGIN, ""))
+    assert main(["report", "--repo", str(repo)]) == 2
+    assert "has no <!-- results:begin -->" in capsys.readouterr().err
