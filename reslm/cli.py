@@ -478,7 +478,9 @@ def _train_parser(sub, fam_name: str | None):
                    "(default: shakespeare; shakespeare-gpt2 for laerc/gpt)")
     t.add_argument("--out", help="run directory (default: runs/<preset or family>)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint "
-                   "(with its saved config; --cycles K, more than it has, lets a character run go on to K cycles)")
+                   "(with its saved config; --cycles K, more than it has, lets a character run go on to K cycles); "
+                   "--out may be an unfinished published folder (results/NAME, `reslm publish`): it is published "
+                   "again in place when training stops")
     t.add_argument("--seed", type=int, help="seeds everything: weights, reservoir, shuffling, dropout (default 0)")
     t.add_argument("--checkpoint-minutes", type=float, default=CHECKPOINT_SECONDS / 60, metavar="MIN",
                    help="between evaluations, also checkpoint after this many minutes of training, so that a kill "

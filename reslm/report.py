@@ -29,7 +29,7 @@ from reslm import figures
 from reslm.checkpoint import read_json
 from reslm.errors import ReslmError
 from reslm.models.base import LN2
-from reslm.registry import MANIFEST, PROVENANCE, is_published, read_manifest
+from reslm.registry import PROVENANCE, is_published, read_manifest
 from reslm.reproduce import LARGEST, PAPER
 from reslm.run import CONFIG, SUMMARY, atomic_write, read_metrics
 
@@ -54,8 +54,9 @@ def _shard_ends(epochs: list[dict], cycle: int, shards: list[int], last_epoch: i
     return [ends.get(s) for s in shards]
 
 
-def _row(name, family, trainable, context, cycle, shards, epochs, train_s, reservoir_s, cpu, threads, notes,
+def _row(*, name, family, trainable, context, cycle, shards, epochs, train_s, reservoir_s, cpu, threads, notes,
          weights) -> dict:
+    """One row of the paper-protocol table; `shards`: test CE after each training shard of `cycle`."""
     done = [v for v in shards if v is not None]
     final = done[-1] / LN2 if done else None
     partial = len(done) < len(shards)
@@ -93,10 +94,11 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
             continue
         shards = list(cfg["data"].get("train_shards", sorted({r["shard"] for r in rows})))
         cycle = max((r["cycle"] for r in rows), default=0)
-        row = _row(name, cfg["family"], trainable, model.get("context_mode", "window"), cycle + 1,
-                   _shard_ends(rows, cycle, shards, tc.get("epochs_per_shard", 1) - 1), rows,
-                   summary.get("train_seconds") or wall.get("train_seconds"), wall.get("reservoir_seconds"),
-                   prov.get("cpu", "?"), prov.get("threads"), notes, link)
+        row = _row(name=name, family=cfg["family"], trainable=trainable, context=model.get("context_mode", "window"),
+                   cycle=cycle + 1, shards=_shard_ends(rows, cycle, shards, tc.get("epochs_per_shard", 1) - 1),
+                   epochs=rows, train_s=summary.get("train_seconds") or wall.get("train_seconds"),
+                   reservoir_s=wall.get("reservoir_seconds"), cpu=prov.get("cpu", "?"), threads=prov.get("threads"),
+                   notes=notes, weights=link)
         is_paper = all(tc.get(k) == v for k, v in PAPER_TRAIN.items()) and tc.get("cycles", 1) >= 1
         (paper if is_paper else other).append({**row, "folder": link, "finished": m.get("finished"),
                                               "loss": rows[-1]["test_loss"] if rows else None,
@@ -142,9 +144,10 @@ def legacy_rows(repo: Path, published: list[dict]) -> list[dict]:
         last_epoch = max(e["epoch"] for e in epochs)
         notes = [n for n in (f"{r['state_dtype']} states" if r["state_dtype"] not in ("", "float32") else "",
                              r["note"]) if n]
-        out.append(_row(r["preset"], r["family"], int(r["trainable_params"]), r["context_mode"], cycle,
-                        _shard_ends(epochs, cycle - 1, shards, last_epoch), epochs, _num(r["train_seconds"]),
-                        _num(r["reservoir_seconds"]), r["cpu"], _num(r["threads"]), notes, None))
+        out.append(_row(name=r["preset"], family=r["family"], trainable=int(r["trainable_params"]),
+                        context=r["context_mode"], cycle=cycle, shards=_shard_ends(epochs, cycle - 1, shards, last_epoch),
+                        epochs=epochs, train_s=_num(r["train_seconds"]), reservoir_s=_num(r["reservoir_seconds"]),
+                        cpu=r["cpu"], threads=_num(r["threads"]), notes=notes, weights=None))
     return out
 
 
@@ -351,4 +354,4 @@ def report(repo: Path = Path("."), check: bool = False) -> list[str]:
 
 
 __all__ = ["report", "build", "README_BEGIN", "README_END", "replace_readme_table", "published_rows", "legacy_rows",
-           "speed_md", "MANIFEST"]
+           "speed_md"]
