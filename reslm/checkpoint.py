@@ -145,10 +145,10 @@ def codec_of(cfg: dict, ds=None):
 def load_run(run_dir: Path, device="cpu"):
     """(model in eval mode with the last checkpoint's weights, codec with encode/decode, run config)."""
     cfg = read_config(run_dir)
-    ck = load_checkpoint(run_dir, map_location=device)
+    model = load_model(cfg, device)   # a damaged config.json is reported as such, before the checkpoint
+    ck = load_checkpoint(run_dir, map_location=device)   # refuses another run's or a damaged checkpoint
     if ck is None:
         raise ReslmError(f"{run_dir} has no checkpoint yet (train it first)")
-    model = load_model(cfg, device)
     try:
         model.load_state_dict(ck["model"])
     except (RuntimeError, KeyError, TypeError) as e:

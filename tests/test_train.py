@@ -8,7 +8,7 @@ import reslm.train as tt
 from reslm.models import build_model
 from reslm.models.base import bits, decay_groups
 from reslm.errors import ReslmError
-from reslm.run import read_config, read_metrics
+from reslm.run import read_config, read_metrics, save_checkpoint
 
 MODELS = {"laerc": dict(dim=16, n_layers=2, context=32, r_mult=2),
           "gpt": dict(dim=32, n_layers=2, n_heads=2, context=32)}
@@ -243,7 +243,7 @@ def test_non_finite_loss_stops_with_the_last_checkpoint_kept(chars, tmp_path):
         pass
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
     ck["model"]["head.weight"].fill_(float("nan"))
-    torch.save(ck, out / "checkpoint.pt")
+    save_checkpoint(out, ck)   # as reslm would save it (with its checksum): a poisoned, not a damaged file
     with pytest.raises(ReslmError, match="non-finite loss or gradient at step 3"):
         tt.train(out, progress=False)
     assert (out / "checkpoint.pt").read_bytes() != before  # the poisoned file is what we wrote, untouched since
