@@ -312,6 +312,21 @@ def is_reslm_folder(folder: Path) -> bool:
     return isinstance(cfg, dict) and "family" in cfg
 
 
+def check_output_folder(out: Path, stamp: str, what: str) -> None:
+    """ReslmError unless `out` is missing, empty (a .lock aside) or holds `stamp` (the file a
+    reproduction or lab writes first into its folder): such a command never writes into, or sweeps,
+    a folder of the user's."""
+    out = Path(out)
+    if not out.is_dir() or (out / stamp).is_file():
+        return
+    try:
+        foreign = any(p.name != LOCK for p in out.iterdir())
+    except OSError as e:
+        raise ReslmError(f"cannot use {_shown(out)}: {_reason(e)}") from None
+    if foreign:
+        raise ReslmError(f"{_shown(out)} already exists and is not {what} (no {stamp}); pick another --out")
+
+
 def clean_stale_temps(run_dir: Path, *, ours: bool = False) -> list[Path]:
     """Remove the temp files a killed writer left in `run_dir`: atomic_write's ".NAME.XXXXXXXX.tmp" of
     the files reslm writes (config.json, checkpoint.pt, metrics.jsonl, summary.json, eval*.json, ...;
