@@ -744,7 +744,8 @@ class MetricsLog:
         resuming from it would leave a run whose history misses evaluations it made."""
         have = read_metrics(self.path.parent)
         if len(have) < n:
-            raise ReslmError(f"{self.path} has {len(have)} rows but the run's {CHECKPOINT} was saved after {n}: "
+            what = f"has {len(have)} rows" if self.path.exists() else "is missing"
+            raise ReslmError(f"{self.path} {what} but the run's {CHECKPOINT} was saved after {n} rows: "
                              f"the log was cut short or removed (restore it from a copy, or start the run again)")
         rows = [_finite_or_none(r) for r in have[:n]]  # NaN from older versions -> null
         text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows)
