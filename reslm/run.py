@@ -66,7 +66,8 @@ _TEMP_DIR_AGE = 60.0  # seconds: a younger temp folder may be another creator's,
 # atomic_write's temp files (tempfile.mkstemp: ".NAME." + 8 random characters + ".tmp") of the files
 # reslm writes with it into a run or output folder; clean_stale_temps removes no other name
 _WRITTEN = (r"config\.json|checkpoint\.pt|summary\.json|metrics\.jsonl|eval(-[^/]+)?\.json|eval-physical\.csv"
-            r"|budget\.json|results\.json|report\.md|scaling_fit\.json|ngram\.json")
+            r"|budget\.json|results\.json|report\.md|scaling_fit\.json|ngram\.json"
+            r"|manifest\.json|weights\.safetensors|provenance\.json")   # the last three: published run folders
 _TEMP_FILE = re.compile(rf"^\.({_WRITTEN})\.[a-z0-9_]{{8}}\.tmp$")
 _MARKERS = ("budget.json",)  # besides config.json: what reproduce and lab write first into their folder
 
