@@ -151,13 +151,13 @@ def load_run(run_dir: Path, device="cpu"):
     """(model in eval mode with the last checkpoint's weights, codec with encode/decode, run config).
     A published folder (reslm.registry) gives its weights.safetensors on the buffers its seed rebuilds."""
     cfg = read_config(run_dir)
+    model = load_model(cfg, device)   # a damaged config.json is reported as such, before the checkpoint
     if is_published(run_dir):
-        model = load_published(run_dir, load_model(cfg, device))
+        model = load_published(run_dir, model)
     else:
-        ck = load_checkpoint(run_dir, map_location=device)
+        ck = load_checkpoint(run_dir, map_location=device)   # refuses another run's or a damaged checkpoint
         if ck is None:
             raise ReslmError(f"{run_dir} has no checkpoint yet (train it first)")
-        model = load_model(cfg, device)
         try:
             model.load_state_dict(ck["model"])
         except (RuntimeError, KeyError, TypeError) as e:

@@ -34,7 +34,7 @@ from reslm.evaluate import physical_grid
 from reslm.figures import plot_physical, plot_substrates
 from reslm.models import PRESETS
 from reslm.reproduce import BUDGETS, PAPER
-from reslm.run import atomic_write, lock_run, write_json
+from reslm.run import atomic_write, check_output_folder, lock_run, write_json
 from reslm.train import ensure_run, train
 
 FAMILIES = ("rc", "aerc")
@@ -92,6 +92,7 @@ def run_lab(out: Path, *, data: str = "shakespeare", budget: str = "quick", subs
     out = Path(out)
     plan = [(fam, sub, model_overrides(sub, fam)) for sub in substrates for fam in families]
     t0 = time.perf_counter()
+    check_output_folder(out, "budget.json", "a lab folder")   # never write into a user's folder
     with lock_run(out, create=True):
         stamp = read_json(out / "budget.json")
         if stamp is not None and stamp.get("budget") != budget:

@@ -44,7 +44,7 @@ from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.models import PRESETS, families
 from reslm.models.base import bits
 from reslm.ngram import KneserNey, NgramReference, distinct_n, select_order
-from reslm.run import CHECKPOINT, CONFIG, atomic_write, lock_run, read_metrics, write_json
+from reslm.run import CHECKPOINT, CONFIG, atomic_write, check_output_folder, lock_run, read_metrics, write_json
 from reslm.sweep import run_sweep, write_scaling
 from reslm.train import ensure_run, make_run_config, train
 
@@ -428,6 +428,7 @@ def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = N
         char_ds = find_dataset(data, "chars", data_root, prepare=True)
     if any(f in TOKEN_FAMILIES for f in families):
         tok_ds = find_dataset(token_data or bud.token_data, "tokens", data_root, prepare=True)
+    check_output_folder(out, "budget.json", "a reproduction folder")   # never write into a user's folder
     with lock_run(out, create=True):  # one reproduction per folder at a time
         stamp = out / "budget.json"
         have = read_json(stamp)

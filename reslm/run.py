@@ -4,19 +4,29 @@
     RUN_DIR/metrics.jsonl    one JSON row per logged step ("kind": "step"), per shard-epoch ("epoch"),
                              per shard's reservoir precomputation ("states"), and a final "done" row
     RUN_DIR/checkpoint.pt    model + optimizer + grad scaler + schedule position (plain tensors and
-                             numbers: torch.load(..., weights_only=True) reads it)
+                             numbers: torch.load(..., weights_only=True) reads it), the identity of the
+                             run it belongs to and a sha256 checksum over all of it (save_checkpoint)
     RUN_DIR/summary.json     written by train at the end (write_json)
-    RUN_DIR/.lock            flock'ed by the one process that writes the run (lock_run); it may stay
+    RUN_DIR/.lock            who holds the run (lock_run flocks the run folder itself and this file); it may stay
 
 Writers hold `lock_run(run_dir)` (train, resume, eval; reproduce/sweep lock their output folder the
 same way); readers (generate, reports) need no lock. A second writer gets RunInUse, a ReslmError:
-"RUN is in use by pid N (reslm train ... since 12:34:56); wait for it or stop it". The kernel drops
-the lock when its process ends in any way, so a killed run leaves no stale lock.
+"RUN is in use by pid N (reslm train ... since 12:34:56); wait for it or stop it". The lock is on the
+folder itself, so deleting RUN/.lock does not release it. The kernel drops the lock when its process
+ends in any way, so a killed run leaves no stale lock.
 
 Files are written atomically and durably (temp file, fsync, rename, fsync of the folder), so a kill
 or a power cut leaves the last complete checkpoint, never a half-written one. A failed write (disk
 full) raises ReslmError "could not write PATH: no space left on device", keeps the previous file and
-leaves no temp file; temp files left by a kill are removed by clean_stale_temps (lock_run calls it).
+leaves no temp file; temp files left by a kill are removed by clean_stale_temps (lock_run calls it),
+which removes only the names reslm writes, and only in a folder reslm made: never a user's file.
+
+A checkpoint names its run (run_identity: a hash of the model and training fields, seed and dataset
+fingerprint of config.json) and carries a checksum over its tensors and values: load_checkpoint
+refuses one copied from another run or one whose bytes changed on disk with a one-line ReslmError.
+A checkpoint written before identities existed is read with a warning. Resuming needs the metrics
+rows the checkpoint had seen (MetricsLog.truncate): a short or missing log is an error, not a
+silently shorter history.
 metrics.jsonl is appended and fsynced row by row; a last row cut off by a kill or a full disk is
 dropped with a warning on stderr when the log is read again (a damaged row before it is an error).
 
@@ -29,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -50,8 +61,15 @@ from reslm.errors import ReslmError, RunInUse, describe
 CONFIG, METRICS, CHECKPOINT, SUMMARY, LOCK = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json", ".lock"
 
 NAME_MAX = 255  # bytes in one path component (Linux, macOS)
-_TEMP_DIR = re.compile(r"^\..*\.tmp-[A-Za-z0-9_]{8}$")  # create_run_dir's tempfile.mkdtemp folders
+_TEMP_DIR = re.compile(r"^\..+\.tmp-[a-z0-9_]{8}$")  # create_run_dir's tempfile.mkdtemp folders
 _TEMP_DIR_AGE = 60.0  # seconds: a younger temp folder may be another creator's, mid-rename
+# atomic_write's temp files (tempfile.mkstemp: ".NAME." + 8 random characters + ".tmp") of the files
+# reslm writes with it into a run or output folder; clean_stale_temps removes no other name
+_WRITTEN = (r"config\.json|checkpoint\.pt|summary\.json|metrics\.jsonl|eval(-[^/]+)?\.json|eval-physical\.csv"
+            r"|budget\.json|results\.json|report\.md|scaling_fit\.json|ngram\.json"
+            r"|manifest\.json|weights\.safetensors|provenance\.json")   # the last three: published run folders
+_TEMP_FILE = re.compile(rf"^\.({_WRITTEN})\.[a-z0-9_]{{8}}\.tmp$")
+_MARKERS = ("budget.json",)  # besides config.json: what reproduce and lab write first into their folder
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -199,12 +217,7 @@ def _in_use(run_dir: Path) -> str:
     return f"{run_dir} is in use by {who}{detail}; wait for it or stop it"
 
 
-def _acquire(run_dir: Path) -> int:
-    path = run_dir / LOCK
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    except OSError as e:
-        raise ReslmError(f"cannot lock {run_dir}: {_reason(e)}") from None
+def _flock(fd: int, run_dir: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -212,13 +225,35 @@ def _acquire(run_dir: Path) -> int:
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise RunInUse(_in_use(run_dir)) from None
         raise ReslmError(f"cannot lock {run_dir}: {_reason(e)}") from None
+
+
+def _acquire(run_dir: Path) -> tuple[int, int]:
+    """flock the folder itself (no one can delete it from under a live holder, as they can RUN/.lock),
+    then RUN/.lock (what reslm versions before the folder lock took) and write the holder into it."""
+    cloexec = getattr(os, "O_CLOEXEC", 0)
+    try:
+        dfd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | cloexec)
+    except OSError as e:
+        raise ReslmError(f"cannot lock {run_dir}: {_reason(e)}") from None
+    _flock(dfd, run_dir)
+    path = run_dir / LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | cloexec, 0o644)
+    except OSError as e:
+        os.close(dfd)
+        raise ReslmError(f"cannot lock {run_dir}: {_reason(e)}") from None
+    try:
+        _flock(fd, run_dir)
+    except BaseException:
+        os.close(dfd)
+        raise
     info = dict(pid=os.getpid(), host=socket.gethostname(), command=_command_line(), started=time.time())
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
     except OSError:
         pass  # who holds it is a courtesy for the error message; the flock is the lock
-    return fd
+    return dfd, fd
 
 
 @contextlib.contextmanager
@@ -228,12 +263,13 @@ def lock_run(run_dir: Path, *, create: bool = False):
     Non-blocking: if another process holds it, raises RunInUse (a ReslmError) at once:
     "RUN is in use by pid N (reslm train ... since HH:MM:SS); wait for it or stop it".
     Re-entrant within one process (train holding it may call eval, which takes it again); threads of
-    one process share it. The lock is flock(2) on RUN/.lock, which records the holder; the kernel
+    one process share it. The lock is flock(2) on the directory itself (deleting RUN/.lock while a run
+    trains does not let a second writer in) and on RUN/.lock, which records the holder; the kernel
     releases it when the process exits or is killed, so there is no stale lock to remove. Only the
     process that took it holds it (a forked child that calls lock_run is refused), so under torchrun
     only rank 0 should take it. On first acquiring, temp files left by a killed writer are removed
-    (clean_stale_temps). A missing directory is a ReslmError unless create=True (then it is made).
-    Yields the directory as a Path.
+    (clean_stale_temps: only reslm's own names, only in a folder reslm made). A missing directory is
+    a ReslmError unless create=True (then it is made). Yields the directory as a Path.
     """
     run_dir = Path(run_dir)
     if create:
@@ -248,10 +284,11 @@ def lock_run(run_dir: Path, *, create: bool = False):
         entry = _held.get(key)
         first = entry is None
         if first:
+            had_lock = (run_dir / LOCK).is_file()    # a reslm process locked this folder before
             entry = _held[key] = [_acquire(run_dir), 0]
         entry[1] += 1
     if first:
-        clean_stale_temps(run_dir)
+        clean_stale_temps(run_dir, ours=had_lock)
     try:
         yield run_dir
     finally:
@@ -259,15 +296,49 @@ def lock_run(run_dir: Path, *, create: bool = False):
             entry[1] -= 1
             if entry[1] == 0:
                 del _held[key]
-                os.close(entry[0])  # releases the flock
+                for fd in entry[0]:
+                    os.close(fd)  # releases the flocks
 
 
-def clean_stale_temps(run_dir: Path) -> list[Path]:
-    """Remove the temp files a killed writer left in `run_dir` (".checkpoint.pt.XXXX.tmp" and every
-    other ".*.tmp" from atomic_write) and create_run_dir's temp folders (".NAME.tmp-XXXXXXXX") older
-    than a minute. Call it only while holding lock_run(run_dir) (lock_run does), when no other writer
-    can be mid-write. Returns what was removed; never raises."""
-    removed = []
+def is_reslm_folder(folder: Path) -> bool:
+    """True for a folder reslm made: a run (config.json, a JSON object with a family) or a reproduce/lab
+    output folder (budget.json)."""
+    folder = Path(folder)
+    if any((folder / m).is_file() for m in _MARKERS):
+        return True
+    try:
+        cfg = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and "family" in cfg
+
+
+def check_output_folder(out: Path, stamp: str, what: str) -> None:
+    """ReslmError unless `out` is missing, empty (a .lock aside) or holds `stamp` (the file a
+    reproduction or lab writes first into its folder): such a command never writes into, or sweeps,
+    a folder of the user's."""
+    out = Path(out)
+    if not out.is_dir() or (out / stamp).is_file():
+        return
+    try:
+        foreign = any(p.name != LOCK for p in out.iterdir())
+    except OSError as e:
+        raise ReslmError(f"cannot use {_shown(out)}: {_reason(e)}") from None
+    if foreign:
+        raise ReslmError(f"{_shown(out)} already exists and is not {what} (no {stamp}); pick another --out")
+
+
+def clean_stale_temps(run_dir: Path, *, ours: bool = False) -> list[Path]:
+    """Remove the temp files a killed writer left in `run_dir`: atomic_write's ".NAME.XXXXXXXX.tmp" of
+    the files reslm writes (config.json, checkpoint.pt, metrics.jsonl, summary.json, eval*.json, ...;
+    no other name) and create_run_dir's ".NAME.tmp-XXXXXXXX" folders older than a minute that hold
+    nothing but their config.json. Only in a folder reslm made (is_reslm_folder, or `ours`: lock_run
+    found its .lock from an earlier reslm process): a user's folder is never touched, whatever its
+    files are called. Call it only while holding lock_run(run_dir) (lock_run does), when no other
+    writer can be mid-write. Returns what was removed; never raises."""
+    removed: list[Path] = []
+    if not (ours or is_reslm_folder(run_dir)):
+        return removed
     try:
         entries = list(Path(run_dir).iterdir())
     except OSError:
@@ -276,12 +347,15 @@ def clean_stale_temps(run_dir: Path) -> list[Path]:
     for p in entries:
         name = p.name
         try:
-            if p.is_symlink() or not name.startswith("."):
+            if p.is_symlink():
                 continue
-            if name.endswith(".tmp") and p.is_file():
+            if _TEMP_FILE.match(name) and p.is_file():
                 p.unlink()
             elif _TEMP_DIR.match(name) and p.is_dir() and now - p.stat().st_mtime > _TEMP_DIR_AGE:
-                shutil.rmtree(p)
+                if any(q.name != CONFIG or not q.is_file() or q.is_symlink() for q in p.iterdir()):
+                    continue  # not only what create_run_dir puts there: not ours to remove
+                (p / CONFIG).unlink(missing_ok=True)
+                p.rmdir()
             else:
                 continue
             removed.append(p)
@@ -439,15 +513,113 @@ def _torch_save(state: dict, path: Path) -> None:
         torch.save(state, f)
 
 
+# what a checkpoint holds besides the training state: the identity of its run and its checksum
+RUN_KEY, CHECKSUM = "run", "checksum"
+# training fields that do not make a run another run: where it runs (RUNTIME_FIELDS) and its number
+# of cycles, which grow_cycles raises in config.json under an existing checkpoint
+_NOT_IDENTITY = ("device", "precision", "threads", "cycles")
+
+
+def run_identity(cfg: dict) -> dict:
+    """What names the run a checkpoint belongs to: family, model fields, training fields (not where it
+    runs: device, precision, threads; not cycles, which a run may grow), the seed and the dataset
+    fingerprint of its config.json, and `key`, a sha256 over all of them. Labels (preset, versions)
+    and the dataset's path are not part of it."""
+    data = cfg.get("data") or {}
+    data = data.get("fingerprint") or {k: data.get(k) for k in ("kind", "vocab", "vocab_size", "name")}
+    train = {k: v for k, v in (cfg.get("train") or {}).items() if k not in _NOT_IDENTITY}
+    body = dict(family=cfg.get("family"), model=cfg.get("model"), train=train,
+                data=hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16])
+    key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    return dict(key=key, seed=train.get("seed"), **body)
+
+
+def _digest(state) -> str:
+    """sha256 over a checkpoint's contents: every tensor's dtype, shape and bytes, every key and plain
+    value, in order (torch.save keeps dict order), so a flipped bit anywhere changes it."""
+    h = hashlib.sha256()
+
+    def walk(obj):
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}:".encode())
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        elif isinstance(obj, dict):
+            h.update(b"{")
+            for k, v in obj.items():
+                h.update(f"{type(k).__name__}:{k!r}=".encode())
+                walk(v)
+            h.update(b"}")
+        elif isinstance(obj, (list, tuple)):
+            h.update(b"[")
+            for v in obj:
+                walk(v)
+            h.update(b"]")
+        else:
+            h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+    walk({k: v for k, v in state.items() if k != CHECKSUM})
+    return h.hexdigest()
+
+
 def save_checkpoint(run_dir: Path, state: dict) -> None:
     """Write checkpoint.pt atomically (see atomic_write): a failed save keeps the previous checkpoint
-    byte for byte and raises ReslmError "could not write RUN/checkpoint.pt: no space left on device"."""
-    atomic_write(Path(run_dir) / CHECKPOINT, lambda p: _torch_save(state, p))
+    byte for byte and raises ReslmError "could not write RUN/checkpoint.pt: no space left on device".
+    The run's identity (run_identity of RUN/config.json, when there is one) and a sha256 over
+    everything (_digest) are saved with `state`; load_checkpoint checks both."""
+    run_dir = Path(run_dir)
+    state = dict(state)
+    if (run_dir / CONFIG).is_file():
+        state[RUN_KEY] = run_identity(read_config(run_dir))
+    state[CHECKSUM] = _digest(state)
+    atomic_write(run_dir / CHECKPOINT, lambda p: _torch_save(state, p))
+
+
+def _other_run(path: Path, have: dict, want: dict) -> str:
+    """The one-line refusal of a checkpoint whose run identity `have` is not the folder's `want`."""
+    why = None
+    if have.get("seed") != want.get("seed"):
+        why = f"seed {have.get('seed')}, not {want.get('seed')}"
+    elif have.get("family") != want.get("family"):
+        why = f"family {have.get('family')}, not {want.get('family')}"
+    elif have.get("data") != want.get("data"):
+        why = "made on another dataset"
+    else:
+        for part in ("model", "train"):
+            a, b = have.get(part) or {}, want.get(part) or {}
+            diff = sorted(k for k in set(a) | set(b) if json.dumps(a.get(k)) != json.dumps(b.get(k)))
+            if diff:
+                k = diff[0]
+                why = f"{k} {a.get(k, 'unset')}, not {b.get(k, 'unset')}"
+                break
+    return (f"{path} belongs to another run ({why or 'another config'}); put back this run's own checkpoint, "
+            f"or remove it to train this run from the start")
+
+
+def _check_checkpoint(run_dir: Path, path: Path, state: dict) -> str | None:
+    """Why `state` (read from `path`) must not be used for run_dir, or None. Warns on stderr for a
+    checkpoint from before identities and checksums (it cannot be checked)."""
+    if CHECKSUM in state:
+        if state[CHECKSUM] != _digest(state):
+            return ("its contents do not match the checksum saved with them (damaged on disk?); restore it "
+                    "from a copy, or remove it to train the run from the start")
+    if RUN_KEY in state:
+        if (run_dir / CONFIG).is_file():
+            have, want = state[RUN_KEY], run_identity(read_config(run_dir))
+            if not isinstance(have, dict) or have.get("key") != want["key"]:
+                raise ReslmError(_other_run(path, have if isinstance(have, dict) else {}, want))
+    elif (run_dir / CONFIG).is_file():
+        print(f"reslm: warning: {path} was written by an older reslm: it names no run and has no checksum, "
+              f"so it is used unchecked", file=sys.stderr)
+    return None
 
 
 def load_checkpoint(run_dir: Path, map_location="cpu") -> dict | None:
     """The checkpoint dict, or None when the run has none yet. An empty, foreign, truncated or unsafe
-    (objects other than tensors and plain values) file raises a one-line ReslmError."""
+    (objects other than tensors and plain values) file raises a one-line ReslmError, and so does one
+    whose checksum does not match its contents (a flipped bit on disk) or that belongs to another run
+    (its identity is not run_identity of RUN/config.json: "RUN/checkpoint.pt belongs to another run
+    (seed 0, not 1); ..."). One written before identities is used with a warning on stderr."""
     path = Path(run_dir) / CHECKPOINT
     if not (path.exists() or path.is_symlink()):
         return None
@@ -472,6 +644,8 @@ def load_checkpoint(run_dir: Path, map_location="cpu") -> dict | None:
             problem = describe(e)
     if problem is None and not isinstance(state, dict):
         problem = f"not a reslm checkpoint (it holds a {type(state).__name__}, not a dict)"
+    if problem is None:
+        problem = _check_checkpoint(Path(run_dir), path, state)
     if problem is not None:
         raise ReslmError(f"cannot read checkpoint {path}: {problem}")
     return state
@@ -537,7 +711,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 class MetricsLog:
-    """Append-only JSONL log; `truncate(n)` drops rows written after the checkpoint we resume from.
+    """Append-only JSONL log; `truncate(n)` drops rows written after the checkpoint we resume from (and
+    refuses a log shorter than that checkpoint had seen).
 
     Opening it repairs the file: a cut-off last line is cut away (with read_metrics's warning) so the
     next row starts on a line of its own; `rows` counts the good rows. `write(row)` appends one row,
@@ -564,11 +739,20 @@ class MetricsLog:
                 raise ReslmError(f"could not repair {self.path}: {_reason(e)}") from None
         self.rows = len(rows)
 
-    def truncate(self, n: int) -> None:
-        rows = [_finite_or_none(r) for r in read_metrics(self.path.parent)[:n]]  # NaN from older versions -> null
+    def truncate(self, n: int) -> list[dict]:
+        """Keep the first `n` rows (those the checkpoint a run resumes from had seen) and return them. A
+        log with fewer than `n` rows (cut short or removed since) is a ReslmError, changing nothing:
+        resuming from it would leave a run whose history misses evaluations it made."""
+        have = read_metrics(self.path.parent)
+        if len(have) < n:
+            what = f"has {len(have)} rows" if self.path.exists() else "is missing"
+            raise ReslmError(f"{self.path} {what} but the run's {CHECKPOINT} was saved after {n} rows: "
+                             f"the log was cut short or removed (restore it from a copy, or start the run again)")
+        rows = [_finite_or_none(r) for r in have[:n]]  # NaN from older versions -> null
         text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows)
         atomic_write(self.path, lambda p: p.write_text(text))
         self.rows = len(rows)
+        return rows
 
     def write(self, row: dict) -> None:
         bad = _non_finite(row)

@@ -289,6 +289,7 @@ class CharShards:
         self._feats, self._feats_shard, self._order_k, self._order = None, None, None, None
         self._test = None
         self.state_seconds = 0.0
+        self.logged_states = set()   # (cycle, shard, part) whose "states" row the log has (a resumed run)
         self.dtype, compute = self._choose_dtypes()
         self.kw = dict(dtype=self.dtype, **({"compute_dtype": compute} if hasattr(model, "reservoir") else {}))
 
@@ -380,7 +381,10 @@ class CharShards:
         synchronize(self.device)
         dt = time.perf_counter() - t0
         self.state_seconds += dt
-        if self.log is not None:
+        # one row per shard and cycle, as in an uninterrupted run: a resumed run computing (or reading
+        # back) the states of the shard it stopped in does not log them again (the log is per run, not
+        # per attempt; the attempt's time is in its train seconds)
+        if self.log is not None and (cycle, shard, part if self.holdout else None) not in self.logged_states:
             self.log.write(dict(kind="states", cycle=cycle, shard=shard, **({"part": part} if self.holdout else {}),
                                 **({"cached": True} if cached else {}),
                                 seconds=round(dt, 4), tokens_per_s=round(len(feats) / dt, 1)))
@@ -695,8 +699,9 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
         except (RuntimeError, KeyError, ValueError, TypeError) as e:
             raise ReslmError(f"the checkpoint in {run_dir} does not fit its config: "
                              f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
-        if main:
-            log.truncate(int(ck["metrics_rows"]))
+        if main:   # the rows the checkpoint had seen (fewer on disk: an error), and which states they logged
+            source.logged_states = {(r.get("cycle"), r.get("shard"), r.get("part"))
+                                    for r in log.truncate(int(ck["metrics_rows"])) if r.get("kind") == "states"}
     elif main and log.rows:  # metrics without a checkpoint: an interrupted start, begin afresh
         log.truncate(0)
     # DDP wraps the model for the training forward/backward; evaluation and checkpoints use `model`.
@@ -839,11 +844,16 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
                    steps=last.get("step", 0), finished=last.get("step", 0) >= source.total,
                    schedule=_schedule_key(cfg),
                    evaluations=len(evals), final_train_loss=last.get("train_loss"),
-                   min_train_loss=min((r["train_loss"] for r in steps), default=None))
+                   # over every logged train loss: the step rows' windows and the evaluations' segment means
+                   # (whose last is final_train_loss), so it is never above final_train_loss
+                   min_train_loss=min((r["train_loss"] for r in steps + evals
+                                       if isinstance(r.get("train_loss"), (int, float))), default=None))
     for k, v in last.items():
         if k.startswith(source.eval_kind):
             summary[f"final_{k}"] = v
     summary[f"best_{key}"] = min((r[key] for r in evals), default=None)
+    # wall times are per attempt (a resumed run's differ from an uninterrupted one's); every other figure
+    # of the log and summary is the same. reservoir_seconds: the time of each shard's first computation
     summary["train_seconds"] = last.get("wall")
     summary["reservoir_seconds"] = round(sum(r["seconds"] for r in rows if r["kind"] == "states"), 3)
     if cfg["family"] in MODELS and family(cfg["family"]).data == "tokens":

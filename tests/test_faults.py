@@ -611,3 +611,109 @@ def test_reproduce_smoke_without_matplotlib(tmp_path, monkeypatch, capsys):
     assert len([line for line in err.splitlines() if "matplotlib is not installed" in line]) == 1, err
     report = (out / "report.md").read_text()
     assert "matplotlib is not installed" in report and not list((out / "figures").glob("*.png"))
+
+
+# --- issue 23: the run folder's integrity -----------------------------------------------------------------
+def run_files(run: Path) -> list:
+    """tree(run) without the lock file (its holder record changes with each locker)."""
+    return [(name, content) for name, content in tree(run) if name != ".lock"]
+
+
+USER_FILES = {".backup.tmp-20240101/thesis.tex": "chapter 1", ".notes.tmp": "notes", "draft.tmp": "draft",
+              ".checkpoint.pt.abcd1234.tmp": "mine, named like reslm's", ".x.tmp-abcdefgh/config.json": "{}"}
+
+
+@pytest.mark.parametrize("command", ["train", "reproduce"])
+def test_a_folder_that_is_not_a_run_keeps_every_file(root, tmp_path, capsys, monkeypatch, command):
+    """`--out` an existing folder of the user's that holds *.tmp* files and folders: refused with one
+    line, and every file is still there, byte for byte (no stale-temp sweep in a folder reslm did not make)."""
+    import reslm.reproduce
+    out = tmp_path / "mine"
+    for name, text in USER_FILES.items():
+        make_text((out / name).parent, (out / name).name, text)
+    for d in out.iterdir():
+        os.utime(d, (0, 0))                    # old enough for the sweep's age test
+    before = tree(out)
+
+    def never(*a, **k):
+        raise AssertionError("reproduce went on into a folder of the user's")
+
+    monkeypatch.setattr(reslm.reproduce, "_stages", never)
+    argv = (["train", *RC, "--data", "c", "--root", str(root), "--out", str(out)] if command == "train" else
+            ["reproduce", "--budget", "smoke", "--families", "rc", "--presets", "rc-250", "--data", "c",
+             "--root", str(root), "--out", str(out), "--no-progress"])
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "already exists and is not" in one_error(capsys)
+    assert tree(out) == before
+
+
+def test_a_checkpoint_from_another_run_is_refused(root, rc_ref, tmp_path, capsys):
+    """A seed-0 run's checkpoint copied into a seed-1 run's folder: --resume, eval and generate refuse
+    it with one line naming the difference, and change nothing."""
+    run = tmp_path / "seed1"
+    assert train(root, "c", run, [*RC, "--seed", "1"]) == 0
+    shutil.copy(rc_ref / CHECKPOINT, run / CHECKPOINT)
+    before = run_files(run)
+    capsys.readouterr()
+    for argv in (["train", "--out", str(run), "--resume", "--no-progress"],
+                 ["eval", str(run), "--length", "20", "--score", "100"],
+                 ["generate", str(run), "--prompt", "the", "--length", "5"]):
+        assert main(argv) == 2, argv
+        line = one_error(capsys)
+        assert f"{run / CHECKPOINT} belongs to another run (seed 0, not 1); " in line, line
+    assert run_files(run) == before
+
+
+def test_a_checkpoint_from_before_identities_is_used_with_a_warning(rc_copy, capsys):
+    """An older reslm's checkpoint (no run identity, no checksum) still loads, with a warning."""
+    ck = torch.load(rc_copy / CHECKPOINT, weights_only=True)
+    del ck["run"], ck["checksum"]
+    torch.save(ck, rc_copy / CHECKPOINT)
+    capsys.readouterr()
+    assert main(["generate", str(rc_copy), "--prompt", "the", "--length", "5", "--seed", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "reslm: warning:" in err and "names no run and has no checksum" in err and "error" not in err
+
+
+def test_flipped_bits_in_checkpoint_weights_are_refused(rc_copy, capsys):
+    """An exponent bit flipped in the stored weights (the file still a valid archive): one line, for
+    --resume, eval and generate."""
+    data = bytearray((rc_copy / CHECKPOINT).read_bytes())
+    weights = torch.load(rc_copy / CHECKPOINT, weights_only=True)["model"]
+    name = max(weights, key=lambda k: weights[k].numel() if weights[k].is_floating_point() else 0)
+    raw = weights[name].contiguous().numpy().tobytes()
+    at = bytes(data).find(raw)
+    assert at > 0 and weights[name].dtype == torch.float32
+    data[at + 3] ^= 0x40                                   # float32 little-endian: bit 30, an exponent bit
+    (rc_copy / CHECKPOINT).write_bytes(bytes(data))
+    assert not torch.equal(torch.load(rc_copy / CHECKPOINT, weights_only=True)["model"][name], weights[name])
+    capsys.readouterr()
+    for argv in (["train", "--out", str(rc_copy), "--resume", "--no-progress"],
+                 ["eval", str(rc_copy), "--length", "20", "--score", "100"],
+                 ["generate", str(rc_copy), "--prompt", "the", "--length", "5"]):
+        assert main(argv) == 2, argv
+        line = one_error(capsys)
+        assert f"cannot read checkpoint {rc_copy / CHECKPOINT}: " in line and "checksum" in line, line
+    assert (rc_copy / CHECKPOINT).read_bytes() == bytes(data)
+
+
+@pytest.mark.parametrize("damage", ["missing", "short"])
+def test_resume_with_a_short_metrics_log_is_refused(root, tmp_path, capsys, monkeypatch, damage):
+    """The checkpoint knows how many metrics rows it had seen; a log with fewer (removed, or cut back
+    to fewer rows) is one line on --resume, and nothing is written."""
+    run = tmp_path / "run"
+    Checkpoints(monkeypatch, kill_after=3)
+    assert train(root, "c", run, RC) == 130
+    monkeypatch.undo()
+    lines = (run / METRICS).read_bytes().splitlines(keepends=True)
+    if damage == "missing":
+        (run / METRICS).unlink()
+    else:
+        (run / METRICS).write_bytes(b"".join(lines[:len(lines) // 2]))
+    before = run_files(run)
+    capsys.readouterr()
+    assert resume(run) == 2
+    line = one_error(capsys)
+    assert "was cut short or removed" in line and str(run / METRICS) in line, line
+    assert run_files(run) == before

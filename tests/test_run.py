@@ -96,22 +96,60 @@ def test_lock_missing_dir_and_create(tmp_path):
 
 
 def test_lock_cleans_stale_temps(tmp_path):
-    (tmp_path / ".checkpoint.pt.abc123.tmp").write_bytes(b"half")
-    (tmp_path / ".metrics.jsonl.x.tmp").write_text("x")
-    old = tmp_path / ".run1.tmp-abcd1234"
+    (tmp_path / R.CONFIG).write_text(json.dumps(CFG))                 # a run folder
+    (tmp_path / ".checkpoint.pt.abc12_3x.tmp").write_bytes(b"half")    # atomic_write's names (mkstemp: 8 chars)
+    (tmp_path / ".metrics.jsonl.x1y2z3w4.tmp").write_text("x")
+    (tmp_path / ".eval-noise0.1.json.abcdefgh.tmp").write_text("x")
+    old = tmp_path / ".run1.tmp-abcd1234"                              # create_run_dir's, older than a minute
     old.mkdir()
     (old / "config.json").write_text("{}")
     os.utime(old, (0, 0))
     young = tmp_path / ".run2.tmp-abcd1234"
     young.mkdir()
-    keep = [tmp_path / "checkpoint.pt", tmp_path / "notes.tmp", tmp_path / ".lock"]
-    for k in keep[:2]:
-        k.write_text("k")
+    user_dir = tmp_path / ".backup.tmp-20240101"                       # the pattern, but a user's files in it
+    user_dir.mkdir()
+    (user_dir / "thesis.tex").write_text("t")
+    os.utime(user_dir, (0, 0))
+    keep = ["checkpoint.pt", "notes.tmp", ".notes.tmp", ".thesis.tex.abcd1234.tmp", ".checkpoint.pt.ab12.tmp"]
+    for k in keep:
+        (tmp_path / k).write_text("k")
     with R.lock_run(tmp_path):
         pass
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".lock", ".run2.tmp-abcd1234", "checkpoint.pt", "notes.tmp"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".lock", R.CONFIG, ".run2.tmp-abcd1234", ".backup.tmp-20240101", *keep])
+    assert (user_dir / "thesis.tex").read_text() == "t"
     assert R.clean_stale_temps(tmp_path) == []
     assert R.clean_stale_temps(tmp_path / "missing") == []
+
+
+def test_lock_never_removes_anything_from_a_folder_reslm_did_not_make(tmp_path):
+    """A folder that is not a run (no config.json, no budget.json, no earlier .lock) keeps every file,
+    even ones named as reslm names its temp files."""
+    names = [".notes.tmp", ".checkpoint.pt.abcd1234.tmp", ".config.json.zzzzzzzz.tmp", "draft.tmp"]
+    for n in names:
+        (tmp_path / n).write_text(n)
+    for d in (".backup.tmp-20240101", ".run.tmp-abcdefgh"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / ("thesis.tex" if d.startswith(".backup") else R.CONFIG)).write_text("mine")
+        os.utime(tmp_path / d, (0, 0))
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    with R.lock_run(tmp_path):
+        pass
+    assert R.clean_stale_temps(tmp_path) == []
+    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.name != R.LOCK)
+    assert after == before
+
+
+def test_deleting_the_lock_file_does_not_release_the_lock(tmp_path):
+    """The lock is on the folder itself: removing RUN/.lock under a live holder lets no second writer in."""
+    code = STUB + "import sys\nfrom reslm.run import lock_run\nwith lock_run(sys.argv[1]): pass"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with R.lock_run(tmp_path):
+        (tmp_path / R.LOCK).unlink()
+        r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env)
+        assert r.returncode != 0 and "RunInUse" in r.stderr and "is in use" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
 
 
 # ------------------------------------------------------------------------------------------ metrics

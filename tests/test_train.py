@@ -8,7 +8,7 @@ import reslm.train as tt
 from reslm.models import build_model
 from reslm.models.base import bits, decay_groups
 from reslm.errors import ReslmError
-from reslm.run import read_config, read_metrics
+from reslm.run import read_config, read_metrics, save_checkpoint
 
 MODELS = {"laerc": dict(dim=16, n_layers=2, context=32, r_mult=2),
           "gpt": dict(dim=32, n_layers=2, n_heads=2, context=32)}
@@ -199,7 +199,7 @@ def test_killed_between_evaluations_resumes_from_the_timed_checkpoint(request, t
 
 def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp_path, monkeypatch):
     """cache_states keeps the shard's and the test features in RUN/states: a run killed mid shard-epoch
-    reads them back (states rows marked cached), ends bitwise as an uninterrupted run, and removes the
+    reads them back (and logs no second states row), ends bitwise as an uninterrupted run, and removes the
     folder; a torn cache file is computed again, never trusted."""
     model, train = dict(size=32), {**CHAR_TRAIN, "epoch_samples": 256, "epochs_per_shard": 1}
     full = tt.create_run(tmp_path / "full", "rc", model, train, chars)
@@ -221,10 +221,19 @@ def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp
     assert cached == ["test-0.pt", "train-shard1-cycle0.pt"]       # shard 0's file went with shard 0
     torn = cut / tt.STATES / "test-0.pt"
     torn.write_bytes(torn.read_bytes()[:100])
+    real_load, hits = tt.StateCache.load, []
+
+    def load(self, name, dtype):
+        feats = real_load(self, name, dtype)
+        hits.append((name, feats is not None))
+        return feats
+
+    monkeypatch.setattr(tt.StateCache, "load", load)
     tt.train(cut, progress=False, cache_states=True)
+    assert hits[:2] == [("train-shard1-cycle0", True), ("test-0", False)]   # shard 1 read back; the torn file not
     rows = read_metrics(cut)
     states = [(r["shard"], r.get("cached", False)) for r in rows if r["kind"] == "states"]
-    assert states[:4] == [(0, False), (1, False), (1, True), (2, False)]   # shard 1 read back on resume
+    assert states[:3] == [(0, False), (1, False), (2, False)]   # the resume logs no second row for shard 1
     timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
     key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
     assert key(read_metrics(full)) == key(rows)
@@ -243,7 +252,7 @@ def test_non_finite_loss_stops_with_the_last_checkpoint_kept(chars, tmp_path):
         pass
     ck = torch.load(out / "checkpoint.pt", weights_only=True)
     ck["model"]["head.weight"].fill_(float("nan"))
-    torch.save(ck, out / "checkpoint.pt")
+    save_checkpoint(out, ck)   # as reslm would save it (with its checksum): a poisoned, not a damaged file
     with pytest.raises(ReslmError, match="non-finite loss or gradient at step 3"):
         tt.train(out, progress=False)
     assert (out / "checkpoint.pt").read_bytes() != before  # the poisoned file is what we wrote, untouched since
@@ -274,3 +283,53 @@ def test_more_cycles_grow_a_finished_run_into_the_longer_one(chars, tmp_path):
     cosine = tt.create_run(tmp_path / "cosine", "aerc", model, {**train, "schedule": "cosine"}, chars)
     with pytest.raises(ReslmError, match="cannot be extended"):
         tt.grow_cycles(cosine, 2)
+
+
+TIMING = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+
+
+def test_resumed_run_logs_exactly_what_an_uninterrupted_one_does(chars, tmp_path, monkeypatch):
+    """Stopped in the middle of a shard (between its two epochs) and killed mid-epoch after a timed
+    checkpoint, then resumed each time, a run's log holds the same rows as an uninterrupted run's,
+    states rows included (one per shard, not one per attempt); only wall times differ. The checkpoint's
+    metrics_rows, the weights and the summary (wall times aside) are the same."""
+    model, train = dict(size=32), {**CHAR_TRAIN, "epoch_samples": 128}   # 2 steps per epoch, 2 epochs per shard
+    full = tt.create_run(tmp_path / "full", "rc", model, train, chars)
+    s_full = tt.train(full, progress=False)
+    cut = tt.create_run(tmp_path / "cut", "rc", model, train, chars)
+    tt.train(cut, progress=False, stop_at=6)      # shard 1, between its two epochs
+    real_save = tt.save_checkpoint
+
+    def save_then_die(run_dir, state):
+        real_save(run_dir, state)
+        if state["step"] == 11:                   # shard 2, mid-epoch: a timed checkpoint
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        tt.train(cut, progress=False, checkpoint_seconds=0)
+    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    s_cut = tt.train(cut, progress=False)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
+    a, b = read_metrics(full), read_metrics(cut)
+    assert [r["kind"] for r in a].count("states") == 5
+    assert strip(a) == strip(b)
+    ck_a = torch.load(full / "checkpoint.pt", weights_only=True)
+    ck_b = torch.load(cut / "checkpoint.pt", weights_only=True)
+    assert ck_a["metrics_rows"] == ck_b["metrics_rows"] == len(a)
+    assert all(torch.equal(ck_a["model"][k], ck_b["model"][k]) for k in ck_a["model"])
+    per_attempt = ("train_seconds", "reservoir_seconds")
+    assert {k: v for k, v in s_full.items() if k not in per_attempt} == \
+           {k: v for k, v in s_cut.items() if k not in per_attempt}
+
+
+def test_min_train_loss_covers_every_logged_loss(chars, tmp_path):
+    """min_train_loss is the least train loss logged anywhere, the evaluations' (final_train_loss among
+    them) included, not only the sparse step rows'."""
+    out = tt.create_run(tmp_path / "rc", "rc", dict(size=32), {**CHAR_TRAIN, "epoch_samples": 128,
+                                                               "log_every": 3}, chars)
+    summary = tt.train(out, progress=False)
+    rows = read_metrics(out)
+    losses = [r["train_loss"] for r in rows if r["kind"] in ("step", "eval") and "train_loss" in r]
+    assert summary["min_train_loss"] == min(losses)
+    assert summary["min_train_loss"] <= summary["final_train_loss"]
