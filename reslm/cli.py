@@ -183,10 +183,11 @@ def cmd_presets(args):
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'name':<14}{'family':<7}{'trainable':>10}{'paper':>9}{'fixed':>10}")
+    print(f"{'name':<20}{'family':<7}{'trainable':>10}{'paper':>9}{'fixed':>10}  frontier")
     for r in rows:
-        print(f"{r['name']:<14}{r['family']:<7}{r['trainable_params']:>10,}{r['paper_trainable_params']:>9,}"
-              f"{r['fixed_params']:>10,}")
+        paper = f"{r['paper_trainable_params']:,}" if r["paper_trainable_params"] else "-"
+        print(f"{r['name']:<20}{r['family']:<7}{r['trainable_params']:>10,}{paper:>9}"
+              f"{r['fixed_params']:>10,}  {'yes' if r['frontier'] else 'no'}")
 
 
 def cmd_train(args):
@@ -615,7 +616,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_data)
 
     pr = sub.add_parser("presets", help="list the paper's 15 model presets (Table 1)",
-                        description="List the Table 1 presets with trainable and fixed parameter counts.")
+                        description="List the Table 1 presets with trainable and fixed parameter counts, and whether "
+                                    "each obeys the reservoir frontier's rules (fixed substrate, trained readout of the "
+                                    "current state only, at most 155,459 trainable parameters; reslm.models.budget).")
     pr.add_argument("--json", action="store_true", help="print a JSON list with each preset's full config")
     pr.set_defaults(func=cmd_presets)
 

@@ -46,6 +46,7 @@ from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_d
                           setup_cuda, state_dtype, synchronize)
 from reslm.errors import ReslmError
 from reslm.models import MODELS, family, make_config
+from reslm.models.budget import check_frontier
 from reslm.models.base import (TensorFeatures, bits, config_dict, count_params, decay_groups, estimate_loss,
                                feature_batches)
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
@@ -838,6 +839,7 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
     summary = dict(family=cfg["family"], preset=cfg.get("preset"), trainable_params=trainable, fixed_params=fixed,
                    steps=last.get("step", 0), finished=last.get("step", 0) >= source.total,
                    schedule=_schedule_key(cfg),
+                   frontier=check_frontier(model).ok,   # the strict reservoir-family rules (models.budget)
                    evaluations=len(evals), final_train_loss=last.get("train_loss"),
                    min_train_loss=min((r["train_loss"] for r in steps), default=None))
     for k, v in last.items():

@@ -16,6 +16,7 @@ import torch
 from reslm.errors import ReslmError
 from reslm.models.aerc import AERC, AERCConfig
 from reslm.models.base import build_config, config_dict, count_params
+from reslm.models.budget import FRONTIER_BUDGET, check_frontier
 from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.models.rc import RC, RCConfig
@@ -92,13 +93,15 @@ def preset(name: str) -> tuple[str, dict]:
 
 def preset_table() -> list[dict]:
     """One row per preset: name, family, trainable/fixed parameter counts (measured on a shape-only
-    model on the meta device, so no random matrices are drawn), the paper's count, the config."""
+    model on the meta device, so no random matrices are drawn), the paper's count, whether it obeys the
+    reservoir frontier's rules (reslm.models.budget), the config."""
     rows = []
     for name, (fam, overrides, paper) in PRESETS.items():
         cfg = make_config(fam, **overrides)
         with torch.device("meta"):
             model = build_model(fam, cfg)
+            verdict = check_frontier(model)
         trainable, fixed = count_params(model)
         rows.append(dict(name=name, family=fam, trainable_params=trainable, fixed_params=fixed,
-                         paper_trainable_params=paper, config=config_dict(cfg)))
+                         paper_trainable_params=paper, frontier=verdict.ok, config=config_dict(cfg)))
     return rows
