@@ -237,12 +237,12 @@ class StateCache:
             return None
         try:
             d = torch.load(path, mmap=True, weights_only=True)
-            inputs, targets = d["inputs"], d["targets"]
+            inputs, targets, chars, table = d["inputs"], d["targets"], d.get("chars"), d.get("table")
         except Exception:   # noqa: BLE001 - a torn or foreign file is recomputed, never trusted
             return None
         if inputs.dtype != dtype or inputs.dim() != 2 or len(inputs) != len(targets):
             return None
-        return TensorFeatures(inputs, targets)
+        return TensorFeatures(inputs, targets, chars, table)
 
     def store(self, name: str, feats, keep_prefix: str | None = None) -> None:
         self.folder.mkdir(exist_ok=True)
@@ -252,7 +252,9 @@ class StateCache:
                     old.unlink(missing_ok=True)
         try:
             atomic_write(self.folder / f"{name}.pt",
-                         lambda p: torch.save(dict(inputs=feats.inputs, targets=feats.targets), p))
+                         lambda p: torch.save(dict(inputs=feats.inputs, targets=feats.targets,
+                                                   **({} if feats.chars is None else
+                                                      dict(chars=feats.chars, table=feats.table))), p))
         except ReslmError as e:   # e.g. disk full: training goes on, a resume computes them again
             say(f"reslm: reservoir states not cached ({e})")
 
@@ -524,6 +526,9 @@ def make_run_config(family_name: str, model_overrides: dict, train_overrides: di
         if tc.optimizer == "ridge":
             if family_name != "rc":
                 raise ReslmError(f"optimizer ridge is the closed-form linear readout of the rc family, not {family_name}")
+            if (model_cfg.head, model_cfg.head_input) != ("linear", "state"):
+                raise ReslmError("optimizer ridge solves a linear head on the state alone (--head linear, "
+                                 "--head-input state)")
             check_holdout(dataset, tc, context)
     else:
         for split, n in (("train", len(dataset.train)), ("val", len(dataset.val))):

@@ -57,3 +57,105 @@ def test_summary_says_whether_the_run_qualifies(chars, tmp_path, family, model, 
     import reslm.train as tt
     summary = tt.train(tt.create_run(tmp_path / family, family, model, CHAR_TRAIN, chars), progress=False)
     assert summary["frontier"] is ok
+
+
+# --- readout heads ----------------------------------------------------------------------------------
+from reslm.errors import ReslmError  # noqa: E402
+from reslm.models.heads import head_params, widest_hidden  # noqa: E402
+
+V = 13
+HEADED = [("rc", dict(head="mlp", head_hidden=9)), ("rc", dict(head="glu", head_hidden=7, head_input="state+onehot")),
+          ("rc", dict(head="mlp", head_hidden=5, head_input="state+embed")), ("rc", dict(head_input="state+onehot")),
+          ("aerc", dict(hidden=4, head_input="state+onehot"))]
+
+
+def headed(family, over, **kw):
+    size = dict(size=24) if family == "rc" else dict(size=16)
+    return build_model(family, **{**size, "vocab_size": V, "context": 8, "embed_dim": 6, **over, **kw})
+
+
+@pytest.mark.parametrize("kind,hi,width", [("linear", "state", 24), ("mlp", "state", 24), ("glu", "state+onehot", 24 + V),
+                                           ("mlp", "state+embed", 24 + 6)])
+def test_head_trainable_counts_are_exact(kind, hi, width):
+    hidden = 0 if kind == "linear" else 11
+    m = headed("rc", dict(head=kind, head_hidden=hidden, head_input=hi))
+    v = check_frontier(m)
+    assert v.ok and v.trainable_params == head_params(kind, width, hidden, V)
+    assert m.head_width == width
+    # the widest head under the frontier budget at N = 1000: fits, one more unit does not
+    h = widest_hidden(kind if kind != "linear" else "mlp", 1000 + V, 59, FRONTIER_BUDGET)
+    k = kind if kind != "linear" else "mlp"
+    assert head_params(k, 1000 + V, h, 59) <= FRONTIER_BUDGET < head_params(k, 1000 + V, h + 1, 59)
+
+
+def test_glu_and_mlp_heads_compute_what_they_say():
+    m = headed("rc", dict(head="glu", head_hidden=7))
+    u = torch.randn(5, 24)
+    h = m.head
+    a, b = (u @ h.fc.weight.T + h.fc.bias).split(7, dim=-1)
+    torch.testing.assert_close(h(u), (torch.nn.functional.silu(a) * b) @ h.out.weight.T + h.out.bias)
+
+
+@pytest.mark.parametrize("family,over", HEADED)
+def test_head_loss_at_init_is_near_ln_v_and_a_tiny_batch_overfits(family, over):
+    m = headed(family, over)
+    g = torch.Generator().manual_seed(0)
+    idx, y = torch.randint(0, V, (16, 8), generator=g), torch.randint(0, V, (16,), generator=g)
+    _, loss = m(idx, y)
+    assert abs(loss.item() - torch.log(torch.tensor(float(V))).item()) < 0.5
+    opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(300):
+        opt.zero_grad()
+        _, loss = m(idx, y)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+
+
+@pytest.mark.parametrize("family,over", HEADED)
+def test_head_step_and_window_forward_match_the_features(family, over):
+    """step() walks the stream features (with the current character where head_input asks), and
+    forward() on a window equals the window-mode features of the text."""
+    m = headed(family, over, context_mode="stream", streams=1).eval()
+    tokens = torch.randint(0, V, (40,), generator=torch.Generator().manual_seed(4))
+    feats = m.features(tokens)
+    state = m.init_state(1)
+    for t in range(39):
+        logits, state = m.step(tokens[t:t + 1], state)
+        if t >= 7:
+            ref, _ = m.forward_features(feats.batch(torch.tensor([t - 7])))
+            torch.testing.assert_close(logits, ref[:, 0], rtol=1e-5, atol=1e-5)
+    w = headed(family, over, context_mode="window").eval()
+    feats = w.features(tokens)
+    index = torch.tensor([0, 9, 31])
+    a, _ = w.forward_features(feats.batch(index))
+    b, _ = w(torch.stack([tokens[i:i + 8] for i in index]))
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_head_bad_configs(chars):
+    import reslm.train as tt
+    for over, msg in [(dict(head="mlp"), "head_hidden >= 1"), (dict(head_hidden=4), "linear head has none"),
+                      (dict(head="conv", head_hidden=4), "head must be one of"),
+                      (dict(head_input="state+past"), "head_input must be one of")]:
+        with pytest.raises(ReslmError, match=msg):
+            make_config("rc", size=10, **over)
+    with pytest.raises(ReslmError, match="linear head on the state alone"):
+        tt.make_run_config("rc", dict(size=20, head="mlp", head_hidden=4), dict(optimizer="ridge"), chars)
+
+
+def test_headed_run_with_cached_states_resumes_bitwise(chars, tmp_path):
+    import reslm.train as tt
+    from reslm.run import read_metrics
+    model = dict(size=24, streams=8, head="glu", head_hidden=8, head_input="state+onehot")
+    full = tt.create_run(tmp_path / "full", "rc", model, CHAR_TRAIN, chars)
+    s = tt.train(full, progress=False)
+    assert s["frontier"] and s["trainable_params"] == head_params("glu", 24 + chars.vocab_size, 8, chars.vocab_size)
+    cut = tt.create_run(tmp_path / "cut", "rc", model, CHAR_TRAIN, chars)
+    tt.train(cut, progress=False, stop_at=5, cache_states=True)
+    assert any((cut / "states").glob("*.pt"))
+    tt.train(cut, progress=False, cache_states=True)
+    assert [r.get("cached") for r in read_metrics(cut) if r["kind"] == "states"].count(True) >= 1
+    a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(cut / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
