@@ -44,6 +44,7 @@ from reslm import distributed as dist_
 from reslm.checkpoint import SUMMARY, check_dataset, describe_dataset, load_model, open_dataset, read_json
 from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_device, resolve_precision,
                           setup_cuda, state_dtype, synchronize)
+from reslm.ema import EMA, checkpoint_weights
 from reslm.errors import ReslmError
 from reslm.models import MODELS, family, make_config
 from reslm.models.budget import check_frontier
@@ -103,6 +104,7 @@ class TrainConfig:
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     precision: str = "auto"         # auto | fp32 | bf16 | fp16
     threads: int = 0                # torch CPU threads; 0 = torch's default
+    ema: float = 0.0                # decay of an EMA of the weights (reslm.ema) used for evaluation and the saved model; 0 = off
 
     def validate(self) -> "TrainConfig":
         for f in fields(self):
@@ -133,6 +135,10 @@ class TrainConfig:
         if self.ridge_alpha < 0 or self.ridge_heldout_samples < 1:
             raise ReslmError(f"ridge_alpha must be >= 0 and ridge_heldout_samples >= 1, got {self.ridge_alpha} and "
                              f"{self.ridge_heldout_samples}")
+        if not 0 <= self.ema < 1:
+            raise ReslmError(f"ema must be in [0, 1) (a decay such as 0.999; 0 = off), got {self.ema}")
+        if self.ema and self.optimizer == "ridge":
+            raise ReslmError("ema averages gradient-trained weights; optimizer ridge solves the readout in one step")
         if not 0 <= self.min_lr_frac <= 1:
             raise ReslmError(f"min_lr_frac must be in [0, 1], got {self.min_lr_frac}")
         for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS)):
@@ -686,6 +692,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     opt = make_optimizer(model, tc, device)
     scaler = grad_scaler(precision, device)
     params = [p for p in model.parameters() if p.requires_grad]
+    ema = EMA(model, tc.ema) if tc.ema else None
 
     step, train_seconds = 0, 0.0
     # the segment since the last evaluation: summed train loss, its sample count, first step, seconds
@@ -693,7 +700,9 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     ck = load_checkpoint(run_dir, map_location=device)
     if ck is not None:
         try:
-            model.load_state_dict(ck["model"])
+            model.load_state_dict(ck["raw"] if ema is not None else ck["model"])
+            if ema is not None:
+                ema.load(ck["model"])
             opt.load_state_dict(ck["optimizer"])
             scaler.load_state_dict(ck["scaler"])
             step, train_seconds = int(ck["step"]), float(ck["train_seconds"])
@@ -755,6 +764,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
         scaler.step(opt)
         scaler.update()
         step += 1
+        if ema is not None:
+            ema.update(step)
         lv = dist_.all_reduce_mean(step_loss).item()
         seg_loss, seg_n = seg_loss + lv * (n_step if fam.data == "chars" else 1), seg_n + (n_step if fam.data == "chars" else 1)
         win_loss, win_steps = win_loss + lv, win_steps + 1
@@ -774,7 +785,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             synchronize(device)
             seconds = time.perf_counter() - t_seg
             train_seconds += seconds
-            row = source.evaluate(model, precision)  # every rank evaluates the same model; rank 0 logs
+            with ema.applied() if ema is not None else contextlib.nullcontext():
+                row = source.evaluate(model, precision)  # every rank evaluates the same model; rank 0 logs
             if main:
                 seg = source.segment(step - 1)
                 log.write(dict(kind="eval", step=step, **seg, train_loss=seg_loss / max(seg_n, 1), **row,
@@ -784,7 +796,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                 say(f"step {step}/{source.total}" + "".join(f" {k} {v}" for k, v in seg.items())
                     + f": train {seg_loss / max(seg_n, 1):.4f}  {first} {row[first]:.4f} nats "
                     f"({bits(row[first]):.3f} bits)", enabled=progress)
-                save_checkpoint(run_dir, dict(model=model.state_dict(), optimizer=opt.state_dict(),
+                save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
                                               scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
                                               metrics_rows=log.rows))
             dist_.barrier()
@@ -793,7 +805,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             t_seg = t_log = t_saved = time.perf_counter()
         elif main and time.perf_counter() - t_saved >= checkpoint_seconds:
             now = time.perf_counter()
-            save_checkpoint(run_dir, dict(model=model.state_dict(), optimizer=opt.state_dict(),
+            save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
                                           scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
                                           metrics_rows=log.rows,
                                           segment=dict(loss=seg_loss, n=seg_n, start=seg_start, seconds=now - t_seg,

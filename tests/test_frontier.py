@@ -159,3 +159,70 @@ def test_headed_run_with_cached_states_resumes_bitwise(chars, tmp_path):
     a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(cut / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- EMA of the weights -----------------------------------------------------------------------------
+def test_ema_update_follows_the_formula_and_applied_restores():
+    from reslm.ema import EMA
+    lin = nn.Linear(3, 2)
+    ema = EMA(lin, 0.9)
+    start = lin.weight.detach().clone()
+    with torch.no_grad():
+        lin.weight.add_(1.0)
+    ema.update(1)                                   # d_1 = min(0.9, 2 / 11)
+    d = 2 / 11
+    torch.testing.assert_close(ema.shadow[0], d * start + (1 - d) * lin.weight.detach())
+    trained = lin.weight.detach().clone()
+    with ema.applied():
+        assert torch.equal(lin.weight, ema.shadow[0])
+    assert torch.equal(lin.weight, trained)
+    with pytest.raises(ReslmError):
+        EMA(lin, 1.0)
+
+
+@pytest.mark.parametrize("family,model", [("rc", dict(size=24, streams=8, head="mlp", head_hidden=8)),
+                                          ("tf", dict(ff_dim=16, n_heads=2, n_layers=1))])
+def test_ema_run_evaluates_the_shadow_and_resumes_bitwise(chars, tmp_path, monkeypatch, family, model):
+    import reslm.train as tt
+    from reslm.checkpoint import load_run
+    from reslm.models.base import estimate_loss, feature_batches
+    from reslm.run import read_metrics
+    train = {**CHAR_TRAIN, "ema": 0.9}
+    full = tt.create_run(tmp_path / "full", family, model, train, chars)
+    summary = tt.train(full, progress=False)
+    ck = torch.load(full / "checkpoint.pt", weights_only=True)
+    assert set(ck) >= {"model", "raw"} and any(not torch.equal(ck["model"][k], ck["raw"][k]) for k in ck["raw"])
+    # the logged test loss is the shadow's: the checkpoint's "model", which eval and generate load
+    m, _, cfg = load_run(full, "cpu")
+    src = tt.CharShards(m, tt.open_dataset(cfg["data"]), tt.run_train_config(cfg), torch.device("cpu"), None, False)
+    assert src.evaluate(m, "fp32")["test_loss"] == pytest.approx(summary["final_test_loss"], abs=1e-7)
+    # killed mid shard-epoch after a timed checkpoint and at an evaluation: the same run, bitwise
+    real_save, saves = tt.save_checkpoint, []
+
+    def save_then_die(run_dir, state):
+        real_save(run_dir, state)
+        saves.append(state)
+        if len(saves) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    cut = tt.create_run(tmp_path / "cut", family, model, train, chars)
+    with pytest.raises(KeyboardInterrupt):
+        tt.train(cut, progress=False, checkpoint_seconds=0)
+    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    tt.train(cut, progress=False, stop_at=6)
+    tt.train(cut, progress=False)
+    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
+    assert key(read_metrics(full)) == key(read_metrics(cut))
+    b = torch.load(cut / "checkpoint.pt", weights_only=True)
+    for part in ("model", "raw"):
+        assert all(torch.equal(ck[part][k], b[part][k]) for k in ck[part])
+
+
+def test_ema_bad_values(chars):
+    import reslm.train as tt
+    for over, msg in [(dict(ema=1.0), "ema must be in"), (dict(ema=-0.1), "ema must be in"),
+                      (dict(ema=0.9, optimizer="ridge"), "ridge solves")]:
+        with pytest.raises(ReslmError, match=msg):
+            tt.train_config("rc", **over)
