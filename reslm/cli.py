@@ -615,8 +615,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     d.add_argument("--text-field", default="text", help="bpe from hf: the text column (default text)")
     d.set_defaults(func=cmd_data)
 
-    pr = sub.add_parser("presets", help="list the paper's 15 model presets (Table 1)",
-                        description="List the Table 1 presets with trainable and fixed parameter counts, and whether "
+    pr = sub.add_parser("presets", help="list the model presets (Table 1's 15 and the frontier's ceilings)",
+                        description="List the Table 1 presets and the reservoir frontier's trained ceilings (paper "
+                                    "count -) with trainable and fixed parameter counts, and whether "
                                     "each obeys the reservoir frontier's rules (fixed substrate, trained readout of the "
                                     "current state only, at most 155,459 trainable parameters; reslm.models.budget).")
     pr.add_argument("--json", action="store_true", help="print a JSON list with each preset's full config")

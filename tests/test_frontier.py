@@ -226,3 +226,57 @@ def test_ema_bad_values(chars):
                       (dict(ema=0.9, optimizer="ridge"), "ridge solves")]:
         with pytest.raises(ReslmError, match=msg):
             tt.train_config("rc", **over)
+
+
+# --- the ceilings -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,count", [("rnn-gru-32-200", 154_147), ("rnn-lstm-32-173", 155_398),
+                                        ("tf-e64-144-4-4", 149_755)])
+def test_ceiling_presets_fit_the_budget_and_are_not_reservoirs(name, count):
+    from reslm.models.rnn import rnn_params
+    row = next(r for r in preset_table() if r["name"] == name)
+    assert row["trainable_params"] == count <= FRONTIER_BUDGET and row["paper_trainable_params"] is None
+    assert not row["frontier"]
+    c = row["config"]
+    if row["family"] == "rnn":
+        assert count == rnn_params(c["cell"], 59, c["embed_dim"], c["hidden"])
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_rnn_reads_the_window_from_a_zero_state_and_overfits(cell):
+    m = build_model("rnn", cell=cell, embed_dim=8, hidden=16, vocab_size=V, context=8)
+    idx = torch.randint(0, V, (16, 8), generator=torch.Generator().manual_seed(0))
+    y = torch.randint(0, V, (16,), generator=torch.Generator().manual_seed(1))
+    ref = m.head(m.rnn(m.embed(idx), None)[0][:, -1])             # torch's own zero initial state
+    torch.testing.assert_close(m(idx)[0][:, 0], ref)
+    assert abs(m(idx, y)[1].item() - torch.log(torch.tensor(float(V))).item()) < 0.3
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    for _ in range(200):
+        opt.zero_grad()
+        loss = m(idx, y)[1]
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+    with pytest.raises(ReslmError, match="cell must be"):
+        make_config("rnn", cell="rnn")
+
+
+def test_rnn_trains_resumes_and_generates_through_the_cli(chars, tmp_path, capsys):
+    import reslm.train as tt
+    from reslm.run import read_metrics
+    model = dict(embed_dim=8, hidden=16)
+    full = tt.create_run(tmp_path / "full", "rnn", model, {**CHAR_TRAIN, "ema": 0.5}, chars)
+    s = tt.train(full, progress=False)
+    assert s["finished"] and not s["frontier"] and s["final_test_loss"] < torch.log(torch.tensor(59.0)).item()
+    cut = tt.create_run(tmp_path / "cut", "rnn", model, {**CHAR_TRAIN, "ema": 0.5}, chars)
+    tt.train(cut, progress=False, stop_at=4)
+    tt.train(cut, progress=False)
+    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
+    assert key(read_metrics(full)) == key(read_metrics(cut))
+    out = tmp_path / "cli"
+    assert main(["train", "--family", "rnn", "--cell", "lstm", "--embed-dim", "8", "--hidden", "12",
+                 "--epoch-samples", "64", "--epochs-per-shard", "1", "--batch-size", "32", "--data", str(chars.path),
+                 "--out", str(out), "--device", "cpu", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["trainable_params"] > 0
+    assert main(["generate", str(out), "--prompt", "to be", "--length", "20"]) == 0
+    assert capsys.readouterr().out.startswith("to be")
