@@ -45,7 +45,8 @@ from reslm.train import CHECKPOINT_SECONDS, TrainConfig, authors_variant, create
 # Training fields that only one kind of data uses (the others are hidden from that family's flags).
 CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype")
 TOKEN_ONLY = ("max_steps", "eval_every", "eval_batches")
-RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples")   # the closed-form readout (reslm.ridge)
+RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.ridge)
+              "lbfgs_samples", "lbfgs_iters", "lbfgs_l2")                # and the L-BFGS one (reslm.lbfgs)
 RC_ONLY = ("holdout", *RIDGE_ONLY)
 # Declared once, added to the subcommands that take them.
 SHARED = {

@@ -1,5 +1,6 @@
 """The reservoir frontier (issue 26): the rules as code, readout heads, EMA, the ceiling family, L-BFGS."""
 import json
+import math
 
 import pytest
 import torch
@@ -280,3 +281,72 @@ def test_rnn_trains_resumes_and_generates_through_the_cli(chars, tmp_path, capsy
     assert json.loads(capsys.readouterr().out)["trainable_params"] > 0
     assert main(["generate", str(out), "--prompt", "to be", "--length", "20"]) == 0
     assert capsys.readouterr().out.startswith("to be")
+
+
+# --- L-BFGS readout ---------------------------------------------------------------------------------
+LBFGS = dict(optimizer="lbfgs", lbfgs_samples=2000, lbfgs_iters=30, device="cpu")
+
+
+def test_lbfgs_reaches_a_lower_training_ce_than_adam_steps(chars):
+    import reslm.lbfgs as lb
+    import reslm.train as tt
+    m = build_model("rc", size=32, streams=8, vocab_size=chars.vocab_size)
+    tc = tt.train_config("rc", **LBFGS)
+    src = tt.CharShards(m, chars, tc, torch.device("cpu"), None, False, holdout=tc.holdout)
+    X, y, Xh, yh, held = lb.gather(src, tc)
+    assert len(y) == 2000 and len(yh) == held > 0
+    V, D = chars.vocab_size, 32
+    W, b = torch.zeros(V, D), torch.zeros(V)
+    lb.solve(X, y, W, b, 1e-6, 100)
+    lin = nn.Linear(D, V)
+    opt = torch.optim.Adam(lin.parameters(), lr=1e-2)
+    for _ in range(30):                                    # full-batch Adam steps on the same problem
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(lin(X), y)
+        loss.backward()
+        opt.step()
+    adam = torch.nn.functional.cross_entropy(lin(X), y).item()
+    assert lb.ce(X, y, W, b) < adam - 0.05
+    # at the optimum the gradient of the penalised objective vanishes (a well-conditioned penalty)
+    W, b = torch.zeros(V, D), torch.zeros(V)
+    lb.solve(X, y, W, b, 1e-2, 200)
+    W.requires_grad_(True)
+    obj = torch.nn.functional.cross_entropy(X @ W.T + b, y) + 0.5e-2 * W.pow(2).sum()
+    (g,) = torch.autograd.grad(obj, W)
+    assert g.abs().max().item() < 1e-3
+
+
+def test_lbfgs_run_picks_l2_on_the_heldout_slice_and_never_reads_the_test_shard(chars, tmp_path, monkeypatch):
+    import reslm.lbfgs as lb
+    import reslm.train as tt
+    from reslm.run import read_metrics
+    calls = []
+    tokens, evaluate = tt.CharShards._tokens, tt.CharShards.evaluate
+    monkeypatch.setattr(tt.CharShards, "_tokens", lambda self, shard, part="train": (
+        calls.append((shard, part)), tokens(self, shard, part))[1])
+    monkeypatch.setattr(tt.CharShards, "evaluate", lambda self, *a: (calls.append("evaluate"), evaluate(self, *a))[1])
+    model = dict(size=32, streams=8, head_input="state+onehot")
+    out = tt.create_run(tmp_path / "r", "rc", model, LBFGS, chars)
+    s = tt.train(out, progress=False)
+    assert chars.test_shard not in {c[0] for c in calls[:calls.index("evaluate")]}
+    rows = [r for r in read_metrics(out) if r["kind"] == "lbfgs"]
+    assert [r["l2"] for r in rows] == list(lb.L2_GRID)
+    best = min(rows, key=lambda r: r["heldout_loss"])
+    assert s["lbfgs_l2"] == best["l2"] and s["heldout_loss"] == best["heldout_loss"]
+    assert s["finished"] and s["steps"] == 1 and s["frontier"] and s["final_test_loss"] < math.log(chars.vocab_size) - 1
+    again = tt.train(tt.create_run(tmp_path / "again", "rc", model, LBFGS, chars), progress=False)
+    assert again["final_test_loss"] == s["final_test_loss"]                    # same seed, same result
+    assert main(["generate", str(out), "--prompt", "to be", "--length", "10"]) == 0
+
+
+def test_lbfgs_bad_configs(chars, tmp_path):
+    import reslm.train as tt
+    with pytest.raises(ReslmError, match="rc family"):
+        tt.make_run_config("aerc", dict(size=20, hidden=4), LBFGS, chars)
+    with pytest.raises(ReslmError, match="linear head"):
+        tt.make_run_config("rc", dict(size=20, head="mlp", head_hidden=4), LBFGS, chars)
+    with pytest.raises(ReslmError, match="lbfgs_samples"):
+        tt.train_config("rc", **{**LBFGS, "lbfgs_iters": 0})
+    assert main(["train", "--family", "rc", "--optimizer", "lbfgs", "--lbfgs-l2", "-1", "--data",
+                 str(chars.path), "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
