@@ -49,7 +49,8 @@ from reslm.train import CHECKPOINT_SECONDS, TrainConfig, authors_variant, create
 # Training fields that only one kind of data uses (the others are hidden from that family's flags).
 CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype")
 TOKEN_ONLY = ("max_steps", "eval_every", "eval_batches")
-RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples")   # the closed-form readout (reslm.ridge)
+RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.ridge)
+              "lbfgs_samples", "lbfgs_iters", "lbfgs_l2")                # and the L-BFGS one (reslm.lbfgs)
 RC_ONLY = ("holdout", *RIDGE_ONLY)
 # Declared once, added to the subcommands that take them.
 SHARED = {
@@ -187,10 +188,11 @@ def cmd_presets(args):
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'name':<14}{'family':<7}{'trainable':>10}{'paper':>9}{'fixed':>10}")
+    print(f"{'name':<20}{'family':<7}{'trainable':>10}{'paper':>9}{'fixed':>10}  frontier")
     for r in rows:
-        print(f"{r['name']:<14}{r['family']:<7}{r['trainable_params']:>10,}{r['paper_trainable_params']:>9,}"
-              f"{r['fixed_params']:>10,}")
+        paper = f"{r['paper_trainable_params']:,}" if r["paper_trainable_params"] else "-"
+        print(f"{r['name']:<20}{r['family']:<7}{r['trainable_params']:>10,}{paper:>9}"
+              f"{r['fixed_params']:>10,}  {'yes' if r['frontier'] else 'no'}")
 
 
 def cmd_train(args):
@@ -637,8 +639,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     d.add_argument("--text-field", default="text", help="bpe from hf: the text column (default text)")
     d.set_defaults(func=cmd_data)
 
-    pr = sub.add_parser("presets", help="list the paper's 15 model presets (Table 1)",
-                        description="List the Table 1 presets with trainable and fixed parameter counts.")
+    pr = sub.add_parser("presets", help="list the model presets (Table 1's 15 and the frontier's ceilings)",
+                        description="List the Table 1 presets and the reservoir frontier's trained ceilings (paper "
+                                    "count -) with trainable and fixed parameter counts, and whether "
+                                    "each obeys the reservoir frontier's rules (fixed substrate, trained readout of the "
+                                    "current state only, at most 155,459 trainable parameters; reslm.models.budget).")
     pr.add_argument("--json", action="store_true", help="print a JSON list with each preset's full config")
     pr.set_defaults(func=cmd_presets)
 

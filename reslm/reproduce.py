@@ -51,7 +51,7 @@ from reslm.train import ensure_run, make_run_config, train
 CHAR_FAMILIES = ("tf", "rc", "aerc")          # the paper's order (MODELS holds the same names)
 TOKEN_FAMILIES = families("tokens")
 ALL_FAMILIES = CHAR_FAMILIES + TOKEN_FAMILIES
-assert set(CHAR_FAMILIES) == set(families("chars"))
+assert set(CHAR_FAMILIES) <= set(families("chars"))   # rnn: the frontier's ceiling, not in the paper
 LARGEST = {"tf": "tf-256-16-16", "aerc": "aerc-160-30", "rc": "rc-2600"}
 PAPER = {"test_ce": {"tf": 1.67, "aerc": 1.73, "rc": 1.81}, "a_TF": -1.72, "a_Res": -0.81}
 STATE_DTYPES = ("auto", "float32", "bfloat16")   # --state-dtype of the rc / aerc presets
@@ -153,8 +153,8 @@ def _char_runs(out: Path, budget: Budget, families, presets, dataset, device: st
     res = ("rc", "aerc")
     plan = [(name, fam, {**model, **(budget.reservoir_model if fam in res else {})},
              {**train_over, **(budget.reservoir_train if fam in res else {})})
-            for name, (fam, model, _) in PRESETS.items()
-            if fam in families and (presets is None or name in presets)]
+            for name, (fam, model, paper) in PRESETS.items()   # by default Table 1's, not the frontier's ceilings
+            if fam in families and (name in presets if presets is not None else paper is not None)]
     for name, fam, model, over in plan:  # validate every config before the first run starts
         make_run_config(fam, model, over, dataset, preset=name)
     dirs = []

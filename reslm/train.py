@@ -16,7 +16,8 @@ Batch sources:
   reslm.models): random windows of the model's context from train.bin, seeded per step; every
   eval_every steps the mean CE over eval_batches fixed-seed val windows.
 
-The rc family's readout can instead be solved in closed form (`optimizer="ridge"`, reslm.ridge): one
+The rc family's readout can instead be solved in closed form (`optimizer="ridge"`, reslm.ridge; or to
+its cross-entropy optimum by full-batch L-BFGS, `optimizer="lbfgs"`, reslm.lbfgs): one
 pass over the training shards' features, alpha and the softmax temperature chosen on held-out tails of
 the training shards, then the same test evaluation, checkpoint and summary as an Adam run.
 
@@ -44,8 +45,10 @@ from reslm import distributed as dist_
 from reslm.checkpoint import SUMMARY, check_dataset, describe_dataset, load_model, open_dataset, read_json
 from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_device, resolve_precision,
                           setup_cuda, state_dtype, synchronize)
+from reslm.ema import EMA, checkpoint_weights
 from reslm.errors import ReslmError
 from reslm.models import MODELS, family, make_config
+from reslm.models.budget import check_frontier
 from reslm.models.base import (TensorFeatures, bits, config_dict, count_params, decay_groups, estimate_loss,
                                feature_batches)
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
@@ -53,11 +56,13 @@ from reslm.progress import bar as progress_bar
 from reslm.progress import say
 from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
+from reslm.lbfgs import fit_lbfgs
 from reslm.ridge import fit_ridge
 from reslm.run import (CONFIG, MetricsLog, atomic_write, check_same_run, create_run_dir, load_checkpoint, lock_run,
                        read_config, read_metrics, save_checkpoint, write_json)
 
-OPTIMIZERS = ("adam", "adamw", "ridge")
+OPTIMIZERS = ("adam", "adamw", "ridge", "lbfgs")
+SOLVERS = {"ridge": fit_ridge, "lbfgs": fit_lbfgs}   # rc readouts fitted in one solve on the training shards
 SCHEDULES = ("constant", "cosine")
 _EVAL_SEED = 0x5EED_E7A1
 CHECKPOINT_SECONDS = 600.0   # a checkpoint between evaluations after this much training (train())
@@ -67,7 +72,7 @@ STATES = "states"            # RUN/states: train(cache_states=True)'s feature ca
 @dataclass
 class TrainConfig:
     # optimiser and schedule (family defaults: reslm.models CHAR_TRAIN / TOKEN_TRAIN)
-    optimizer: str = "adam"         # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.ridge)
+    optimizer: str = "adam"         # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.ridge) | lbfgs (rc: the linear readout's CE optimum, reslm.lbfgs)
     lr: float = 1e-4                # (peak) learning rate
     beta1: float = 0.9
     beta2: float = 0.999
@@ -88,10 +93,13 @@ class TrainConfig:
     eval_samples: int = 0           # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
     state_dtype: str = "float32"    # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)
     # closed-form readout (rc with optimizer ridge) and `reslm search`
-    holdout: float = 0.1            # ridge and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it
+    holdout: float = 0.1            # ridge, lbfgs and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it
     ridge_alpha: float = 0.0        # ridge: penalty relative to the mean state power; 0 = the best of 1e-8..1 on the held-out slice
     ridge_refit: bool = True        # ridge: solve again on all training samples (held-out included) with the chosen alpha
-    ridge_heldout_samples: int = 65536  # ridge: held-out samples (evenly spread) that score each alpha and fit the temperature
+    ridge_heldout_samples: int = 65536  # ridge and lbfgs: held-out samples (evenly spread) that score each alpha (lambda) and fit the temperature
+    lbfgs_samples: int = 262144     # lbfgs: training samples (random, equal parts per shard) kept in memory and fitted full-batch
+    lbfgs_iters: int = 100          # lbfgs: L-BFGS iterations per L2 penalty
+    lbfgs_l2: float = 0.0           # lbfgs: L2 penalty on W; 0 = the best of 1e-3..1e-6 on the held-out slice
     # token level (laerc, gpt)
     max_steps: int = 1000           # optimizer steps in all
     eval_every: int = 100           # steps between evaluations (+ checkpoints)
@@ -102,6 +110,7 @@ class TrainConfig:
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     precision: str = "auto"         # auto | fp32 | bf16 | fp16
     threads: int = 0                # torch CPU threads; 0 = torch's default
+    ema: float = 0.0                # decay of an EMA of the weights (reslm.ema) used for evaluation and the saved model; 0 = off
 
     def validate(self) -> "TrainConfig":
         for f in fields(self):
@@ -132,6 +141,14 @@ class TrainConfig:
         if self.ridge_alpha < 0 or self.ridge_heldout_samples < 1:
             raise ReslmError(f"ridge_alpha must be >= 0 and ridge_heldout_samples >= 1, got {self.ridge_alpha} and "
                              f"{self.ridge_heldout_samples}")
+        if not 0 <= self.ema < 1:
+            raise ReslmError(f"ema must be in [0, 1) (a decay such as 0.999; 0 = off), got {self.ema}")
+        if self.ema and self.optimizer in SOLVERS:
+            raise ReslmError(f"ema averages gradient-trained weights; optimizer {self.optimizer} solves the readout "
+                             "in one step")
+        if self.lbfgs_samples < 1 or self.lbfgs_iters < 1 or self.lbfgs_l2 < 0:
+            raise ReslmError(f"lbfgs_samples and lbfgs_iters must be >= 1 and lbfgs_l2 >= 0, got {self.lbfgs_samples}, "
+                             f"{self.lbfgs_iters} and {self.lbfgs_l2}")
         if not 0 <= self.min_lr_frac <= 1:
             raise ReslmError(f"min_lr_frac must be in [0, 1], got {self.min_lr_frac}")
         for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS)):
@@ -236,12 +253,12 @@ class StateCache:
             return None
         try:
             d = torch.load(path, mmap=True, weights_only=True)
-            inputs, targets = d["inputs"], d["targets"]
+            inputs, targets, chars, table = d["inputs"], d["targets"], d.get("chars"), d.get("table")
         except Exception:   # noqa: BLE001 - a torn or foreign file is recomputed, never trusted
             return None
         if inputs.dtype != dtype or inputs.dim() != 2 or len(inputs) != len(targets):
             return None
-        return TensorFeatures(inputs, targets)
+        return TensorFeatures(inputs, targets, chars, table)
 
     def store(self, name: str, feats, keep_prefix: str | None = None) -> None:
         self.folder.mkdir(exist_ok=True)
@@ -251,7 +268,9 @@ class StateCache:
                     old.unlink(missing_ok=True)
         try:
             atomic_write(self.folder / f"{name}.pt",
-                         lambda p: torch.save(dict(inputs=feats.inputs, targets=feats.targets), p))
+                         lambda p: torch.save(dict(inputs=feats.inputs, targets=feats.targets,
+                                                   **({} if feats.chars is None else
+                                                      dict(chars=feats.chars, table=feats.table))), p))
         except ReslmError as e:   # e.g. disk full: training goes on, a resume computes them again
             say(f"reslm: reservoir states not cached ({e})")
 
@@ -284,7 +303,7 @@ class CharShards:
         self.ends = list(np.cumsum(steps))                  # the step after which shard-epoch k ends
         self.eval_points = [int(e) for e in self.ends]
         self.total = self.eval_points[-1] if self.eval_points else 0
-        if tc.optimizer == "ridge":
+        if tc.optimizer in SOLVERS:
             self.eval_points, self.total = [1], 1
         self._feats, self._feats_shard, self._order_k, self._order = None, None, None, None
         self._test = None
@@ -524,9 +543,14 @@ def make_run_config(family_name: str, model_overrides: dict, train_overrides: di
             raise ReslmError(f"context {context} is not shorter than the smallest shard ({shortest} chars)")
         if 0 < tc.shard_chars <= context:
             raise ReslmError(f"shard_chars {tc.shard_chars} must exceed the context ({context})")
-        if tc.optimizer == "ridge":
+        if tc.optimizer in SOLVERS:
             if family_name != "rc":
-                raise ReslmError(f"optimizer ridge is the closed-form linear readout of the rc family, not {family_name}")
+                raise ReslmError(f"optimizer {tc.optimizer} solves the linear readout of the rc family, not {family_name}")
+            if tc.optimizer == "ridge" and (model_cfg.head, model_cfg.head_input) != ("linear", "state"):
+                raise ReslmError("optimizer ridge solves a linear head on the state alone (--head linear, "
+                                 "--head-input state)")
+            if model_cfg.head != "linear":
+                raise ReslmError(f"optimizer {tc.optimizer} solves a linear head (--head linear), not {model_cfg.head}")
             check_holdout(dataset, tc, context)
     else:
         for split, n in (("train", len(dataset.train)), ("val", len(dataset.val))):
@@ -590,7 +614,7 @@ def grow_cycles(run_dir: Path, cycles: int) -> int:
             return 0
         if family(cfg["family"]).data != "chars":
             raise ReslmError(f"{run_dir} is a token-level run: cycles do not apply (it trains for max_steps)")
-        if tc.get("schedule", "constant") != "constant" or tc.get("optimizer", "adam") == "ridge":
+        if tc.get("schedule", "constant") != "constant" or tc.get("optimizer", "adam") in SOLVERS:
             raise ReslmError(f"{run_dir} cannot be extended to {cycles} cycles: only a constant-lr, gradient-trained "
                              f"run goes on exactly as a fresh {cycles}-cycle run would (start a new run instead)")
         write_json(Path(run_dir) / CONFIG, {**cfg, "train": {**tc, "cycles": cycles}})
@@ -678,12 +702,13 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     source = SOURCES[fam.data](model, dataset, tc, device, log, progress and main, world=world,
                                **({"rank": rank} if fam.data == "tokens" else {}),
                                **({"cache": run_dir / STATES} if cache_states and fam.data == "chars" else {}),
-                               **({"holdout": tc.holdout} if tc.optimizer == "ridge" else {}))
-    if tc.optimizer == "ridge":
+                               **({"holdout": tc.holdout} if tc.optimizer in SOLVERS else {}))
+    if tc.optimizer in SOLVERS:
         return _train_ridge(run_dir, cfg, model, source, log, precision, progress)
     opt = make_optimizer(model, tc, device)
     scaler = grad_scaler(precision, device)
     params = [p for p in model.parameters() if p.requires_grad]
+    ema = EMA(model, tc.ema) if tc.ema else None
 
     step, train_seconds = 0, 0.0
     # the segment since the last evaluation: summed train loss, its sample count, first step, seconds
@@ -691,7 +716,9 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     ck = load_checkpoint(run_dir, map_location=device)
     if ck is not None:
         try:
-            model.load_state_dict(ck["model"])
+            model.load_state_dict(ck["raw"] if ema is not None else ck["model"])
+            if ema is not None:
+                ema.load(ck["model"])
             opt.load_state_dict(ck["optimizer"])
             scaler.load_state_dict(ck["scaler"])
             step, train_seconds = int(ck["step"]), float(ck["train_seconds"])
@@ -754,6 +781,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
         scaler.step(opt)
         scaler.update()
         step += 1
+        if ema is not None:
+            ema.update(step)
         lv = dist_.all_reduce_mean(step_loss).item()
         seg_loss, seg_n = seg_loss + lv * (n_step if fam.data == "chars" else 1), seg_n + (n_step if fam.data == "chars" else 1)
         win_loss, win_steps = win_loss + lv, win_steps + 1
@@ -773,7 +802,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             synchronize(device)
             seconds = time.perf_counter() - t_seg
             train_seconds += seconds
-            row = source.evaluate(model, precision)  # every rank evaluates the same model; rank 0 logs
+            with ema.applied() if ema is not None else contextlib.nullcontext():
+                row = source.evaluate(model, precision)  # every rank evaluates the same model; rank 0 logs
             if main:
                 seg = source.segment(step - 1)
                 log.write(dict(kind="eval", step=step, **seg, train_loss=seg_loss / max(seg_n, 1), **row,
@@ -783,7 +813,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                 say(f"step {step}/{source.total}" + "".join(f" {k} {v}" for k, v in seg.items())
                     + f": train {seg_loss / max(seg_n, 1):.4f}  {first} {row[first]:.4f} nats "
                     f"({bits(row[first]):.3f} bits)", enabled=progress)
-                save_checkpoint(run_dir, dict(model=model.state_dict(), optimizer=opt.state_dict(),
+                save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
                                               scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
                                               metrics_rows=log.rows))
             dist_.barrier()
@@ -792,7 +822,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             t_seg = t_log = t_saved = time.perf_counter()
         elif main and time.perf_counter() - t_saved >= checkpoint_seconds:
             now = time.perf_counter()
-            save_checkpoint(run_dir, dict(model=model.state_dict(), optimizer=opt.state_dict(),
+            save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
                                           scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
                                           metrics_rows=log.rows,
                                           segment=dict(loss=seg_loss, n=seg_n, start=seg_start, seconds=now - t_seg,
@@ -806,7 +836,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
 
 
 def _train_ridge(run_dir: Path, cfg: dict, model, source, log: MetricsLog, precision: str, progress: bool) -> dict:
-    """A ridge run: one pass and solve (reslm.ridge), one test evaluation, one checkpoint (step 1).
+    """A ridge or lbfgs run: one pass and solve (SOLVERS), one test evaluation, one checkpoint (step 1).
     A finished run is only summarised again; an interrupted one (no checkpoint) starts afresh."""
     ck = load_checkpoint(run_dir, map_location=source.device)
     if ck is not None:
@@ -816,17 +846,18 @@ def _train_ridge(run_dir: Path, cfg: dict, model, source, log: MetricsLog, preci
             raise ReslmError(f"the checkpoint in {run_dir} does not fit its config: "
                              f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
         log.truncate(int(ck["metrics_rows"]))
-        return summarize(run_dir, model, cfg, source, extra=ck.get("ridge", {}))
+        return summarize(run_dir, model, cfg, source, extra=ck.get("ridge", {}))   # lbfgs's info too
     log.truncate(0)
     t0 = time.perf_counter()
-    info = fit_ridge(model, source, source.tc, log=log, progress=progress)
+    info = SOLVERS[source.tc.optimizer](model, source, source.tc, log=log, progress=progress)
     synchronize(source.device)
     seconds = time.perf_counter() - t0      # states of the training shards included, as in the Adam loop
     row = source.evaluate(model, precision)
     log.write(dict(kind="eval", step=1, **info, **row, seconds=round(seconds, 3), wall=round(seconds, 3)))
-    say(f"ridge: alpha {info['ridge_alpha']:.0e}, temperature {info['temperature']:.4g}, held-out "
-        f"{info['heldout_loss']:.4f}, test {row['test_loss']:.4f} nats ({row['test_bpc']:.3f} bits) "
-        f"in {seconds:.1f} s", enabled=progress)
+    chosen = (f"alpha {info['ridge_alpha']:.0e}, temperature {info['temperature']:.4g}" if "ridge_alpha" in info
+              else f"l2 {info['lbfgs_l2']:.0e}, train {info['lbfgs_train_loss']:.4f}")
+    say(f"{source.tc.optimizer}: {chosen}, held-out {info['heldout_loss']:.4f}, test {row['test_loss']:.4f} nats "
+        f"({row['test_bpc']:.3f} bits) in {seconds:.1f} s", enabled=progress)
     save_checkpoint(run_dir, dict(model=model.state_dict(), step=1, train_seconds=seconds, metrics_rows=log.rows,
                                   ridge=info))
     return summarize(run_dir, model, cfg, source, extra=info)
@@ -843,6 +874,7 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
     summary = dict(family=cfg["family"], preset=cfg.get("preset"), trainable_params=trainable, fixed_params=fixed,
                    steps=last.get("step", 0), finished=last.get("step", 0) >= source.total,
                    schedule=_schedule_key(cfg),
+                   frontier=check_frontier(model).ok,   # the strict reservoir-family rules (models.budget)
                    evaluations=len(evals), final_train_loss=last.get("train_loss"),
                    # over every logged train loss: the step rows' windows and the evaluations' segment means
                    # (whose last is final_train_loss), so it is never above final_train_loss

@@ -114,7 +114,8 @@ def test_bad_configs(dataset, tmp_path):
         ("gpt", MODELS["gpt"], {"nope": 1}, "unknown training"),
         ("gpt", {**MODELS["gpt"], "n_heads": 3}, {}, "divisible"),
         ("gpt", {**MODELS["gpt"], "r_mult": 3}, {}, "unknown gpt"),
-        ("rnn", {}, {}, "unknown model family"),
+        ("mamba", {}, {}, "unknown model family"),
+        ("rnn", {"hidden": 8}, {}, "trains on chars"),
         ("rc", {"size": 8}, {}, "trains on chars"),
     ]
     for i, (family, model, train, msg) in enumerate(bad):

@@ -5,7 +5,9 @@ MODELS maps a family name to a `Family`: its config class, its model class, the 
 of `reslm data bpe`) and the training defaults that differ from `reslm.train.TrainConfig`'s. Every
 other list of families (the CLI's, reproduce's, the sweep's) derives from it.
 
-PRESETS maps a Table-1 preset name to its family, config overrides and the paper's trainable count.
+PRESETS maps a preset name to its family, config overrides and the paper's trainable count: Table 1's
+fifteen, then the reservoir frontier's ceilings (issue 26: fully trained networks of at most 155,459
+parameters, paper count None), which `reslm reproduce` does not train unless named.
 """
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ import torch
 from reslm.errors import ReslmError
 from reslm.models.aerc import AERC, AERCConfig
 from reslm.models.base import build_config, config_dict, count_params
+from reslm.models.budget import FRONTIER_BUDGET, check_frontier
 from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.models.rc import RC, RCConfig
+from reslm.models.rnn import CharRNN, RNNConfig
 from reslm.models.transformer import CharTransformer, TransformerConfig
 
 
@@ -42,6 +46,7 @@ MODELS: dict[str, Family] = {
     "rc": Family(RCConfig, RC, "chars", CHAR_TRAIN, "classic reservoir: fixed ESN, trained linear readout"),
     "aerc": Family(AERCConfig, AERC, "chars", CHAR_TRAIN, "attention-enhanced reservoir: readout generated per step"),
     "tf": Family(TransformerConfig, CharTransformer, "chars", CHAR_TRAIN, "character transformer over a 32-char window"),
+    "rnn": Family(RNNConfig, CharRNN, "chars", CHAR_TRAIN, "trained GRU/LSTM over a 32-char window (frontier ceiling)"),
     "laerc": Family(LAERCConfig, LAERC, "tokens", TOKEN_TRAIN, "layered reservoir LM (Appendix A), BPE tokens"),
     "gpt": Family(GPTConfig, GPT, "tokens", TOKEN_TRAIN, "causal transformer baseline, BPE tokens"),
 }
@@ -59,7 +64,7 @@ def family(name: str) -> Family:
 
 
 # Table 1 of the paper (vocabulary 59, embedding 16), with the trainable-parameter count it reports.
-PRESETS: dict[str, tuple[str, dict, int]] = {}
+PRESETS: dict[str, tuple[str, dict, int | None]] = {}
 for _n, _p in [(250, 14809), (500, 29559), (750, 44309), (1750, 103309), (2600, 153459)]:
     PRESETS[f"rc-{_n}"] = ("rc", dict(size=_n), _p)
 for (_n, _h), _p in zip([(75, 13), (75, 19), (100, 20), (150, 25), (160, 30)],
@@ -68,6 +73,12 @@ for (_n, _h), _p in zip([(75, 13), (75, 19), (100, 20), (150, 25), (160, 30)],
 for (_f, _h, _l), _p in zip([(64, 4, 4), (72, 8, 8), (128, 8, 8), (356, 8, 8), (256, 16, 16)],
                             [15067, 30299, 45083, 105275, 155803]):
     PRESETS[f"tf-{_f}-{_h}-{_l}"] = ("tf", dict(ff_dim=_f, n_heads=_h, n_layers=_l), _p)
+# The frontier's ceilings at <= 155,459 trainable parameters (not in the paper): a GRU and an LSTM reading
+# the same 32-char windows (154,147 and 155,398), and a transformer with a 64-wide embedding instead of 16
+# (149,755), each trained by the same loop on the same schedule.
+PRESETS["rnn-gru-32-200"] = ("rnn", dict(cell="gru", embed_dim=32, hidden=200), None)
+PRESETS["rnn-lstm-32-173"] = ("rnn", dict(cell="lstm", embed_dim=32, hidden=173), None)
+PRESETS["tf-e64-144-4-4"] = ("tf", dict(embed_dim=64, ff_dim=144, n_heads=4, n_layers=4), None)
 
 
 def make_config(name: str, **overrides):
@@ -92,13 +103,15 @@ def preset(name: str) -> tuple[str, dict]:
 
 def preset_table() -> list[dict]:
     """One row per preset: name, family, trainable/fixed parameter counts (measured on a shape-only
-    model on the meta device, so no random matrices are drawn), the paper's count, the config."""
+    model on the meta device, so no random matrices are drawn), the paper's count, whether it obeys the
+    reservoir frontier's rules (reslm.models.budget), the config."""
     rows = []
     for name, (fam, overrides, paper) in PRESETS.items():
         cfg = make_config(fam, **overrides)
         with torch.device("meta"):
             model = build_model(fam, cfg)
+            verdict = check_frontier(model)
         trainable, fixed = count_params(model)
         rows.append(dict(name=name, family=fam, trainable_params=trainable, fixed_params=fixed,
-                         paper_trainable_params=paper, config=config_dict(cfg)))
+                         paper_trainable_params=paper, frontier=verdict.ok, config=config_dict(cfg)))
     return rows

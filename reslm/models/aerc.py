@@ -69,4 +69,4 @@ class AERC(ReservoirLM):
 
     def make_head(self) -> nn.Module:
         c = self.config
-        return AttentionReadout(c.size, c.hidden, c.vocab_size)
+        return AttentionReadout(self.head_width, c.hidden, c.vocab_size)   # r: the state (+ current char)

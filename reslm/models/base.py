@@ -54,16 +54,25 @@ class Features(Protocol):
 
 @dataclass
 class TensorFeatures:
-    """Precomputed per-sample inputs (e.g. reservoir states (M, N)) and their targets (M,)."""
+    """Precomputed per-sample inputs (e.g. reservoir states (M, N)) and their targets (M,).
+
+    With `chars` (M,) and `table` (V, k), a batch is each sample's input beside the table row of its
+    character, [inputs[i], table[chars[i]]] (M, N + k): a reservoir head that also reads the current
+    character's one-hot (table = I) or fixed embedding, without storing (M, N + k)."""
 
     inputs: torch.Tensor
     targets: torch.Tensor
+    chars: torch.Tensor | None = None
+    table: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.targets.numel()
 
     def batch(self, index: torch.Tensor) -> torch.Tensor:
-        return self.inputs.index_select(0, index)
+        x = self.inputs.index_select(0, index)
+        if self.chars is None:
+            return x
+        return torch.cat([x, self.table.to(x.dtype).index_select(0, self.chars.index_select(0, index))], dim=1)
 
 
 @dataclass

@@ -4,6 +4,9 @@ Reservoir Computing":
     r_t = tanh(W_res r_{t-1} + W_in x_t)        fixed (reservoir/esn.py)
     y_t = W_out r_t + b_out                     the trainable linear readout, V x (N + 1) parameters
 
+or a nonlinear head on the same state (`head` mlp | glu, width `head_hidden`: reslm/models/heads.py),
+optionally reading the current character beside it (`head_input`, reservoir_lm.py).
+
 Trained by cross-entropy with Adam, like the paper, or in closed form (`--optimizer ridge`,
 reslm/ridge.py: ridge regression with a fitted softmax temperature, written into the same head). Table 1: N = 250, 500, 750,
 1750, 2600 -> 14809, 29559, 44309, 103309, 153459 trainable parameters (V = 59).
@@ -14,16 +17,30 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
+from reslm.errors import ReslmError
+from reslm.models.heads import HEADS, make_readout
 from reslm.models.reservoir_lm import ReservoirLM, ReservoirLMConfig
 
 
 @dataclass
 class RCConfig(ReservoirLMConfig):
-    pass
+    head: str = "linear"            # readout: linear (paper) | mlp (one GELU layer) | glu (SwiGLU), see reslm.models.heads
+    head_hidden: int = 0            # H: hidden width of an mlp or glu head (0 for linear)
+
+    def validate(self):
+        super().validate()
+        if self.head not in HEADS:
+            raise ReslmError(f"head must be one of {', '.join(HEADS)}, got {self.head!r}")
+        if self.head == "linear" and self.head_hidden:
+            raise ReslmError(f"head_hidden is the width of an mlp or glu head; the linear head has none "
+                             f"(got {self.head_hidden})")
+        if self.head != "linear" and self.head_hidden < 1:
+            raise ReslmError(f"a {self.head} head needs head_hidden >= 1, got {self.head_hidden}")
 
 
 class RC(ReservoirLM):
     family = "rc"
 
     def make_head(self) -> nn.Module:
-        return nn.Linear(self.config.size, self.config.vocab_size)          # W_out: (V, N) + bias
+        c = self.config                   # linear: W_out (V, D) + bias, D = N for head_input "state"
+        return make_readout(c.head, self.head_width, c.head_hidden, c.vocab_size)

@@ -2,7 +2,8 @@
 
     x_t = E[c_t]                       fixed random character embedding (V x d), E ~ N(0, 1/d)
     r_t = reservoir(x_1..x_t)          fixed recurrent network (reservoir/), no gradient
-    logits_t = head(norm(r_t))         the only trainable part; `norm` is a parameter-free
+    logits_t = head(norm(r_t))         the only trainable part (head_input: beside the state the head may
+                                       also read c_t's one-hot or fixed embedding E[c_t]); `norm` is a parameter-free
                                        LayerNorm of the state (the authors' code normalises the
                                        state with a LayerNorm it never optimises; we keep the
                                        normalisation and give it no parameters, so counts match
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 
 from reslm.errors import ReslmError
 from reslm.models.base import TensorFeatures, next_token_loss
+from reslm.models.budget import HEAD_INPUTS
 from reslm.reservoir import CONTEXT_MODES, RESERVOIRS, parse_options, shard_states
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.reservoir.physical import OTHER_KEY, Physical, PhysicalConfig
@@ -46,6 +48,7 @@ class ReservoirLMConfig:
     streams: int = 1024             # stream mode: parallel pieces of a shard
     warmup: int = 32                # stream mode: tokens read before each piece
     state_norm: bool = True         # parameter-free LayerNorm on the state before the head
+    head_input: str = "state"       # what the head reads: state | state+onehot | state+embed (the current character's one-hot or fixed embedding beside the state)
     reservoir: str = "esn"          # key in reslm.reservoir.RESERVOIRS
     size: int = 750                 # N: reservoir units
     spectral_radius: float = 0.9    # largest |eigenvalue| of W after scaling
@@ -74,6 +77,8 @@ class ReservoirLMConfig:
         for name in ("vocab_size", "embed_dim", "context", "streams", "size"):
             if getattr(self, name) < 1:
                 raise ReslmError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.head_input not in HEAD_INPUTS:
+            raise ReslmError(f"head_input must be one of {', '.join(HEAD_INPUTS)}, got {self.head_input!r}")
         if self.warmup < 0:
             raise ReslmError(f"warmup must be >= 0, got {self.warmup}")
         self.reservoir_config().validate()
@@ -170,7 +175,33 @@ class ReservoirLM(nn.Module):
         for i0 in range(0, len(states), 65536):  # once per shard, not once per epoch
             chunk = states[i0:i0 + 65536]
             states[i0:i0 + 65536] = self.normalize(self.physical(chunk, noise_key, offset + i0))
-        return TensorFeatures(states, tokens[self.config.context:])
+        c = self.config
+        if c.head_input == "state":
+            return TensorFeatures(states, tokens[c.context:])
+        # sample i's state is the one after reading tokens[context - 1 + i], its current character
+        return TensorFeatures(states, tokens[c.context:], chars=tokens[c.context - 1:-1], table=self.char_table())
+
+    def char_table(self) -> torch.Tensor | None:
+        """(V, k): the row the head reads beside the state for each character (one-hot: the identity,
+        embed: the fixed embedding E); None for head_input "state"."""
+        kind = self.config.head_input
+        if kind == "state":
+            return None
+        if kind == "state+onehot":
+            return torch.eye(self.config.vocab_size, device=self.embedding.device)
+        return self.embedding
+
+    @property
+    def head_width(self) -> int:
+        """D: the width of what the head reads (N, N + V or N + d, by head_input)."""
+        table = {"state": 0, "state+onehot": self.config.vocab_size, "state+embed": self.config.embed_dim}
+        return self.config.size + table[self.config.head_input]
+
+    def head_features(self, state: torch.Tensor, chars: torch.Tensor) -> torch.Tensor:
+        """A normalised state (B, N) and the current characters (B,) -> the head's input (B, D)."""
+        if self.config.head_input == "state":
+            return state
+        return torch.cat([state, self.char_table().to(state.dtype)[chars]], dim=-1)
 
     def normalize(self, s: torch.Tensor) -> torch.Tensor:
         """The fixed, parameter-free state normalisation (part of the features, not of the head)."""
@@ -178,7 +209,8 @@ class ReservoirLM(nn.Module):
 
     # --- trainable part ---------------------------------------------------------------------
     def forward_features(self, states: torch.Tensor, targets: torch.Tensor | None = None):
-        """Normalised states (B, N) -> logits (B, 1, V), loss."""
+        """Head inputs (B, D) (normalised states, with the current character when head_input says so:
+        `head_features`) -> logits (B, 1, V), loss."""
         dtype = next(self.head.parameters()).dtype   # bf16-stored states meet an fp32 head
         logits = self.head(states if states.dtype == dtype else states.to(dtype))[:, None]
         return logits, next_token_loss(logits, targets)
@@ -186,7 +218,8 @@ class ReservoirLM(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """idx (B, T): run the reservoir from a zero state over the window, predict the next token."""
         _, s = self.reservoir(self.embed(idx))
-        return self.forward_features(self.normalize(self.physical.online(s, idx.shape[1])), targets)
+        s = self.normalize(self.physical.online(s, idx.shape[1]))
+        return self.forward_features(self.head_features(s, idx[:, -1]), targets)
 
     # --- recurrent interface (generation) ---------------------------------------------------
     @property
@@ -205,7 +238,8 @@ class ReservoirLM(nn.Module):
         """idx_t (B,) -> (logits (B, V), next state): one reservoir step and one readout of its
         measurement; the state carried on is the exact one (the constraints are readout-side)."""
         state = self.reservoir.step(self.embed(idx_t), state)
-        return self.forward_features(self.normalize(self.physical.online(state)))[0][:, 0], state
+        u = self.head_features(self.normalize(self.physical.online(state)), idx_t)
+        return self.forward_features(u)[0][:, 0], state
 
     def set_physical(self, cfg: PhysicalConfig) -> None:
         """Measure through other constraints from now on (reslm eval's overrides); the head is kept."""
