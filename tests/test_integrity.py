@@ -1,0 +1,121 @@
+"""Issue 23, what reslm reads back is what it wrote: the dataset fingerprint hashes whole token files
+(old sampled fingerprints are still checked, the old way), the reservoir-state cache carries a
+checksum, and `reslm eval` checks its arguments before any work. Tiny corpora, 16-unit reservoirs."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import reslm.train as tt
+from reslm.cli import main
+from reslm.data import chars as dchars
+from reslm.data import check_fingerprint, prepare_text
+from reslm.errors import ReslmError
+from reslm.run import CONFIG
+
+RC = ["--family", "rc", "--size", "16", "--epoch-samples", "64", "--epochs-per-shard", "1", "--batch-size", "32",
+      "--shard-chars", "2000", "--no-progress"]
+FAST_EVAL = ["--score", "500", "--length", "20", "--ngrams", "3", "--json"]
+
+
+def one_error(capsys) -> str:
+    """The one line on stderr: `reslm: error: ...`, nothing else, no traceback."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("reslm: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def words(n: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    vocab = "to be or not that is the question whether tis nobler in mind".split()
+    return " ".join(rng.choice(vocab) for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A character dataset of ~300 KB (bigger than the old fingerprint's 256 KiB of samples) and an rc
+    run on it."""
+    root = tmp_path_factory.mktemp("big")
+    (root / "a.txt").write_text(words(70_000))
+    ds = prepare_text([root / "a.txt"], root, name="big", verbose=False)
+    assert ds.n_chars > dchars.SAMPLE_BLOCKS * dchars.SAMPLE_BLOCK_BYTES
+    run = root / "run"
+    assert main(["train", *RC, "--data", str(ds.path), "--out", str(run)]) == 0
+    return ds, run
+
+
+def _unsampled_test_offset(ds) -> int:
+    """A byte offset in the test shard that lies between two of the old fingerprint's sampled blocks."""
+    size, block, n = ds.n_chars, dchars.SAMPLE_BLOCK_BYTES, dchars.SAMPLE_BLOCKS
+    starts = [(size - block) * i // (n - 1) for i in range(n)]
+    a, _ = ds.shards[ds.test_shard]
+    for s, nxt in zip(starts, starts[1:]):
+        if s >= a and s + block + 8 < nxt:
+            return s + block + 4
+    raise AssertionError("no gap between sampled blocks in the test shard")
+
+
+def test_eval_refuses_a_dataset_edited_outside_the_old_sampled_blocks(big, tmp_path, capsys):
+    """Issue 23.3: bytes of the test shard overwritten between the blocks the old fingerprint sampled
+    (the sampled checksum cannot see them) make `reslm eval` refuse with one line."""
+    ds, run = big
+    copy = tmp_path / "big"
+    shutil.copytree(ds.path, copy)
+    cfg = json.loads((run / CONFIG).read_text())
+    cfg["data"]["path"] = str(copy)
+    run2 = tmp_path / "run"
+    shutil.copytree(run, run2)
+    (run2 / CONFIG).write_text(json.dumps(cfg))
+    assert main(["eval", str(run2), *FAST_EVAL]) == 0   # unchanged: accepted
+    capsys.readouterr()
+    written = (run2 / "eval.json").read_bytes()
+    old = dchars.sample_sha256(copy / "tokens.bin")
+    tokens = np.fromfile(copy / "tokens.bin", dtype=np.uint8)
+    at = _unsampled_test_offset(ds)
+    tokens[at:at + 4] = (tokens[at:at + 4] + 1) % ds.vocab_size       # still valid ids
+    tokens.tofile(copy / "tokens.bin")
+    assert dchars.sample_sha256(copy / "tokens.bin") == old            # what the old fingerprint missed
+    assert main(["eval", str(run2), *FAST_EVAL]) == 2
+    line = one_error(capsys)
+    assert line == f"reslm: error: the dataset at {copy} no longer matches this run: tokens.bin contents differ"
+    assert (run2 / "eval.json").read_bytes() == written
+
+
+def test_an_old_sampled_fingerprint_is_still_checked_the_old_way(big, tmp_path):
+    """Run configs written before whole-file hashes (fingerprint_version 1, `sample_sha256`) stay
+    readable: an unchanged dataset passes, a change in a sampled block is refused."""
+    ds, _ = big
+    fp = ds.fingerprint()
+    assert fp["fingerprint_version"] == 2 and set(fp["files"]["tokens.bin"]) == {"bytes", "sha256"}
+    old = dict(fp, fingerprint_version=1,
+               files={"tokens.bin": {"bytes": ds.n_chars, "sample_sha256": dchars.sample_sha256(ds.path / "tokens.bin")}})
+    check_fingerprint(old, ds)
+    copy = tmp_path / "big"
+    shutil.copytree(ds.path, copy)
+    tokens = np.fromfile(copy / "tokens.bin", dtype=np.uint8)
+    tokens[-1] = (tokens[-1] + 1) % ds.vocab_size                     # the last block is sampled
+    tokens.tofile(copy / "tokens.bin")
+    edited = dchars.CharDataset.load(copy)
+    with pytest.raises(ReslmError, match=r"no longer matches this run: tokens.bin contents differ$"):
+        check_fingerprint(old, edited)
+    with pytest.raises(ReslmError, match=r"no longer matches this run: tokens.bin contents differ$"):
+        check_fingerprint(fp, edited)
+
+
+def test_the_whole_file_hash_sees_every_byte(tmp_path):
+    f = tmp_path / "t.bin"
+    data = bytearray(np.random.default_rng(0).integers(0, 256, 1_000_000, dtype=np.uint8).tobytes())
+    f.write_bytes(bytes(data))
+    digest = dchars.file_sha256(f)
+    import hashlib
+    assert digest == hashlib.sha256(bytes(data)).hexdigest()
+    data[8000] ^= 1  # between the old sampled blocks
+    f.write_bytes(bytes(data))
+    assert dchars.file_sha256(f) != digest                            # rewritten: hashed again, not remembered
