@@ -28,8 +28,8 @@ from reslm.checkpoint import find_dataset, load_run
 from reslm.demo import run_demo
 from reslm.device import pick_device
 from reslm.errors import ReslmError, describe
-from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
-from reslm.generate import sample
+from reslm.evaluate import GRID_FILE, check_ngrams, eval_file_name, evaluate_run, physical_grid
+from reslm.generate import MAX_LENGTH, check_length, sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.lab import LAB_BUDGETS, SUBSTRATES, run_lab
 from reslm.models.reservoir_lm import ReservoirLMConfig
@@ -261,8 +261,7 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
 
 
 def _check_sampling(args):
-    if args.length < 0:
-        raise ReslmError("--length must be >= 0")
+    check_length(args.length)
     if not args.temperature >= 0 or args.temperature == float("inf"):
         raise ReslmError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.top_k is not None and args.top_k < 1:
@@ -329,6 +328,7 @@ def cmd_eval(args):
         raise ReslmError(f"--ngrams must be comma-separated integers, got {args.ngrams!r}") from None
     if not ns or min(ns) < 1:
         raise ReslmError("--ngrams must be positive integers")
+    check_ngrams(ns, args.length)   # before the run is opened: a sample shorter than n has no n-gram
     r = evaluate_run(Path(args.run_dir), length=args.length, ns=ns, score=args.score, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
                      physical={k: v[0] for k, v in physical.items()})
@@ -350,7 +350,8 @@ def cmd_eval(args):
         print(f"generated {r['generation_length']:,} {unit}s in {r['generation_seconds']:.2f} s "
               f"(reservoir {r['generation_reservoir_seconds']:.2f} s)")
     for n in r["overlap"]:
-        print(f"overlap-{n} {r['overlap'][n]:.4f}   distinct-{n} {r['distinct'][n]:.4f}")
+        shown = [f"{v:.4f}" if v is not None else "n/a" for v in (r["overlap"][n], r["distinct"][n])]
+        print(f"overlap-{n} {shown[0]}   distinct-{n} {shown[1]}")
     if "note" in r:
         print(r["note"])
     else:
@@ -623,7 +624,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     def sampling(parser, unit: str, length: int):
         parser.add_argument("run_dir", help="a run directory written by `reslm train`")
-        parser.add_argument("--length", type=int, default=length, help=f"{unit}s to generate (default {length})")
+        parser.add_argument("--length", type=int, default=length,
+                            help=f"{unit}s to generate (default {length}, at most {MAX_LENGTH:,})")
         parser.add_argument("--temperature", type=float, default=1.0,
                             help="sampling temperature; 0 = greedy (default 1: the model's own distribution)")
         parser.add_argument("--top-k", type=int, help=f"sample among the k most likely {unit}s")

@@ -119,3 +119,40 @@ def test_the_whole_file_hash_sees_every_byte(tmp_path):
     data[8000] ^= 1  # between the old sampled blocks
     f.write_bytes(bytes(data))
     assert dchars.file_sha256(f) != digest                            # rewritten: hashed again, not remembered
+
+
+# --- eval arguments ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, needle", [
+    (["--length", "5"], "--ngrams 7 is longer than the sample (--length 5): it has no 7-gram; give --length 7 or more"),
+    (["--ngrams", "1000", "--length", "500"], "--ngrams 1000 is longer than the sample (--length 500)"),
+    (["--ngrams", "100000000000000000000"], "--ngrams 100000000000000000000 is longer than the sample (--length 2000)"),
+    (["--length", "100000000000000000000"], "--length must be an integer from 0 to 1,000,000, got 100000000000000000000"),
+])
+def test_eval_refuses_impossible_lengths_and_ngrams_before_any_work(big, tmp_path, monkeypatch, capsys, argv, needle):
+    """Issue 23.6: an n-gram order longer than the sample (or an endless --length) is refused with one
+    line before the run is opened: nothing is scored, generated or written."""
+    _, run = big
+    import reslm.evaluate as ev
+
+    def no_work(*a, **k):
+        raise AssertionError("the run was opened before the arguments were checked")
+
+    monkeypatch.setattr(ev, "load_run", no_work)
+    assert main(["eval", str(run), *argv]) == 2
+    assert needle in one_error(capsys)
+    assert not (run / "eval.json").exists()
+
+
+def test_evaluate_run_checks_ngrams_before_scoring(big, monkeypatch):
+    """The library does the same check before anything is scored or generated; a NaN that still comes
+    out (a token sample decoding to fewer characters than n) is written as null, never as NaN."""
+    _, run = big
+    import reslm.evaluate as ev
+
+    def no_work(*a, **k):
+        raise AssertionError("scored before the arguments were checked")
+
+    monkeypatch.setattr(ev, "_timed", no_work)
+    with pytest.raises(ReslmError, match=r"^--ngrams 7 is longer than the sample \(--length 5\)"):
+        ev.evaluate_run(run, length=5)
+    assert ev._defined({"7": float("nan"), "8": 0.5}) == {"7": None, "8": 0.5}
