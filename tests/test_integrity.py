@@ -17,7 +17,7 @@ from reslm.cli import main
 from reslm.data import chars as dchars
 from reslm.data import check_fingerprint, prepare_text
 from reslm.errors import ReslmError
-from reslm.run import CONFIG
+from reslm.run import CONFIG, read_metrics
 
 RC = ["--family", "rc", "--size", "16", "--epoch-samples", "64", "--epochs-per-shard", "1", "--batch-size", "32",
       "--shard-chars", "2000", "--no-progress"]
@@ -156,3 +156,65 @@ def test_evaluate_run_checks_ngrams_before_scoring(big, monkeypatch):
     with pytest.raises(ReslmError, match=r"^--ngrams 7 is longer than the sample \(--length 5\)"):
         ev.evaluate_run(run, length=5)
     assert ev._defined({"7": float("nan"), "8": 0.5}) == {"7": None, "8": 0.5}
+
+
+# --- the reservoir-state cache ---------------------------------------------------------------------------
+CACHE_TRAIN = dict(batch_size=64, epochs_per_shard=1, epoch_samples=256, lr=3e-3, device="cpu", precision="fp32")
+
+
+def _cut_run(chars, path: Path, monkeypatch) -> Path:
+    """An rc run with cache_states killed at its 6th checkpoint (shard-epoch 2: shard 1's and the test
+    states are in RUN/states)."""
+    real_save, saves = tt.save_checkpoint, []
+
+    def save_then_die(run_dir, state):
+        real_save(run_dir, state)
+        saves.append(state)
+        if len(saves) == 6:
+            raise KeyboardInterrupt
+
+    cut = tt.create_run(path, "rc", dict(size=32), CACHE_TRAIN, chars)
+    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        tt.train(cut, progress=False, checkpoint_seconds=0, cache_states=True)
+    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    return cut
+
+
+@pytest.mark.parametrize("how", ["noise", "no checksum"])
+def test_a_changed_state_cache_is_recomputed_with_a_warning(chars, tmp_path, monkeypatch, capsys, how):
+    """Issue 23.8: RUN/states re-saved with noise (the checksum kept from the original) or without a
+    checksum is not used: a warning names the file, the states are computed again, and the run ends
+    bitwise as an uninterrupted one."""
+    full = tt.create_run(tmp_path / "full", "rc", dict(size=32), CACHE_TRAIN, chars)
+    tt.train(full, progress=False)
+    cut = _cut_run(chars, tmp_path / "cut", monkeypatch)
+    f = cut / tt.STATES / "train-shard1-cycle0.pt"
+    d = torch.load(f, weights_only=True)
+    assert d["sha256"] == tt.tensors_sha256(d["inputs"], d["targets"])
+    d["inputs"] = d["inputs"] + 1e-3 * torch.randn(d["inputs"].shape, generator=torch.Generator().manual_seed(0))
+    if how == "no checksum":
+        del d["sha256"]
+    torch.save(d, f)
+    capsys.readouterr()
+    tt.train(cut, progress=False, cache_states=True)
+    err = capsys.readouterr().err
+    why = "has no checksum (written by an older reslm)" if how == "no checksum" else "does not match its checksum (changed since it was written)"
+    assert f"reslm: warning: the cached reservoir states {f} {why}: computing them again" in err
+    rows = read_metrics(cut)
+    states = [(r["shard"], r.get("cached", False)) for r in rows if r["kind"] == "states"]
+    assert states[:4] == [(0, False), (1, False), (1, False), (2, False)]   # shard 1 computed again
+    a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(cut / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_intact_state_cache_is_read_back(chars, tmp_path, monkeypatch, capsys):
+    cut = _cut_run(chars, tmp_path / "cut", monkeypatch)
+    capsys.readouterr()
+    tt.train(cut, progress=False, cache_states=True)
+    assert "warning" not in capsys.readouterr().err
+    states = [(r["shard"], r.get("cached", False)) for r in read_metrics(cut) if r["kind"] == "states"]
+    assert states[:4] == [(0, False), (1, False), (1, True), (2, False)]
+    bf = torch.randn(3, 4).to(torch.bfloat16)
+    assert tt.tensors_sha256(bf, torch.arange(3)) != tt.tensors_sha256(bf.float(), torch.arange(3))
