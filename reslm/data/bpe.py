@@ -82,7 +82,7 @@ from reslm.data.corpus import (
     shakespeare_files,
 )
 from reslm import progress
-from reslm.errors import ReslmError
+from reslm.errors import ReslmError, writing
 
 FORMAT_VERSION = 1
 EOT = "<|endoftext|>"
@@ -469,7 +469,8 @@ def _write_stream(f, ids: Sequence[int] | np.ndarray) -> int:
     arr = np.asarray(ids, dtype=np.int64)
     if arr.size and (arr.min() < 0 or arr.max() >= MAX_VOCAB):
         raise ReslmError("token id does not fit in uint16")
-    arr.astype(_DTYPE).tofile(f)
+    with writing(f.name):   # a full disk: numpy's short write -> "could not write PATH: no space left on device"
+        arr.astype(_DTYPE).tofile(f)
     return int(arr.size)
 
 
@@ -484,7 +485,8 @@ def make_tokenizer(spec: str, train_texts, tmp: Path, log, verbose: bool) -> tup
         assert k is not None
         log(f"training a byte-level BPE of at most {k} ids on the training text")
         tok = train_bpe(train_texts(), k, verbose=verbose)
-        tok.save(tmp / _TOKENIZER)
+        with writing(tmp / _TOKENIZER):
+            tok.save(tmp / _TOKENIZER)
         tok_meta = {"spec": spec, "kind": "bpe", "eot_id": tok.eot_id, "requested_k": k,
                     "file": _TOKENIZER, "sha256": sha256_file(tmp / _TOKENIZER),
                     "trained_on": "train split only", "min_frequency": 2}
@@ -501,7 +503,8 @@ def write_meta(tmp: Path, name: str, tok: BpeTokenizer, tok_meta: dict[str, Any]
             "separator": {"text": EOT, "id": tok.eot_id, "placement": "after every document"},
             "n_tokens": counts, **extra, "reslm_version": _reslm_version(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    (tmp / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    with writing(tmp / _META):
+        (tmp / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _encode_text(text: str, tok: BpeTokenizer, f) -> int:

@@ -82,7 +82,7 @@ from reslm.data.corpus import (
     read_text_file,
     shakespeare_files,
 )
-from reslm.errors import ReslmError
+from reslm.errors import ReslmError, writing
 
 FORMAT_VERSION = 1
 DEFAULT_N_SHARDS = 6
@@ -570,8 +570,10 @@ def building(root: Path, name: str) -> Iterator[Path]:
 
 
 def _write_files(folder: Path, tokens: np.ndarray, meta: dict[str, Any]) -> None:
-    tokens.tofile(folder / _TOKENS)
-    (folder / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    with writing(folder / _TOKENS):   # a full disk: "could not write PATH: no space left on device"
+        tokens.tofile(folder / _TOKENS)
+    with writing(folder / _META):
+        (folder / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _check_target(target: Path, overwrite: bool) -> None:
