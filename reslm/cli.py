@@ -674,7 +674,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text from a trained run (closed loop)",
                          description="Closed-loop generation: each predicted symbol is fed back as input. "
                          "Stateful models (stream-mode reservoirs, LAERC, GPT's KV cache) carry their state: "
-                         "one step per generated symbol.")
+                         "one step per generated symbol. A character run needs only its folder (its vocabulary "
+                         "is in config.json): the dataset is not read, so it is not checked either; a token run "
+                         "reads its tokenizer from the dataset and checks the dataset's fingerprint first.")
     sampling(gen, "symbol", 200, 0)
     gen.add_argument("--prompt", required=True, help="text to start from (characters of the vocabulary)")
     gen.set_defaults(func=cmd_generate)

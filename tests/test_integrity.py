@@ -220,3 +220,23 @@ def test_an_intact_state_cache_is_read_back(chars, tmp_path, monkeypatch, capsys
     assert states[:4] == [(0, False), (1, False), (1, True), (2, False)]
     bf = torch.randn(3, 4).to(torch.bfloat16)
     assert tt.tensors_sha256(bf, torch.arange(3)) != tt.tensors_sha256(bf.float(), torch.arange(3))
+
+
+# --- generate ------------------------------------------------------------------------------------------
+def test_char_generate_reads_only_the_run_folder(big, tmp_path, capsys):
+    """`reslm generate` on a character run needs only RUN/ (vocabulary in config.json, weights in the
+    checkpoint): it generates the same text with its dataset gone, and its --help says that the dataset
+    is neither read nor checked (a token run reads and checks it: test_faults)."""
+    ds, run = big
+    argv = ["generate", str(run), "--prompt", "to be", "--length", "40", "--seed", "3", "--device", "cpu"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    moved = tmp_path / "moved"
+    shutil.move(str(ds.path), moved)
+    try:
+        assert main(argv) == 0
+        assert capsys.readouterr().out == text
+    finally:
+        shutil.move(str(moved), ds.path)
+    assert main(["generate", "--help"]) == 0
+    assert "the dataset is not read, so it is not checked either" in " ".join(capsys.readouterr().out.split())
