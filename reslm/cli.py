@@ -28,7 +28,7 @@ from reslm.checkpoint import find_dataset, load_run
 from reslm.demo import run_demo
 from reslm.device import pick_device
 from reslm.errors import ReslmError, describe
-from reslm.evaluate import GRID_FILE, check_ngrams, eval_file_name, evaluate_run, physical_grid
+from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
 from reslm.generate import MAX_LENGTH, check_length, sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.lab import LAB_BUDGETS, SUBSTRATES, run_lab
@@ -365,7 +365,6 @@ def cmd_eval(args):
         raise ReslmError(f"--ngrams must be comma-separated integers, got {args.ngrams!r}") from None
     if not ns or min(ns) < 1:
         raise ReslmError("--ngrams must be positive integers")
-    check_ngrams(ns, args.length)   # before the run is opened: a sample shorter than n has no n-gram
     r = evaluate_run(Path(args.run_dir), length=args.length, ns=ns, score=args.score, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
                      physical={k: v[0] for k, v in physical.items()})

@@ -12,9 +12,9 @@ What `evaluate_run` measures, on the run's own data (the char runs' test shard, 
                 `reservoir`, timed around its forward): what a physical substrate would take over.
                 The paper's timings leave it out; a digital user pays it. The trainable part is the rest.
   overlap / distinct   Overlap-n and distinct-n (reslm.ngram) of the generated text against the test text,
-                over characters for both kinds of run. Every n must be at most `length` (checked before
-                any scoring, with `length` <= reslm.generate.MAX_LENGTH); a token sample that
-                decodes to fewer than n characters gets null for that n.
+                over characters for both kinds of run. Every n must be at most `length`, and `length` at
+                most reslm.generate.MAX_LENGTH (checked once the run and its dataset are, before any
+                scoring); a token sample that decodes to fewer than n characters gets null for that n.
   physical      rc / aerc runs: the readout-side constraints measured through (reservoir/physical.py), the
                 ones trained with (`physical_trained`) and any `physical_overrides`. Test noise is the
                 TEST stream, by position in the test text: what training's evaluations drew.
@@ -192,7 +192,6 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
     run_dir = Path(run_dir)
     dev = pick_device(device)
     model, codec, cfg = load_run(run_dir, dev)
-    ns = check_ngrams(ns, length)   # before any scoring (`reslm eval` checks before opening the run)
     trained, measured = _physical(model, cfg, physical)
     if physical:
         model.set_physical(measured)
@@ -200,6 +199,7 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
     token_run = data_kind(cfg["data"]) == "tokens"
     ds = open_dataset(cfg["data"])
     check_dataset(cfg, ds)
+    ns = check_ngrams(ns, length)   # after the run and its dataset are checked, before any scoring
     if token_run:
         test = np.asarray(ds.val, dtype=np.int64)
         test_text = None if reference is not None else codec.decode(test)
