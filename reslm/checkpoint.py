@@ -112,7 +112,7 @@ def find_dataset(spec: str | Path, kind: str, root: Path | None = None, *, prepa
 
 def check_dataset(cfg: dict, ds) -> None:
     """ReslmError naming what differs when the dataset at the run's path is not the one the run was made
-    on (its fingerprint: vocabulary or tokenizer, split, token-file sizes and sampled checksums)."""
+    on (its fingerprint: vocabulary or tokenizer, split, token-file sizes and checksums)."""
     saved = cfg["data"]
     kind = "chars" if isinstance(ds, CharDataset) else "tokens"
     if data_kind(saved) != kind:

@@ -30,7 +30,7 @@ from reslm.demo import run_demo
 from reslm.device import pick_device
 from reslm.errors import ReslmError, describe
 from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
-from reslm.generate import sample
+from reslm.generate import MAX_LENGTH, check_length, sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
 from reslm.lab import LAB_BUDGETS, SUBSTRATES, run_lab
 from reslm.models.reservoir_lm import ReservoirLMConfig
@@ -58,6 +58,32 @@ SHARED = {
     "--device": dict(default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default auto)"),
     "--no-progress": dict(action="store_true", help="no progress bars or progress lines"),
 }
+
+
+INT64 = (-2**63, 2**63 - 1)
+SEED = (0, 2**63 - 1)          # every seed: a non-negative 64-bit integer
+# Count flags whose work grows with the value: the largest accepted, so that a typo (1e20) is refused
+# with its limit instead of running for ever. Other integer flags take any 64-bit value (their own
+# checks follow).
+COUNTS = {"max_steps": (0, 10**9), "cycles": (0, 10**4), "epochs_per_shard": (0, 10**4), "trials": (1, 10**5)}
+
+
+def _int(lo: int, hi: int):
+    """An argparse type: an integer in [lo, hi]. Out of range -> "argument --flag: N is out of range (an
+    integer from lo to hi)", naming the flag (not a later "Overflow when unpacking long long")."""
+    def parse(text: str) -> int:
+        value = int(text)   # ValueError -> argparse's "invalid int value: 'x'"
+        if not lo <= value <= hi:
+            shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} digits)"
+            raise argparse.ArgumentTypeError(f"{shown} is out of range (an integer from {lo:,} to {hi:,})")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
+def _int_for(name: str):
+    """The integer type of flag `name` (a dest): seeds, the bounded counts, or any 64-bit integer."""
+    return _int(*(SEED if name == "seed" or name.endswith("_seed") else COUNTS.get(name, INT64)))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -105,7 +131,8 @@ def _add_flags(group, cls, defaults: dict, skip=()) -> list[str]:
         if kind is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         else:
-            group.add_argument(flag, dest=f.name, type=kind, default=None, metavar=kind.__name__.upper(), help=help_)
+            group.add_argument(flag, dest=f.name, type=_int_for(f.name) if kind is int else kind, default=None,
+                               metavar=kind.__name__.upper(), help=help_)
         names.append(f.name)
     return names
 
@@ -150,6 +177,16 @@ def _check_resume(argv: list[str]) -> None:
     if is_train and "--resume" in argv and out and not ({"-h", "--help"} & set(argv)) \
             and not (Path(out) / CONFIG).exists():
         raise ReslmError(f"{out} holds no run to resume (no {CONFIG})")
+
+
+def _check_preset(argv: list[str]) -> None:
+    """`reslm train --preset NAME` with an unknown NAME: say so before the family's flags are parsed (with no
+    family they would read as unrecognised: "unrecognized arguments: --shard-chars")."""
+    name = _peek(argv, "--preset")
+    is_train = argv[:1] == ["train"] or "train" in argv[:2]
+    if is_train and name is not None and name not in PRESETS and "--resume" not in argv \
+            and not ({"-h", "--help"} & set(argv)):
+        preset(name)   # raises "unknown preset 'NAME' (see `reslm presets`)"
 
 
 # --- commands -----------------------------------------------------------------------------------
@@ -268,8 +305,7 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
 
 
 def _check_sampling(args):
-    if args.length < 0:
-        raise ReslmError("--length must be >= 0")
+    check_length(args.length)
     if not args.temperature >= 0 or args.temperature == float("inf"):
         raise ReslmError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.top_k is not None and args.top_k < 1:
@@ -357,7 +393,8 @@ def cmd_eval(args):
         print(f"generated {r['generation_length']:,} {unit}s in {r['generation_seconds']:.2f} s "
               f"(reservoir {r['generation_reservoir_seconds']:.2f} s)")
     for n in r["overlap"]:
-        print(f"overlap-{n} {r['overlap'][n]:.4f}   distinct-{n} {r['distinct'][n]:.4f}")
+        shown = [f"{v:.4f}" if v is not None else "n/a" for v in (r["overlap"][n], r["distinct"][n])]
+        print(f"overlap-{n} {shown[0]}   distinct-{n} {shown[1]}")
     if "note" in r:
         print(r["note"])
     else:
@@ -483,7 +520,7 @@ def _train_parser(sub, fam_name: str | None):
                    "(with its saved config; --cycles K, more than it has, lets a character run go on to K cycles); "
                    "--out may be an unfinished published folder (results/NAME, `reslm publish`): it is published "
                    "again in place when training stops")
-    t.add_argument("--seed", type=int, help="seeds everything: weights, reservoir, shuffling, dropout (default 0)")
+    t.add_argument("--seed", type=_int(*SEED), help="seeds everything: weights, reservoir, shuffling, dropout (default 0)")
     t.add_argument("--checkpoint-minutes", type=float, default=CHECKPOINT_SECONDS / 60, metavar="MIN",
                    help="between evaluations, also checkpoint after this many minutes of training, so that a kill "
                         f"loses at most that much (default {CHECKPOINT_SECONDS / 60:g}; the result is the same)")
@@ -530,14 +567,15 @@ def _search_parser(sub, fam_name: str):
         epilog=f"The options below are {fam_name}'s (`reslm search --family aerc --help` for aerc's).")
     sp.add_argument("--family", choices=list(SEARCH_FAMILIES), default="rc", help="model family (default rc)")
     sp.add_argument("--preset", help="take the size from a preset, e.g. rc-750 (the budget of each trial)")
-    sp.add_argument("--trials", type=int, default=20, help="trials to add to the study (default 20)")
+    sp.add_argument("--trials", type=_int_for("trials"), default=20,
+                    help=f"trials to add to the study (default 20, at most {COUNTS['trials'][1]:,})")
     sp.add_argument("--optimizer", choices=["ridge", "adam"], default="ridge",
                     help="how each trial trains the readout (default ridge: rc only)")
     sp.add_argument("--storage", help="optuna storage URL, e.g. sqlite:///study.db (default: OUT/study.db)")
     sp.add_argument("--study-name", help="study name in the storage (default FAMILY-RESERVOIR-OPTIMIZER)")
-    sp.add_argument("--worker", type=int, default=0,
+    sp.add_argument("--worker", type=_int(*INT64), default=0,
                     help="this process's index when several share one study (seeds its sampler apart; default 0)")
-    sp.add_argument("--seed", type=int, default=0, help="seeds the sampler, the reservoir and training (default 0)")
+    sp.add_argument("--seed", type=_int(*SEED), default=0, help="seeds the sampler, the reservoir and training (default 0)")
     sp.add_argument("--data", help="character dataset name under --root, or a path (default shakespeare)")
     sp.add_argument("--out", help="output folder (default runs/search-FAMILY-RESERVOIR)")
     _shared(sp, "--root", "--device", "--no-progress")
@@ -568,8 +606,8 @@ def _substrate_parser(sub):
                          "the device must follow). OUT must not exist.")
     ex.add_argument("--data", default="shakespeare", help="character dataset name under --root, or a path "
                     "(default shakespeare)")
-    ex.add_argument("--embed-dim", type=int, default=16, help="d, the input size (default 16, the paper's)")
-    ex.add_argument("--seed", type=int, default=0, help="embedding seed; train with the same --seed (default 0)")
+    ex.add_argument("--embed-dim", type=_int(*INT64), default=16, help="d, the input size (default 16, the paper's)")
+    ex.add_argument("--seed", type=_int(*SEED), default=0, help="embedding seed; train with the same --seed (default 0)")
     ex.add_argument("--out", required=True, help="the drive folder to write")
     _shared(ex, "--root", "--no-progress")
     si = acts.add_parser("simulate", help="play a drive through an in-process substrate (a simulated device)",
@@ -579,11 +617,11 @@ def _substrate_parser(sub):
                          "With noise 0 the imported result trains exactly like --context-mode stream --streams 1.")
     si.add_argument("drive", help="a folder written by `reslm substrate export`")
     si.add_argument("--reservoir", default="esn", help="substrate name (default esn; see reslm.reservoir)")
-    si.add_argument("--size", type=int, default=750, help="N, state size (default 750)")
-    si.add_argument("--seed", type=int, help="reservoir seed (default: the drive's embedding seed)")
+    si.add_argument("--size", type=_int(*INT64), default=750, help="N, state size (default 750)")
+    si.add_argument("--seed", type=_int(*SEED), help="reservoir seed (default: the drive's embedding seed)")
     si.add_argument("--noise", type=float, default=0.0, help="std of Gaussian noise added to every state value "
                     "(default 0)")
-    si.add_argument("--noise-seed", type=int, default=0, help="seed of the noise (default 0)")
+    si.add_argument("--noise-seed", type=_int(*SEED), default=0, help="seed of the noise (default 0)")
     si.add_argument("--out", required=True, help="the states file to write (.npy)")
     knobs = ("spectral_radius", "input_scaling", "leak_rate", "density", "input_density", "bias_scaling",
              "reservoir_options")
@@ -627,13 +665,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     d.add_argument("files", nargs="*", help="text files (for `text`)")
     d.add_argument("--name", help="dataset name (default: shakespeare)")
     _shared(d, "--root")
-    d.add_argument("--min-char-count", type=int, help="drop characters seen fewer times than this "
+    d.add_argument("--min-char-count", type=_int(*INT64), help="drop characters seen fewer times than this "
                    "(default 4 for shakespeare, which gives the paper's 59 characters; 1 for text)")
     d.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that name")
     d.add_argument("--corpus", nargs="+", help="bpe: `shakespeare`, text files, `openwebtext` or hf:NAME|PATH")
     d.add_argument("--tokenizer", default="gpt2", help="bpe: gpt2 or bpe:K (default gpt2)")
     d.add_argument("--val-fraction", type=float, default=0.01, help="bpe: share of the text for val.bin (default 0.01)")
-    d.add_argument("--max-docs", type=int, help="bpe from hf:/openwebtext: stop after this many documents")
+    d.add_argument("--max-docs", type=_int(*INT64), help="bpe from hf:/openwebtext: stop after this many documents")
     d.add_argument("--hf-config", help="bpe from hf: the dataset's config (subset) name")
     d.add_argument("--hf-split", default="train", help="bpe from hf: the split to read (default train)")
     d.add_argument("--text-field", default="text", help="bpe from hf: the text column (default text)")
@@ -649,21 +687,24 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     _train_parser(sub, _train_family(argv) if argv[:1] == ["train"] or "train" in argv[:2] else None)
 
-    def sampling(parser, unit: str, length: int):
+    def sampling(parser, unit: str, length: int, min_length: int):
         parser.add_argument("run_dir", help="a run directory written by `reslm train`, or a published results/NAME")
-        parser.add_argument("--length", type=int, default=length, help=f"{unit}s to generate (default {length})")
+        parser.add_argument("--length", type=_int(min_length, MAX_LENGTH), default=length,
+                            help=f"{unit}s to generate (default {length}, at most {MAX_LENGTH:,})")
         parser.add_argument("--temperature", type=float, default=1.0,
                             help="sampling temperature; 0 = greedy (default 1: the model's own distribution)")
-        parser.add_argument("--top-k", type=int, help=f"sample among the k most likely {unit}s")
+        parser.add_argument("--top-k", type=_int(*INT64), help=f"sample among the k most likely {unit}s")
         parser.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with this probability mass")
-        parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+        parser.add_argument("--seed", type=_int(*SEED), default=0, help="sampling seed (default 0)")
         _shared(parser, "--device")
 
     gen = sub.add_parser("generate", help="generate text from a trained run (closed loop)",
                          description="Closed-loop generation: each predicted symbol is fed back as input. "
                          "Stateful models (stream-mode reservoirs, LAERC, GPT's KV cache) carry their state: "
-                         "one step per generated symbol.")
-    sampling(gen, "symbol", 200)
+                         "one step per generated symbol. A character run needs only its folder (its vocabulary "
+                         "is in config.json): the dataset is not read, so it is not checked either; a token run "
+                         "reads its tokenizer from the dataset and checks the dataset's fingerprint first.")
+    sampling(gen, "symbol", 200, 0)
     gen.add_argument("--prompt", required=True, help="text to start from (characters of the vocabulary)")
     gen.set_defaults(func=cmd_generate)
 
@@ -678,9 +719,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "RUN_DIR/eval-<settings>.json (eval.json is left as it is); a comma-separated list in "
                         "any of them -> test CE for every combination from one reservoir pass, written to "
                         "RUN_DIR/eval-physical.json and .csv (e.g. --state-noise 0,0.01,0.05 --adc-bits 0,4,6,8).")
-    sampling(ev, "symbol", 2000)
+    sampling(ev, "symbol", 2000, 1)
     ev.add_argument("--ngrams", default="7,8", help="n of Overlap-n / distinct-n, comma-separated (default 7,8)")
-    ev.add_argument("--score", type=int, default=65536,
+    ev.add_argument("--score", type=_int(*INT64), default=65536,
                     help="test positions to score (default 65536; 0 = the whole test text)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     phys = ev.add_argument_group("physical constraints (rc/aerc; default: as trained; comma lists make a grid)")
@@ -740,7 +781,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     rp.add_argument("--out", help="output folder (default reproduce-BUDGET)")
     rp.add_argument("--data", default="shakespeare", help="character dataset name or path (default shakespeare)")
     rp.add_argument("--token-data", help="BPE dataset for LAERC / GPT (default shakespeare-bpe4096; paper: shakespeare-gpt2)")
-    rp.add_argument("--cycles", type=int, help="passes over the five training shards (default 1; the paper does not "
+    rp.add_argument("--cycles", type=_int_for("cycles"), help="passes over the five training shards (default 1; the paper does not "
                     "say how many it ran)")
     rp.add_argument("--context-mode", choices=["window", "stream"],
                     help="rc/aerc context mode (default: window for the paper budget, as in the paper; stream otherwise)")
@@ -769,7 +810,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     lb.add_argument("--families", default="rc,aerc", help="rc, aerc or both (default both)")
     lb.add_argument("--physical-substrate", default="esn", help="the substrate whose runs are scored under noise "
                     "and ADC bits (default esn)")
-    lb.add_argument("--score", type=int, help="test positions scored by the physical grids (default: the budget's; 0: all)")
+    lb.add_argument("--score", type=_int(*INT64), help="test positions scored by the physical grids (default: the budget's; 0: all)")
     lb.add_argument("--data", default="shakespeare", help="character dataset name or path (default shakespeare)")
     lb.add_argument("--out", help="output folder (default lab-BUDGET)")
     _shared(lb, "--root", "--device", "--no-progress")
@@ -798,9 +839,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sw.add_argument("--families", default="laerc,gpt", help="comma-separated (default laerc,gpt)")
     sw.add_argument("--data", help="BPE dataset name or path (default shakespeare-bpe4096)")
     sw.add_argument("--out", help="sweep folder (default runs/sweep-<sweep>)")
-    sw.add_argument("--max-steps", type=int, help="override the sweep's steps per run")
+    sw.add_argument("--max-steps", type=_int_for("max_steps"), help="override the sweep's steps per run")
     sw.add_argument("--precision", help="auto | fp32 | bf16 | fp16")
-    sw.add_argument("--threads", type=int, help="torch CPU threads")
+    sw.add_argument("--threads", type=_int(*INT64), help="torch CPU threads")
     _shared(sw, "--root", "--device", "--no-progress")
     sw.set_defaults(func=cmd_sweep)
 
@@ -822,6 +863,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         _check_resume(argv)
+        _check_preset(argv)
         args = build_parser(argv).parse_args(argv)
     except ReslmError as e:
         print(f"reslm: error: {e}", file=sys.stderr)

@@ -4,7 +4,11 @@
 """
 from __future__ import annotations
 
+import errno
+import os
 import re
+from contextlib import contextmanager
+from pathlib import Path
 
 
 class ReslmError(Exception):
@@ -16,6 +20,7 @@ class RunInUse(ReslmError):
 
 
 MAX_LINE = 300  # characters; a longer first line is cut with "..."
+MAX_WORD = 100  # characters; in a longer line, a longer word (a path) keeps its two ends around "..."
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _TORCH_PREFIX = re.compile(r"^\[enforce fail at [^\]]*\]\s*\.?\s*")
@@ -33,6 +38,12 @@ def _first_line(text: str) -> str:
 
 
 def _short(line: str) -> str:
+    """`line` cut to MAX_LINE characters: first every word (a path) longer than MAX_WORD keeps only its two
+    ends, so that the reason after a long path ("...: file name too long") is not what gets cut."""
+    if len(line) <= MAX_LINE:
+        return line
+    half = (MAX_WORD - 3) // 2
+    line = " ".join(w if len(w) <= MAX_WORD else f"{w[:half]}...{w[-half:]}" for w in line.split(" "))
     return line if len(line) <= MAX_LINE else line[:MAX_LINE - 3].rstrip() + "..."
 
 
@@ -76,3 +87,53 @@ def describe(exc: BaseException) -> str:
         return _short(line if isinstance(exc, _PLAIN) else f"{name}: {line}")
     except Exception:
         return "unexpected error"
+
+
+# --- failed writes -----------------------------------------------------------------------------------
+_SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")   # numpy's tofile / np.save on a full disk
+
+
+def _low_on_space(folder: Path) -> bool:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 2**20
+
+
+def write_error(path: Path | str, exc: BaseException) -> ReslmError | None:
+    """ReslmError "could not write PATH: REASON" for an exception raised while writing `path`, or None when
+    `exc` is not a failed write. A full disk reads "no space left on device" also where numpy ("294556
+    requested and 12288 written") or torch ("unexpected pos 273792 vs 273720") report only a short write:
+    that is what it is when the file system is (nearly) full, else the short write is described as such."""
+    path = Path(path)
+    text = _safe_str(exc)
+    if isinstance(exc, OSError) and exc.errno is None and _SHORT_WRITE.search(text):
+        wanted, done = _SHORT_WRITE.search(text).groups()
+        short = f"only {done} of {wanted} items written"
+    elif isinstance(exc, RuntimeError) and ("unexpected pos" in text or "write failed" in text):
+        short = _TORCH_PREFIX.sub("", _first_line(text))
+    elif isinstance(exc, OSError):
+        reason = os.strerror(exc.errno) if exc.errno else describe(exc)
+        if exc.errno:
+            reason = reason[:1].lower() + reason[1:]
+        return ReslmError(f"could not write {path}: {reason}")
+    else:
+        return None
+    full = exc.errno == errno.ENOSPC if isinstance(exc, OSError) and exc.errno else _low_on_space(path.parent)
+    return ReslmError(f"could not write {path}: " + ("no space left on device" if full else short))
+
+
+@contextmanager
+def writing(path: Path | str):
+    """Within the block, a failed write (OSError, numpy's or torch's short write) becomes `write_error(path, e)`:
+    one line naming the file and the reason. A ReslmError passes through."""
+    try:
+        yield
+    except ReslmError:
+        raise
+    except (OSError, RuntimeError) as e:
+        err = write_error(path, e)
+        if err is None:
+            raise
+        raise err from None

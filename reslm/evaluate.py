@@ -12,7 +12,9 @@ What `evaluate_run` measures, on the run's own data (the char runs' test shard, 
                 `reservoir`, timed around its forward): what a physical substrate would take over.
                 The paper's timings leave it out; a digital user pays it. The trainable part is the rest.
   overlap / distinct   Overlap-n and distinct-n (reslm.ngram) of the generated text against the test text,
-                over characters for both kinds of run.
+                over characters for both kinds of run. Every n must be at most `length`, and `length` at
+                most reslm.generate.MAX_LENGTH (checked once the run and its dataset are, before any
+                scoring); a token sample that decodes to fewer than n characters gets null for that n.
   physical      rc / aerc runs: the readout-side constraints measured through (reservoir/physical.py), the
                 ones trained with (`physical_trained`) and any `physical_overrides`. Test noise is the
                 TEST stream, by position in the test text: what training's evaluations drew.
@@ -40,7 +42,7 @@ import torch
 from reslm.checkpoint import check_dataset, data_kind, load_run, open_dataset
 from reslm.device import pick_device, synchronize
 from reslm.errors import ReslmError
-from reslm.generate import sample
+from reslm.generate import check_length, sample
 from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
 from reslm.ngram import NgramReference, distinct_n
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
@@ -139,6 +141,27 @@ def _physical(model, cfg: dict, overrides: dict | None):
     return trained, replace(trained, **(overrides or {})).validate()
 
 
+def check_ngrams(ns, length: int) -> tuple[int, ...]:
+    """The n of Overlap-n / distinct-n as a tuple of ints in [1, length], checked before any work: a sample
+    of `length` symbols has no n-gram longer than itself (its overlap would be undefined, NaN)."""
+    try:
+        ns = tuple(ns)
+    except TypeError:
+        raise ReslmError(f"--ngrams must be a list of positive integers, got {ns!r}") from None
+    for n in ns:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ReslmError(f"--ngrams must be positive integers, got {n!r}")
+        if n > length:
+            raise ReslmError(f"--ngrams {n} is longer than the sample (--length {length}): it has no {n}-gram; "
+                             f"give --length {n} or more, or smaller --ngrams")
+    return tuple(int(n) for n in ns)
+
+
+def _defined(values: dict) -> dict:
+    """NaN (a token sample that decodes to fewer characters than n) -> None, written as null."""
+    return {k: (None if isinstance(v, float) and v != v else v) for k, v in values.items()}
+
+
 def eval_file_name(result: dict) -> str:
     """eval.json, or eval-<settings>.json for an evaluation under overridden physical constraints."""
     if not result.get("physical_overrides"):
@@ -166,6 +189,7 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
     for name, v in (("length", length), ("score", score)):
         if not isinstance(v, int) or v < 0 or (name == "length" and v < 1):
             raise ReslmError(f"{name} must be a {'positive' if name == 'length' else 'non-negative'} integer, got {v!r}")
+    check_length(length)
     run_dir = Path(run_dir)
     dev = pick_device(device)
     model, codec, cfg = load_run(run_dir, dev)
@@ -176,6 +200,7 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
     token_run = data_kind(cfg["data"]) == "tokens"
     ds = open_dataset(cfg["data"])
     check_dataset(cfg, ds)
+    ns = check_ngrams(ns, length)   # after the run and its dataset are checked, before any scoring
     if token_run:
         test = np.asarray(ds.val, dtype=np.int64)
         test_text = None if reference is not None else codec.decode(test)
@@ -216,8 +241,8 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
         score_seconds=score_s, score_reservoir_seconds=score_res, score_trainable_seconds=score_s - score_res,
         generation_length=length if drivable else 0, generation_seconds=gen_s, generation_reservoir_seconds=gen_res,
         generation_trainable_seconds=gen_s - gen_res,
-        overlap={str(n): reference.overlap(generated, n) for n in ns},
-        distinct={str(n): distinct_n(generated, n) for n in ns},
+        overlap=_defined({str(n): reference.overlap(generated, n) for n in ns}),
+        distinct=_defined({str(n): distinct_n(generated, n) for n in ns}),
         prompt=codec.decode(prompt), sample=text,
         settings=dict(length=length, score=score, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         environment=dict(device=str(dev), torch=torch.__version__, python=platform.python_version(),

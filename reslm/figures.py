@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reslm.errors import ReslmError
+from reslm.errors import ReslmError, writing
 
 FAMILY_ORDER = ("tf", "rc", "aerc", "laerc", "gpt")
 FAMILY_LABELS = {"tf": "Transformer", "rc": "Reservoir", "aerc": "AERC", "laerc": "LAERC",
@@ -59,7 +59,7 @@ def _write_csv(path: Path, fieldnames, rows) -> Path:
     """Write rows (dicts) as CSV with the given columns; None becomes an empty cell."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
+    with writing(path), open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(fieldnames), extrasaction="ignore")
         w.writeheader()
         for r in rows:
@@ -75,7 +75,8 @@ def _finish(plt, fig, out_dir: Path, stem: str, csv_path: Path, **extra) -> dict
     else:
         png = Path(out_dir) / f"{stem}.png"
         fig.tight_layout()
-        fig.savefig(png, dpi=DPI)
+        with writing(png):
+            fig.savefig(png, dpi=DPI)
         plt.close(fig)
     return dict(png=png, csv=csv_path, note=note, **extra)
 

@@ -18,6 +18,19 @@ from __future__ import annotations
 
 import torch
 
+from reslm.errors import ReslmError
+
+# The longest sample `sample` makes: generation is one Python-level step per symbol, so a million
+# symbols already take minutes to hours; a larger count (a typo, 1e20) would run for ever.
+MAX_LENGTH = 1_000_000
+
+
+def check_length(length: object, flag: str = "--length") -> int:
+    """`length` as an int in [0, MAX_LENGTH]; ReslmError naming `flag` otherwise."""
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= MAX_LENGTH:
+        raise ReslmError(f"{flag} must be an integer from 0 to {MAX_LENGTH:,}, got {length!r}")
+    return length
+
 
 def pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
           gen: torch.Generator) -> int:
@@ -45,7 +58,8 @@ def is_stateful(model) -> bool:
 @torch.no_grad()
 def sample(model, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, seed: int = 0) -> list[int]:
-    """Generate max_new_tokens ids after prompt_ids (non-empty); returns only the new ids."""
+    """Generate max_new_tokens ids (at most MAX_LENGTH) after prompt_ids (non-empty); returns only the new ids."""
+    check_length(max_new_tokens, "max_new_tokens")
     was_training = model.training
     model.eval()
     device = next(iter(model.buffers()), next(model.parameters())).device

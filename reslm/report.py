@@ -28,7 +28,8 @@ from pathlib import Path
 from reslm import figures
 from reslm.checkpoint import read_json
 from reslm.errors import ReslmError
-from reslm.models.base import LN2
+from reslm.models import PRESETS, make_config
+from reslm.models.base import LN2, config_dict
 from reslm.registry import PROVENANCE, is_published, read_manifest
 from reslm.reproduce import LARGEST, PAPER
 from reslm.run import CONFIG, SUMMARY, atomic_write, read_metrics
@@ -52,6 +53,25 @@ def _shard_ends(epochs: list[dict], cycle: int, shards: list[int], last_epoch: i
     """Test CE after the last epoch of each training shard of `cycle` (None where it has not run yet)."""
     ends = {e["shard"]: e["test_loss"] for e in epochs if e["cycle"] == cycle and e["epoch"] == last_epoch}
     return [ends.get(s) for s in shards]
+
+
+def _variant(cfg: dict) -> list[str]:
+    """How a published run's model differs from its preset (or family) defaults, e.g.
+    ["spectral_radius=1.1111", "seed=1"]; the context mode has a column of its own."""
+    fam, preset = cfg["family"], cfg.get("preset")
+    try:
+        base = config_dict(make_config(fam, **(PRESETS[preset][1] if preset in PRESETS else {})))
+    except ReslmError:
+        return []
+    have = cfg.get("model", {})
+    return [f"{k}={have[k]}" for k in sorted(have) if k != "context_mode" and k in base and have[k] != base[k]]
+
+
+def _last_cycle(rows: list[dict], last_epoch: int) -> int:
+    """The last cycle with at least one finished training shard (an unfinished run shows the cycle it
+    has results for, not an empty one it has just begun)."""
+    done = [r["cycle"] for r in rows if r.get("epoch") == last_epoch]
+    return max(done, default=0)
 
 
 def _row(*, name, family, trainable, context, cycle, shards, epochs, train_s, reservoir_s, cpu, threads, notes,
@@ -80,7 +100,7 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
         tc, model = cfg["train"], cfg["model"]
         trainable = sum(math.prod(t["shape"]) for t in m.get("trainable", {}).values())
         name = cfg.get("preset") or folder.name
-        notes = [n for n, on in ((f"{tc.get('state_dtype')} states", tc.get("state_dtype") not in (None, "float32")),
+        notes = _variant(cfg) + [n for n, on in ((f"{tc.get('state_dtype')} states", tc.get("state_dtype") not in (None, "float32")),
                                  (tc.get("precision", "auto"), tc.get("precision", "auto") not in ("auto", "fp32")),
                                  ("in progress", not m.get("finished"))) if on]
         wall = prov.get("wall", {})
@@ -93,7 +113,7 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
                               notes=notes))
             continue
         shards = list(cfg["data"].get("train_shards", sorted({r["shard"] for r in rows})))
-        cycle = max((r["cycle"] for r in rows), default=0)
+        cycle = _last_cycle(rows, tc.get("epochs_per_shard", 1) - 1)
         row = _row(name=name, family=cfg["family"], trainable=trainable, context=model.get("context_mode", "window"),
                    cycle=cycle + 1, shards=_shard_ends(rows, cycle, shards, tc.get("epochs_per_shard", 1) - 1),
                    epochs=rows, train_s=summary.get("train_seconds") or wall.get("train_seconds"),
@@ -188,13 +208,14 @@ def results_table(rows: list[dict]) -> str:
 
 def readme_table(rows: list[dict]) -> str:
     """The README's results table: one line per run, the last test CE, the paper's figure, where it ran."""
-    L = ["| preset | family | trainable | context | cycle | test CE (nats) | bits/char | paper | CPU | weights |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
+    L = ["| preset | family | trainable | context | cycle | test CE (nats) | bits/char | paper | CPU | notes | weights |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         done = [v for v in r["shards"] if v is not None]
         link = f"[{r['weights']}]({r['weights']})" if r["weights"] else NOT_PUBLISHED
         L.append(f"| {r['name']} | {r['family']} | {r['trainable']:,} | {r['context']} | {r['cycle']} | "
-                 f"{_ce(done[-1] if done else None)} | {_bits(r)} | {r['paper']} | {r['cpu']} | {link} |")
+                 f"{_ce(done[-1] if done else None)} | {_bits(r)} | {r['paper']} | {r['cpu']} | "
+                 f"{'; '.join(r['notes'])} | {link} |")
     return "\n".join(L)
 
 
@@ -325,7 +346,10 @@ def build(repo: Path) -> tuple[dict[str, str], list[dict]]:
     """{relative path: text} of every text output, and the Fig. 2 input."""
     repo = Path(repo)
     paper, other = published_rows(repo)
-    paper = paper + legacy_rows(repo, paper)
+    order = {"rc": 0, "aerc": 1, "tf": 2}
+    paper = sorted(paper + legacy_rows(repo, paper),   # by family and size; a size's window row first
+                   key=lambda r: (order.get(r["family"], 9), r["trainable"], r["context"] != "window", r["cycle"],
+                                  r["weights"] or ""))
     outputs = {"docs/results.md": results_md(paper, other, FIG if paper else None), "docs/speed.md": speed_md(repo)}
     readme = repo / "README.md"
     if readme.is_file():

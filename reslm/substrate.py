@@ -48,7 +48,7 @@ import torch
 from reslm.checkpoint import describe_dataset
 from reslm.data.chars import CharDataset, file_fingerprint
 from reslm.data.corpus import fsync_dir, fsync_tree, make_temp_dir
-from reslm.errors import ReslmError
+from reslm.errors import ReslmError, writing
 from reslm.models.base import build_config
 from reslm.models.reservoir_lm import ReservoirLMConfig, fixed_embedding
 from reslm.progress import bar
@@ -97,12 +97,13 @@ def _new_folder(out: Path):
 def _npy_rows(path: Path, shape: tuple[int, int]):
     """Create a float32 .npy file of `shape` and return write(a, rows): rows (k, shape[1]) into rows a..a+k-1.
     Written through the file, not a memory map, so the process never holds more than the rows it writes."""
-    header = np.lib.format.open_memmap(path, mode="w+", dtype="<f4", shape=shape)
-    offset, row_bytes = header.offset, shape[1] * 4
-    del header                                            # the data part is a hole until written
+    with writing(path):
+        header = np.lib.format.open_memmap(path, mode="w+", dtype="<f4", shape=shape)
+        offset, row_bytes = header.offset, shape[1] * 4
+        del header                                        # the data part is a hole until written
 
     def write(a: int, rows) -> None:
-        with open(path, "r+b") as f:
+        with writing(path), open(path, "r+b") as f:      # a full disk: names the file
             f.seek(offset + a * row_bytes)
             f.write(np.ascontiguousarray(rows, dtype="<f4").tobytes())
     return write
@@ -129,8 +130,9 @@ def export_drive(dataset: CharDataset, out: Path, *, embed_dim: int = 16, seed: 
     E = fixed_embedding(dataset.vocab_size, embed_dim, seed).numpy()          # (V, d) float32
     tokens = np.asarray(dataset.tokens, dtype="<i4")                          # (S,)
     with _new_folder(out) as tmp:
-        np.save(tmp / EMBEDDING_FILE, E)
-        np.save(tmp / TOKENS_FILE, tokens)
+        for name, array in ((EMBEDDING_FILE, E), (TOKENS_FILE, tokens)):
+            with writing(tmp / name):   # numpy's short write on a full disk -> "no space left on device"
+                np.save(tmp / name, array)
         write = _npy_rows(tmp / DRIVE_FILE, (S, embed_dim))
         for a in bar(range(0, S, _CHUNK_ROWS), desc="drive", unit="chunk", enabled=progress, leave=False):
             write(a, E[tokens[a:a + _CHUNK_ROWS]])
@@ -236,6 +238,7 @@ def import_states(states_path: Path, drive_dir: Path, out: Path, *, tokens_sha: 
         drive=dict(path=str(Path(drive_dir).resolve()), input_dim=m["input_dim"], seed=m["seed"]),
         dataset=m["dataset"])
     with _new_folder(out) as tmp:
-        shutil.copyfile(Path(drive_dir) / TOKENS_FILE, tmp / TOKENS_FILE)
+        with writing(tmp / TOKENS_FILE):
+            shutil.copyfile(Path(drive_dir) / TOKENS_FILE, tmp / TOKENS_FILE)
         write_json(tmp / MANIFEST, manifest)
     return manifest

@@ -56,7 +56,7 @@ import numpy as np
 
 from reslm.checkpoint import SUMMARY, read_json
 from reslm.data.bpe import TokenDataset
-from reslm.errors import ReslmError
+from reslm.errors import ReslmError, writing
 from reslm.run import lock_run, write_json
 from reslm.models import families
 from reslm.models.gpt import GPTConfig, gpt_param_count
@@ -209,7 +209,7 @@ def write_scaling(out: Path, rows: list[dict]) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "scaling.csv"
-    with open(csv_path, "w", newline="") as f:
+    with writing(csv_path), open(csv_path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
@@ -257,7 +257,8 @@ def _plot(plt, rows: list[dict], fits: dict, path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    with writing(path):
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     tmp.replace(path)
 

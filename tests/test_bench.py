@@ -5,7 +5,6 @@ are skipped where bf16 is slow. No absolute speed is asserted anywhere."""
 import dataclasses
 import json
 import math
-import time
 
 import pytest
 import torch
@@ -172,7 +171,7 @@ def test_amortised_formula_on_made_up_numbers():
     assert amortised_samples_per_s(1000.0, 5000.0, 10**9) == pytest.approx(5000.0)
 
 
-def test_repeat_alternates_and_respects_reps_and_budget():
+def test_repeat_alternates_and_respects_reps_and_budget(monkeypatch):
     calls = []
     t = bench_timing.repeat(dict(a=lambda: calls.append("a"), b=lambda: calls.append("b")), CPU, reps=3,
                             budget_s=60)
@@ -181,8 +180,16 @@ def test_repeat_alternates_and_respects_reps_and_budget():
     assert len(t["a"]) == 1  # over budget after the first repetition
     t = bench_timing.repeat(dict(a=lambda: None), CPU, reps=2, budget_s=60, min_time_s=60, max_reps=7)
     assert len(t["a"]) == 7  # cheap: more repetitions, up to max_reps, while under min_time_s
-    t = bench_timing.repeat(dict(a=lambda: time.sleep(0.01)), CPU, reps=2, budget_s=60, min_time_s=0.0, max_reps=7)
-    assert len(t["a"]) == 2 and all(x >= 0.01 for x in t["a"])
+    clock = [1000.0]   # an injected clock: each call of `a` takes exactly 0.25 s of it, and the budget runs out
+    monkeypatch.setattr(bench_timing, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    t = bench_timing.repeat(dict(a=lambda: clock.__setitem__(0, clock[0] + 0.25)), CPU, reps=2, budget_s=60,
+                            min_time_s=0.0, max_reps=7)
+    assert t["a"] == [0.25, 0.25]  # reps reached, min_time_s met: no more
+    t = bench_timing.repeat(dict(a=lambda: clock.__setitem__(0, clock[0] + 0.25)), CPU, reps=2, budget_s=60,
+                            min_time_s=1.0, max_reps=7)
+    assert t["a"] == [0.25] * 4    # more repetitions while under min_time_s (the warm-up call is not timed)
+    t = bench_timing.repeat(dict(a=lambda: clock.__setitem__(0, clock[0] + 0.25)), CPU, reps=5, budget_s=0.6)
+    assert t["a"] == [0.25] * 3    # never another one once the budget is spent
 
 
 def test_trainer_steps_cycle_through_batches_and_truncate():

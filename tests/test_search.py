@@ -116,20 +116,29 @@ def test_search_bad_input(chars, tmp_path, capsys):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::optuna.exceptions.ExperimentalWarning")
-def test_a_trial_killed_mid_run_is_failed_and_retried(chars, tmp_path, monkeypatch):
+def test_a_trial_killed_mid_run_is_failed_and_retried(chars, tmp_path):
     """A worker killed mid-trial leaves a RUNNING trial whose heartbeat stops: the next worker marks it
-    failed and retries its parameters; finished trials stay as they were."""
+    failed and retries its parameters; finished trials stay as they were. No clock is raced: the dead
+    worker's last heartbeat is written into the database as decades old, so it is stale under any
+    grace period (waiting out a short one flaked: SQLite's CURRENT_TIMESTAMP has 1-second resolution)."""
+    import sqlite3
+
     import optuna
     out = tmp_path / "s"
     search.run_search(out, chars, model_over=MODEL, trials=2, progress=False)
-    url = f"sqlite:///{(out / 'study.db').resolve()}"
-    storage = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=1)
+    db = (out / "study.db").resolve()
+    url = f"sqlite:///{db}"
+    storage = optuna.storages.RDBStorage(url, heartbeat_interval=search.HEARTBEAT_S, grace_period=search.GRACE_S)
     study = optuna.load_study(study_name="rc-esn-ridge", storage=storage)
     before = [(t.number, t.value) for t in study.trials]
     dead = study.ask({"spectral_radius": optuna.distributions.FloatDistribution(0.1, 1.5)})
     storage.record_heartbeat(dead._trial_id)     # as a worker does, then it "dies": no more heartbeats
-    monkeypatch.setattr(search, "GRACE_S", 1)
-    time.sleep(1.5)
+    storage.remove_session()
+    with sqlite3.connect(db) as con:             # ... long ago
+        changed = con.execute("UPDATE trial_heartbeats SET heartbeat = '2000-01-01 00:00:00.000000' "
+                              "WHERE trial_id = ?", (dead._trial_id,)).rowcount
+    con.close()
+    assert changed == 1
     search.run_search(out, chars, model_over=MODEL, trials=1, progress=False)
     trials = optuna.load_study(study_name="rc-esn-ridge", storage=url).trials
     assert [(t.number, t.value) for t in trials[:2]] == before

