@@ -22,7 +22,7 @@ from reslm.models import PRESETS, build_model
 BATCH = 1024
 
 
-def sdpa_forward(self, x, last_only):
+def sdpa_forward(self, x, last_only, drop=None, pointwise=False):
     """SelfAttention.forward with torch's fused attention (its own dropout and 1/(1-p) rescaling). The
     projection lines repeat SelfAttention.forward on purpose: only the attention product is swapped."""
     B, L, d = x.shape

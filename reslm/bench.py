@@ -23,7 +23,10 @@ with a note under `bf16`, where bf16 is slow: see `reslm.device.bf16_fast`):
    `Features.batch`, `forward_features` + backward + Adam step), the same in both context modes;
    (b) the amortised figure under the paper's 5-epochs-per-shard schedule: one sample-epoch costs
    reservoir seconds per sample / 5 + head seconds per sample (`amortised_samples_per_s`), per
-   context mode. Transformers: full training steps in train mode (dropout active).
+   context mode. Transformers: full training steps in train mode (dropout active), and beside them
+   the model's FLOP rate (`transformer_model_gflops`: samples/s x `training_flops_per_sample`, the
+   analytic count of forward + backward) against an fp32 GEMM timed in the same repetitions
+   (`transformer_gemm_gflops`, `transformer_vs_gemm`).
 4. The authors' approach, measured in the same run and timed alternately with 3.
    (`authors_samples_per_s`, `speedup_vs_authors`): RC/AERC re-run the reservoir over each sample's
    32-char window in every batch, then the paper's readout (`reslm.models.reference`:
@@ -59,7 +62,7 @@ from reslm.lab import model_overrides as lab_overrides
 from reslm.models import PRESETS, make_config
 from reslm.models.base import TensorFeatures
 from reslm.models.reference import ReferenceTransformer, authors_logits, authors_window_states
-from reslm.models.transformer import CharTransformer
+from reslm.models.transformer import CharTransformer, training_flops_per_sample
 from reslm.reservoir import ESNConfig
 
 # Figures the issue quotes for the authors' code (2 threads, batch 1024, fp32), samples/s.
@@ -112,6 +115,7 @@ class BenchPlan:
     authors_steps: int = 1                 # steps per repetition of the windowed recompute
     tf_steps: int = 2                      # transformer training steps per repetition
     tf_warmup: int = 2                     # untimed transformer steps first
+    tf_gemm: tuple = (1024, 768, 4)        # (rows, N, count): the GEMM timed beside the transformer, fp32
     # repetitions (see bench_timing.repeat)
     reps: int = 3                          # at least this many timed repetitions ...
     max_reps: int = 20                     # ... and up to this many while under min_time_s
@@ -407,18 +411,35 @@ def transformer_training_row(cfg, family: str, plan: BenchPlan, device, quoted: 
 
         trainers["ours_bf16"] = trainer(m16, loss_bf16, batches, plan.lr)
 
+    rows, n, count = plan.tf_gemm      # a GEMM in the same repetitions: the machine's rate at this moment
+    g = torch.Generator().manual_seed(6)
+    a, w = torch.randn(rows, n, generator=g).to(device), torch.randn(n, n, generator=g).to(device)
+    out = torch.empty(rows, n, device=device)
+
+    def gemm(_k=None):
+        for _ in range(count):
+            torch.mm(a, w, out=out)
+    trainers["gemm"] = gemm
+
     def warm():
         for run in trainers.values():
             run(plan.tf_warmup)
 
     d = bench_training(trainers, dict.fromkeys(trainers, plan.tf_steps), batch=plan.batch, device=device,
                        warmup=warm, **plan.timing())
+    gemm_row = d.pop("gemm")
+    gemm_gflops = 2.0 * rows * n * n * count / gemm_row["best_s"] / 1e9
+    flops = training_flops_per_sample(cfg)
     ours, theirs = d["ours"]["samples_per_s"], d["authors"]["samples_per_s"]
     row = dict(family=family, samples_per_s=ours, authors_samples_per_s=theirs, authors_quoted_samples_per_s=quoted,
-               **_speedups(ours, theirs, quoted), detail=d)
+               **_speedups(ours, theirs, quoted), flops_per_sample=sig(flops), model_gflops=sig(ours * flops / 1e9),
+               gemm_gflops=sig(gemm_gflops), model_vs_gemm=sig(ours * flops / 1e9 / gemm_gflops),
+               gemm=dict(shape=[rows, n, n], count=count, **{k: v for k, v in gemm_row.items() if k != "samples_per_s"}),
+               detail=d)
     if "ours_bf16" in d:
         row.update(samples_per_s_bf16=d["ours_bf16"]["samples_per_s"],
-                   speedup_vs_authors_bf16=sig(d["ours_bf16"]["samples_per_s"] / theirs))
+                   speedup_vs_authors_bf16=sig(d["ours_bf16"]["samples_per_s"] / theirs),
+                   model_gflops_bf16=sig(d["ours_bf16"]["samples_per_s"] * flops / 1e9))
     return row
 
 
@@ -435,7 +456,8 @@ def training_rows(plan: BenchPlan, device: torch.device, states: dict, say) -> d
         else:
             r = rows[label] = transformer_training_row(cfg, family, plan, device, quoted)
             say(f"train {label}: {r['samples_per_s']} samples/s, authors (ReferenceTransformer) "
-                f"{r['authors_samples_per_s']} samples/s, x{r['speedup_vs_authors']}"
+                f"{r['authors_samples_per_s']} samples/s, x{r['speedup_vs_authors']}; {r['model_gflops']} model "
+                f"GFLOP/s vs GEMM {r['gemm_gflops']} GFLOP/s = {r['model_vs_gemm']}"
                 + (f"; bf16 autocast {r['samples_per_s_bf16']} samples/s, x{r['speedup_vs_authors_bf16']}"
                    if "samples_per_s_bf16" in r else ""))
     return rows
@@ -491,6 +513,10 @@ def headline(recurrence: dict, states: dict, training: dict) -> dict:
     out["authors_samples_per_s"] = {k: v["authors_samples_per_s"] for k, v in training.items()}
     out["speedup_vs_authors"] = {k: {m: v[m]["speedup_vs_authors"] for m in MODES} if k in reservoir
                                  else v["speedup_vs_authors"] for k, v in training.items()}
+    tf = {k: v for k, v in training.items() if "model_gflops" in v}
+    out["transformer_model_gflops"] = {k: v["model_gflops"] for k, v in tf.items()}
+    out["transformer_gemm_gflops"] = {k: v["gemm_gflops"] for k, v in tf.items()}
+    out["transformer_vs_gemm"] = {k: v["model_vs_gemm"] for k, v in tf.items()}
     bf16 = {k: v for k, v in training.items() if "samples_per_s_bf16" in v}
     if bf16:   # the transformer under bf16 autocast (`--precision bf16`), where the hardware has fast bf16
         out["training_samples_per_s_bf16"] = {k: v["samples_per_s_bf16"] for k, v in bf16.items()}
@@ -624,6 +650,11 @@ def method(plan: BenchPlan) -> dict:
                                    f"chars, batch {plan.batch}, train mode (dropout active); {plan.tf_steps} steps "
                                    f"per repetition after {plan.tf_warmup} warm-up step(s), ours and the "
                                    "reference alternately"),
+        transformer_model_gflops=("samples/s x reslm.models.transformer.training_flops_per_sample (the matrix "
+                                  "products of forward + backward, counted analytically); transformer_gemm_gflops: "
+                                  f"{plan.tf_gemm[2]} x torch.mm(({plan.tf_gemm[0]}, {plan.tf_gemm[1]}), "
+                                  f"({plan.tf_gemm[1]}, {plan.tf_gemm[1]})) fp32 timed in the same repetitions as "
+                                  "the transformer; transformer_vs_gemm = their quotient"),
         speedup_vs_authors="ours / the authors' approach measured in this run (per context mode for RC/AERC); "
                            "speedup_vs_authors_quoted divides by authors_quoted instead",
     )
@@ -649,6 +680,10 @@ def format_summary(r: dict) -> str:
                              f"(head {figs['head']:,.0f}), x{speed[mode]:.1f} vs authors' approach")
         else:
             lines.append(f"train {name}: {v:,.0f} samples/s, x{speed:.1f} vs authors' approach")
+            if name in r.get("transformer_vs_gemm", {}):
+                lines.append(f"train {name}: {r['transformer_model_gflops'][name]} model GFLOP/s (forward + backward) "
+                             f"vs GEMM {r['transformer_gemm_gflops'][name]} GFLOP/s in the same repetitions "
+                             f"-> {r['transformer_vs_gemm'][name]:.3f}")
             if name in r.get("training_samples_per_s_bf16", {}):
                 lines.append(f"train {name} bf16 autocast: {r['training_samples_per_s_bf16'][name]:,.0f} samples/s, "
                              f"x{r['speedup_vs_authors_bf16'][name]:.1f} vs authors' approach (fp32)")

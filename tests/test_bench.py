@@ -310,3 +310,19 @@ def test_only_measures_the_chosen_sections(capsys):
     assert "\n" not in err and "unknown bench section bogus" in err
     assert main(["bench", "--only", ""]) == 2                  # empty: refused, not the whole bench
     assert "unknown bench section (none)" in capsys.readouterr().err
+
+
+def test_transformer_model_flops_beside_the_same_runs_gemm(report):
+    """model GFLOP/s = samples/s x the analytic count; its ratio to the GEMM timed in the same
+    repetitions is the quotient of the two reported figures."""
+    from reslm.models import make_config
+    from reslm.models.transformer import training_flops_per_sample
+    t = report["training"]["tf-16-2-1"]
+    flops = training_flops_per_sample(make_config("tf", ff_dim=16, n_heads=2, n_layers=1))
+    assert t["flops_per_sample"] == pytest.approx(flops, rel=REL)
+    assert t["model_gflops"] == pytest.approx(t["samples_per_s"] * flops / 1e9, rel=REL)
+    assert t["model_vs_gemm"] == pytest.approx(t["model_gflops"] / t["gemm_gflops"], rel=REL)
+    assert report["transformer_vs_gemm"] == {"tf-16-2-1": t["model_vs_gemm"]}
+    assert report["transformer_gemm_gflops"]["tf-16-2-1"] == t["gemm_gflops"] > 0
+    assert "gemm" not in t["detail"] and t["gemm"]["reps"] == t["detail"]["ours"]["reps"]
+    assert "model GFLOP/s" in bench.format_summary(report)

@@ -162,3 +162,63 @@ def test_throughput_helper_runs_for_both_models():
     cfg = cfg_of(16, 2, 1)
     for model in (CharTransformer(cfg), ReferenceTransformer(cfg)):
         assert train_step_throughput(model, batch_size=8, steps=2, warmup=1) > 0
+
+
+def test_training_flops_formula():
+    """The analytic count: a full layer's products, the last layer for the last query, the head; x3."""
+    from reslm.models.transformer import training_flops_per_sample
+    T, d, f, V = 32, 16, 128, 59
+    layer = 6 * T * d * d + 2 * T * T * d + 2 * T * T * d + 2 * T * d * d + 4 * T * d * f
+    last = 4 * T * d * d + 2 * d * d + 2 * T * d + 2 * T * d + 2 * d * d + 4 * d * f
+    assert training_flops_per_sample(cfg_of(f, 8, 8)) == 3 * (7 * layer + last + 2 * d * V)
+    # below "6 x parameters x tokens" plus every layer's attention products (the last layer is mostly skipped)
+    approx = 6 * TABLE1[128, 8, 8] * T + 12 * T * T * d * 8
+    assert 0.75 < training_flops_per_sample(cfg_of(f, 8, 8)) / approx < 1.0
+
+
+@pytest.mark.parametrize("pointwise", [True, False])
+@pytest.mark.parametrize("ff,h,L,T", [(64, 4, 4, 32), (72, 8, 3, 7), (24, 1, 2, 32), (32, 16, 2, 1)])
+def test_fused_forward_eval_logits_equal_the_plain_path(ff, h, L, T, pointwise):
+    """The fast path's arithmetic (eagerly, no compile: seconds) against the reference path."""
+    torch.manual_seed(0)
+    m = CharTransformer(cfg_of(ff, h, L)).eval()
+    x, y = torch.randint(59, (16, T)), torch.randint(59, (16,))
+    with torch.no_grad():
+        lp, loss_p = m(x, y)
+        lf, loss_f = m.fused_forward(x, y, None, pointwise)
+    torch.testing.assert_close(lf, lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss_f, loss_p, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_forward_trains_without_dropout_like_the_plain_path():
+    """dropout 0: the fused path's gradients equal the plain path's (same function, train mode)."""
+    a = CharTransformer(cfg_of(64, 4, 2, dropout=0.0)).train()
+    b = CharTransformer(cfg_of(64, 4, 2, dropout=0.0)).train()
+    x, y = torch.randint(59, (8, 32)), torch.randint(59, (8,))
+    a(x, y)[1].backward()
+    b.fused_forward(x, y, None)[1].backward()
+    for (k, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_hashed_dropout_rate_determinism_and_independence():
+    from reslm.models.transformer import HashedDropout, hashed_drop_mask
+    m = CharTransformer(cfg_of(64, 4, 2))
+    torch.manual_seed(3)
+    s1 = m.draw_seeds()
+    torch.manual_seed(3)
+    assert torch.equal(m.draw_seeds(), s1) and s1.shape == (2 * CharTransformer.DROPOUT_SITES, 2)
+    shape = torch.Size((1 << 20,))
+    a, b = (hashed_drop_mask(shape, 0.1, s, torch.device("cpu")) for s in s1[:2])
+    assert abs(a.float().mean().item() - 0.1) < 2e-3 and abs(b.float().mean().item() - 0.1) < 2e-3
+    assert abs((a & b).float().mean().item() - 0.01) < 1e-3          # two sites: independent masks
+    assert abs((a[1:] & a[:-1]).float().mean().item() - 0.01) < 1e-3  # neighbours: independent
+    assert torch.equal(a, hashed_drop_mask(shape, 0.1, s1[0], torch.device("cpu")))
+    m.train()
+    with pytest.raises(ReslmError):
+        m.fused_forward(torch.randint(59, (2, 32)), None, None)
+    d = HashedDropout(s1)
+    x = torch.ones(4, 8)
+    assert torch.equal(d(x, 0.1, False), x) and d.used == 0
+    d(x, 0.5, True)
+    assert d.used == 1

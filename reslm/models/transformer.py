@@ -78,6 +78,28 @@ class TransformerConfig:
         return self
 
 
+def training_flops_per_sample(cfg: TransformerConfig, context: int | None = None) -> float:
+    """Floating-point operations of one training sample (forward + backward) of CharTransformer,
+    counted analytically from the matrix products the prediction needs (elementwise work -- softmax,
+    LayerNorm, dropout, Adam -- is not counted; backward = 2 x forward):
+
+        F_layer = T (8 d^2 + 4 d f) + 4 T^2 d         a full layer: in-projection 6Td^2, scores 2T^2 d,
+                                                       weighted sum 2T^2 d, out-projection 2Td^2, FF 4Tdf
+        F_last  = 4 T d^2 + 4 d^2 + 4 T d + 4 d f      the last layer: keys and values of all T positions,
+                                                       everything else for the last position only
+        F_head  = 2 d V
+        flops   = 3 (F_layer (L - 1) + F_last + F_head)
+
+    i.e. ~6 x (weights x the positions they see) plus the attention products (12 T^2 d per full
+    layer). d = embed_dim, f = ff_dim, L = n_layers, V = vocab_size, T = context (the window). This is
+    the work of the model, not of an implementation: the reference (torch's encoder, every position
+    through every layer) computes more for the same result."""
+    T, d, f, L, V = context or cfg.context, cfg.embed_dim, cfg.ff_dim, cfg.n_layers, cfg.vocab_size
+    layer = T * (8 * d * d + 4 * d * f) + 4 * T * T * d
+    last = 4 * T * d * d + 4 * d * d + 4 * T * d + 4 * d * f
+    return 3.0 * (layer * (L - 1) + last + 2 * d * V)
+
+
 def sinusoidal_encoding(context: int, dim: int) -> torch.Tensor:
     """(context, dim) fixed encoding: PE[t, 2i] = sin(t / 10000^(2i/dim)), PE[t, 2i+1] = cos(same)."""
     pos = torch.arange(context, dtype=torch.float64)[:, None]
@@ -106,6 +128,48 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return torch.where(dropout_mask(x.shape, p, x.device), 0.0, x)
 
 
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of int32 values (xorshift-multiply rounds; products wrap modulo 2^32,
+    the right shifts are made logical by masking); elementwise, so that inductor fuses it into the
+    kernel that uses it, 16 lanes per AVX-512 vector (an int64 version stored its masks far slower)."""
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * 0x7FEB352D
+    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x * 0x2C1B3C6D
+    return x ^ ((x >> 16) & 0xFFFF)
+
+
+def hashed_drop_mask(shape: torch.Size, p: float, seed: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Bool tensor, True where an element is DROPPED (probability round(p * 2^32) / 2^32): a hash of
+    the element's index under the two 32-bit values of `seed` (int32 tensor of shape (2,)), instead
+    of a draw from torch's generator. Compiled, it costs a few integer vector ops inside the kernel
+    that uses the mask (no random-number pass); eagerly it is slower than `dropout_mask`, so only the
+    compiled path uses it. The seed picks an odd multiplier and an xor of the index, so masks under
+    different seeds are not shifted copies of each other."""
+    n = math.prod(shape)
+    if n >= 2**31:
+        raise ReslmError(f"hashed dropout numbers elements in int32; a tensor of {n} elements is too large")
+    i = torch.arange(n, dtype=torch.int32, device=device).view(shape)
+    h = mix32((i ^ seed[1]) * (seed[0] | 1))
+    return h < -2**31 + round(p * 2**32)
+
+
+class HashedDropout:
+    """dropout(x, p, training) with masks from `hashed_drop_mask`, each call taking the next seed
+    pair of `seeds` ((n, 2) int32, drawn from torch's generator by the caller, so that the same
+    torch seed gives the same masks); like `dropout`, no 1/(1-p) rescaling."""
+
+    def __init__(self, seeds: torch.Tensor | None):
+        self.seeds, self.used = seeds, 0
+
+    def __call__(self, x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+        if not training or p == 0.0:
+            return x
+        seed = self.seeds[self.used]
+        self.used += 1
+        return torch.where(hashed_drop_mask(x.shape, p, seed, x.device), 0.0, x)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with torch's parameter layout (in_proj_weight = [W_q; W_k; W_v])."""
 
@@ -116,9 +180,15 @@ class SelfAttention(nn.Module):
         self.in_proj_bias = nn.Parameter(torch.empty(3 * dim))
         self.out_proj = nn.utils.skip_init(nn.Linear, dim, dim)
 
-    def forward(self, x: torch.Tensor, last_only: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, last_only: bool, drop=dropout, pointwise: bool = False) -> torch.Tensor:
         """x (B, T, d) -> concatenated heads (B, T, d), or (B, 1, d) for the last query only; the
-        out-projection is applied by EncoderLayer (which folds the next dropout's rescaling into it)."""
+        out-projection is applied by EncoderLayer (which folds the next dropout's rescaling into it).
+
+        `drop` is the dropout function (`dropout`, or a `HashedDropout` on the compiled path).
+        `pointwise` writes the two attention products as broadcast multiply + sum over the head
+        dimension instead of batched matmuls: the same numbers up to float rounding; compiled, the
+        scores, softmax, dropout and the weighted sum fuse into loops over (B, T, T, h) and no
+        (B, h, T, T) tensor is written for the matmuls' sake (eagerly it would be slow)."""
         B, T, d = x.shape
         h, hd = self.n_heads, d // self.n_heads
         train = self.training and self.dropout > 0
@@ -133,10 +203,13 @@ class SelfAttention(nn.Module):
             k, v = F.linear(x, w[d:], b[d:]).view(B, T, 2, h, hd).unbind(2)
         else:
             q, k, v = F.linear(x, w, b).view(B, T, 3, h, hd).unbind(2)
+        if pointwise:
+            a = drop((q.unsqueeze(2) * k.unsqueeze(1)).sum(-1).softmax(2), self.dropout, train)  # (B, Tq, T, h)
+            return (a.unsqueeze(-1) * v.unsqueeze(1)).sum(2).reshape(B, q.shape[1], d)  # heads concatenated
         q = q.transpose(1, 2)                                         # (B, h, Tq, hd)
         k = k.permute(0, 2, 3, 1)                                     # (B, h, hd, T)
         v = v.transpose(1, 2)                                         # (B, h, T, hd)
-        a = dropout(torch.matmul(q, k).softmax(-1), self.dropout, train)   # (B, h, Tq, T)
+        a = drop(torch.matmul(q, k).softmax(-1), self.dropout, train)   # (B, h, Tq, T)
         return torch.matmul(a, v).transpose(1, 2).reshape(B, q.shape[2], d)  # heads concatenated
 
 
@@ -152,16 +225,20 @@ class EncoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.norm2 = nn.LayerNorm(dim)
 
-    def forward(self, x: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, last_only: bool = False, drop=dropout, pointwise: bool = False) -> torch.Tensor:
+        """`drop` and `pointwise`: see SelfAttention.forward."""
         p, train = self.dropout, self.training and self.dropout > 0
         keep = 1.0 / (1.0 - p) if train else 1.0  # inverted-dropout factor, folded into the weights
-        o = self.self_attn(x, last_only)
+        o = self.self_attn(x, last_only, drop, pointwise)
         out = self.self_attn.out_proj
         a = F.linear(o, out.weight * keep, out.bias * keep)
-        x = self.norm1((x[:, -1:] if last_only else x) + dropout(a, p, train))
-        f = dropout(F.relu(self.linear1(x), inplace=True), p, train)
+        x = self.norm1((x[:, -1:] if last_only else x) + drop(a, p, train))
+        if drop is dropout:
+            f = drop(F.relu(self.linear1(x), inplace=True), p, train)
+        else:   # the same numbers; compiled, ReLU's backward then reads f (kept for linear2's gradient anyway)
+            f = F.relu(drop(self.linear1(x), p, train))   # instead of a stored bool mask, which inductor writes slowly
         f = F.linear(f, self.linear2.weight * keep**2, self.linear2.bias * keep)
-        return self.norm2(x + dropout(f, p, train))
+        return self.norm2(x + drop(f, p, train))
 
 
 class CharTransformer(nn.Module):
@@ -216,12 +293,34 @@ class CharTransformer(nn.Module):
         B, T = x.shape
         if T > self.config.context:
             raise ReslmError(f"window of {T} tokens is longer than the context ({self.config.context})")
-        h = self.embed(x) + self.pe[:T]
+        return self._forward(x, targets, dropout, False)
+
+    def _forward(self, x, targets, drop, pointwise: bool):
+        h = self.embed(x) + self.pe[:x.shape[1]]
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = layer(h, last_only=(i == last))
+            h = layer(h, i == last, drop, pointwise)
         logits = self.head(h[:, -1:])                   # (B, 1, V): the next character only
         return logits, next_token_loss(logits, targets)
+
+    DROPOUT_SITES = 4   # dropout calls per layer (attention weights, attention out, ff hidden, ff out)
+
+    def fused_forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
+                      pointwise: bool = True):
+        """forward_features written for torch.compile (the fast training path, see `FastTrainer`):
+        dropout masks from `HashedDropout(seeds)` (seeds: (n_layers * DROPOUT_SITES, 2) int32,
+        from `draw_seeds`; None in eval mode or without dropout) and, by default, the
+        pointwise attention. In eval mode it computes the logits of `forward_features` (up to float
+        rounding); in train mode its dropout masks differ from forward_features' (another generator)."""
+        if self.training and self.config.dropout > 0 and seeds is None:
+            raise ReslmError("fused_forward in train mode needs dropout seeds (CharTransformer.draw_seeds)")
+        return self._forward(x, targets, HashedDropout(seeds), pointwise)
+
+    def draw_seeds(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The dropout seeds of one fused_forward call, from torch's global generator (so that
+        torch.manual_seed decides the masks, as it does for forward_features)."""
+        n = len(self.layers) * self.DROPOUT_SITES
+        return torch.randint(-2**31, 2**31, (n, 2), dtype=torch.int64).to(device, torch.int32)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.forward_features(idx, targets)
