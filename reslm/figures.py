@@ -500,3 +500,56 @@ def plot_physical(physical: dict, out_dir, stem: str = "physical") -> dict:
             ax.legend(fontsize=7)
         fig.suptitle("trained without constraints, scored under them", fontsize=9)
     return _finish(plt, fig, out_dir, stem, csv_path)
+
+
+# --------------------------------------------------------------------------- the frontier
+
+FRONTIER_FIELDS = ("family", "name", "trainable_params", "test_loss", "strict", "published", "source")
+
+
+def plot_frontier(points, out_dir, stem: str = "frontier", references=None, budget: int | None = None) -> dict:
+    """Test CE against trainable parameters (log x) for every run, one colour per family: filled
+    markers for published runs (weights in results/), hollow ones for runs measured before the
+    registry; a diamond for a run that obeys the strict reservoir rules beyond the paper's protocol.
+
+    points: [{"family", "name", "trainable_params", "test_loss", "strict", "published", "source"}].
+    references: {label: (trainable_params or None, test_loss)}: a point each (the paper's figures),
+    or a dotted horizontal line where trainable_params is None (e.g. an n-gram baseline).
+    budget: a vertical line at this trainable count."""
+    points = _need(points, "points")
+    out_dir = Path(out_dir)
+    csv_path = _write_csv(out_dir / f"{stem}.csv", FRONTIER_FIELDS, points)
+    plt = _pyplot()
+    fig = None
+    if plt is not None:
+        fig, ax = plt.subplots(figsize=(7.5, 5.0))
+        for fam in _families(points):
+            color = FAMILY_COLORS.get(fam, "0.3")
+            for published, lab in ((True, "published"), (False, "weights not published")):
+                pts = [p for p in points if p["family"] == fam and bool(p["published"]) == published]
+                if not pts:
+                    continue
+                ax.scatter([p["trainable_params"] for p in pts], [p["test_loss"] for p in pts],
+                           marker="o", s=36, facecolors=color if published else "none", edgecolors=color,
+                           label=f"{_label(fam)} ({lab})", zorder=3)
+            lab_pts = [p for p in points if p["family"] == fam and p.get("source") == "lab"]
+            if lab_pts:
+                ax.scatter([p["trainable_params"] for p in lab_pts], [p["test_loss"] for p in lab_pts],
+                           marker="D", s=60, facecolors="none", edgecolors="k", zorder=4,
+                           label=f"{_label(fam)}: lab routes (beyond the paper's protocol)")
+        for label, (n, ce) in sorted((references or {}).items()):
+            if n is None:
+                ax.axhline(ce, color="0.35", ls=":", lw=1.2, label=label, zorder=1)
+            else:
+                ax.scatter([n], [ce], marker="*", s=140, color="0.15", zorder=5)
+                ax.annotate(label, (n, ce), textcoords="offset points", xytext=(6, -3), fontsize=7)
+        if budget:
+            ax.axvline(budget, color="0.6", lw=1.0, ls="--", zorder=0)
+        _log_params_axis(ax)
+        ax.set_xlabel("trainable parameters")
+        ax.set_ylabel("test CE on the whole test shard (nats/char)")
+        ax.grid(True, alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        keep = dict(zip(labels, handles))
+        ax.legend(keep.values(), keep.keys(), fontsize=7, loc="upper right")
+    return _finish(plt, fig, out_dir, stem, csv_path)

@@ -25,7 +25,8 @@ def test_readme_docs_and_figures_are_what_report_writes():
 
 
 def test_legacy_rows_are_marked_and_read_from_their_curves():
-    outputs, curves = build(REPO)
+    outputs, figs = build(REPO)
+    curves = figs["curves"]
     table = outputs["README.md"].split(README_BEGIN)[1].split(README_END)[0]
     row = next(line for line in table.splitlines() if line.startswith("| aerc-160-30 |") and "| window |" in line)
     assert "| 1.7992 | 2.596 | 1.73 |" in row and "weights not published" in row
@@ -82,3 +83,16 @@ def test_check_names_what_is_out_of_date(repo, capsys):
     path.write_text(path.read_text().replace(README_BEGIN, ""))
     assert main(["report", "--repo", str(repo)]) == 2
     assert "has no <!-- results:begin -->" in capsys.readouterr().err
+
+
+def test_frontier_page_ranks_runs_and_names_the_best_strict_one():
+    """docs/frontier.md: every whole-shard character run ranked by test CE, the strict-rules verdict per
+    run (a transformer never qualifies), the best strict run named, the Kneser-Ney reference from data."""
+    outputs, figs = build(REPO)
+    page = outputs["docs/frontier.md"]
+    points = figs["frontier"]
+    assert [p["test_loss"] for p in points] == sorted(p["test_loss"] for p in points)
+    best = next(p for p in points if p["strict"])
+    assert f"Best strict reservoir-family run so far: [{best['name']}]" in page
+    assert all(not p["strict"] for p in points if p["family"] in ("tf", "rnn"))
+    assert "Kneser-Ney character 10-gram" in page and "results/kneser-ney.json" in page
