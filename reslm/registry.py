@@ -35,6 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from reslm.data.corpus import sha256_file
 from reslm.errors import ReslmError
 from reslm.run import CONFIG, write_json
 
@@ -47,14 +48,6 @@ ROUNDING = 1e-5                  # relative tolerance of a fixed tensor's sum / 
 def is_published(folder: Path) -> bool:
     """True for a published folder (it has manifest.json), False for a plain run directory."""
     return (Path(folder) / MANIFEST).is_file()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _bytes(t: torch.Tensor) -> bytes:
