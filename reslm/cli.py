@@ -15,7 +15,6 @@ import inspect
 import json
 import math
 import os
-import shutil
 import sys
 import textwrap
 from dataclasses import MISSING, fields
@@ -25,7 +24,6 @@ from reslm import data
 from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
 from reslm.bench import SECTIONS, format_summary, run_bench
-from reslm.checkpoint import find_dataset, load_run
 from reslm.demo import run_demo
 from reslm.device import pick_device
 from reslm.errors import ReslmError, describe
@@ -39,7 +37,8 @@ from reslm.report import report
 from reslm.registry import is_published
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, STATE_DTYPES, reproduce
 from reslm.reservoir.physical import PhysicalConfig
-from reslm.run import CHECKPOINT, CONFIG, LOCK, lock_run, read_config
+from reslm.run import CONFIG, lock_new_run, read_config
+from reslm.run.load import find_dataset, load_run
 from reslm.search import FAMILIES as SEARCH_FAMILIES
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
@@ -244,29 +243,8 @@ def cmd_train(args):
     if not main_rank:
         _train_command(args, out, model_over, train_over)
         return
-    existed, had_lock = out.exists() or out.is_symlink(), (out / LOCK).exists()
-    made, p = [], out.parent        # the folders lock_run(create=True) will make, innermost first
-    while not (p.exists() or p.is_symlink()) and p.parent != p:
-        made.append(p)
-        p = p.parent
-    try:
-        with lock_run(out, create=True):  # a second `reslm train` of the same run waits for nothing: it fails
-            try:
-                _train_command(args, out, model_over, train_over)
-            except BaseException:
-                if not existed and not (out / CHECKPOINT).exists():  # failed before its first checkpoint
-                    shutil.rmtree(out, ignore_errors=True)
-                elif existed and not had_lock and not (out / CONFIG).exists():  # not a run: leave it as it was
-                    (out / LOCK).unlink(missing_ok=True)
-                raise
-    except BaseException:
-        if not (out.exists() or out.is_symlink()):  # and the parent folders made for it
-            for q in made:
-                try:
-                    q.rmdir()
-                except OSError:
-                    break
-        raise
+    with lock_new_run(out):  # a second `reslm train` of the same run waits for nothing: it fails
+        _train_command(args, out, model_over, train_over)
 
 
 def _train_command(args, out: Path, model_over: dict, train_over: dict):

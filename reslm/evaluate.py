@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reslm.checkpoint import check_dataset, data_kind, load_run, open_dataset
 from reslm.device import pick_device, synchronize
 from reslm.errors import ReslmError
 from reslm.generate import check_length, sample
@@ -48,7 +47,9 @@ from reslm.ngram import NgramReference, distinct_n
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.registry import is_published, record_file
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
-from reslm.run import atomic_write, lock_run, write_json
+from reslm.files import atomic_write, write_json
+from reslm.run import lock_run
+from reslm.run.load import check_dataset, data_kind, load_run, open_dataset
 
 EVAL_FILE = "eval.json"
 GRID_FILE = "eval-physical"   # .json and .csv

@@ -54,10 +54,10 @@ from pathlib import Path
 
 import numpy as np
 
-from reslm.checkpoint import SUMMARY, read_json
 from reslm.data.bpe import TokenDataset
 from reslm.errors import ReslmError, writing
-from reslm.run import lock_run, write_json
+from reslm.files import read_json, write_json
+from reslm.run import SUMMARY, lock_run
 from reslm.models import families
 from reslm.models.gpt import GPTConfig, gpt_param_count
 from reslm.models.laerc import LAERCConfig, laerc_param_count

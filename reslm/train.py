@@ -43,7 +43,6 @@ import torch
 
 import reslm
 from reslm import distributed as dist_
-from reslm.checkpoint import SUMMARY, check_dataset, describe_dataset, load_model, open_dataset, read_json
 from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_device, resolve_precision,
                           setup_cuda, state_dtype, synchronize)
 from reslm.ema import EMA, checkpoint_weights
@@ -59,8 +58,10 @@ from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
 from reslm.lbfgs import fit_lbfgs
 from reslm.ridge import fit_ridge
-from reslm.run import (CONFIG, MetricsLog, atomic_write, check_same_run, create_run_dir, load_checkpoint, lock_run,
-                       read_config, read_metrics, save_checkpoint, write_json)
+from reslm.files import atomic_write, read_json, write_json
+from reslm.run import (CONFIG, SUMMARY, MetricsLog, check_same_run, create_run_dir, load_checkpoint, lock_run, read_config,
+                       read_metrics, save_checkpoint)
+from reslm.run.load import check_dataset, describe_dataset, load_model, open_dataset
 
 OPTIMIZERS = ("adam", "adamw", "ridge", "lbfgs")
 SOLVERS = {"ridge": fit_ridge, "lbfgs": fit_lbfgs}   # rc readouts fitted in one solve on the training shards

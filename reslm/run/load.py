@@ -1,7 +1,9 @@
-"""Stage 4, loading a run back: its dataset, its model with the checkpoint's weights, its codec.
+"""Opening a run back: its dataset, its model with the checkpoint's weights, its codec.
 
-Sits on the run directory (reslm.run) and below training: train, evaluate, generate and the reports
-all open runs through these functions, and nothing here imports training code.
+The reading side of the run folder (reslm.run) that needs the data and model layers; below
+training: train, evaluate, generate and the reports all open runs through these functions, and
+nothing here imports training code. (reslm.run itself does not import this module, so that the
+registry of published runs, which load_run reads, can stand on reslm.run.)
 
     open_dataset(cfg["data"])      the CharDataset or TokenDataset a run was made on
     describe_dataset(ds)           the "data" section of a run config (kind, path, name, vocabulary)
@@ -11,7 +13,6 @@ all open runs through these functions, and nothing here imports training code.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -23,18 +24,8 @@ from reslm.device import bf16_status
 from reslm.errors import ReslmError
 from reslm.models import build_model, family, make_config
 from reslm.registry import is_published, load_published
-from reslm.run import load_checkpoint, read_config
-
-SUMMARY = "summary.json"
-
-
-def read_json(path: Path) -> dict | None:
-    """A JSON object from a file, or None when the file is missing or unreadable."""
-    try:
-        obj = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
+from reslm.run.checkpoint import load_checkpoint
+from reslm.run.folder import read_config
 
 
 class CharCodec:
