@@ -44,6 +44,7 @@ from reslm.errors import ReslmError
 from reslm.generate import check_length, sample
 from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
 from reslm.ngram import NgramReference, distinct_n
+from reslm.reservoir.base import Reservoir
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.registry import is_published, record_file
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
@@ -75,16 +76,17 @@ def reservoir_clock(model):
             return out
         return wrapper
 
-    names = ("forward", "replay")   # replay: a recording's states read from its file (reservoir/recorded.py)
+    def names(m):   # replay: a recording's states read from its file (reservoir/recorded.py)
+        return ("forward", "replay") if isinstance(m, Reservoir) and m.replays else ("forward",)
+
     for m in mods:
-        for n in names:
-            if hasattr(m, n):
-                setattr(m, n, timed(getattr(m, n)))  # instance attributes: __call__ and step() find them first
+        for n in names(m):
+            setattr(m, n, timed(getattr(m, n)))  # instance attributes: __call__ and step() find them first
     try:
         yield clock
     finally:
         for m in mods:
-            for n in names:
+            for n in names(m):
                 m.__dict__.pop(n, None)
 
 
@@ -227,7 +229,7 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
         positions, bpc = chunk.numel() - context, bits(loss)
     prompt = test[:prompt_len].tolist()
     # A recording (reservoir/recorded.py) cannot read the symbols it would generate: scored, no sample.
-    drivable = getattr(getattr(model, "reservoir", None), "drivable", True)
+    drivable = not isinstance(getattr(model, "reservoir", None), Reservoir) or model.reservoir.drivable
     gen, gen_s, gen_res = _timed(lambda: sample(model, prompt, length, temperature=temperature, top_k=top_k,
                                                 top_p=top_p, seed=seed), model) if drivable else ([], 0.0, 0.0)
     text = codec.decode(gen)

@@ -170,7 +170,7 @@ def simulate(drive_dir: Path, out: Path, *, reservoir: str = "esn", size: int = 
         raise ReslmError(f"the simulator writes .npy files, not {Path(out).name}")
     if not (isinstance(noise, (int, float)) and np.isfinite(noise) and noise >= 0):
         raise ReslmError(f"noise must be a finite number >= 0, got {noise!r}")
-    if not getattr(RESERVOIRS.get(reservoir, (None, None))[1], "drivable", True):
+    if reservoir in RESERVOIRS and not RESERVOIRS[reservoir][1].drivable:
         raise ReslmError(f"reservoir {reservoir!r} cannot be driven: simulate with an in-process substrate")
     cfg = build_config(ReservoirLMConfig, dict(vocab_size=m["dataset"]["vocab_size"], embed_dim=m["input_dim"],
                                                reservoir=reservoir, size=size, seed=m["seed"] if seed is None else seed,

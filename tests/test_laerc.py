@@ -4,13 +4,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-import torch.nn as nn
 
 from reslm.errors import ReslmError
 from reslm.models.base import count_params
 from reslm.models.gpt import GPT, GPTConfig, gpt_param_count
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT, LAERC, LAERCConfig, laerc_param_count
 from reslm.reservoir import ESN, RESERVOIRS, ESNConfig, spectral_radius
+from reslm.reservoir.base import Reservoir, ReservoirConfig
 
 V = 37
 
@@ -285,7 +285,7 @@ def test_layers_get_different_reservoirs():
 
 
 @dataclass
-class LeakyConfig:
+class LeakyConfig(ReservoirConfig):
     """A reservoir with its own config: only size, input_dim and seed (LAERC fills what exists)."""
     size: int = 8
     input_dim: int = 4
@@ -295,7 +295,7 @@ class LeakyConfig:
         pass
 
 
-class Leaky(nn.Module):
+class Leaky(Reservoir):
     """A non-ESN reservoir for the registry test: s_t = 0.5 s_{t-1} + tanh(W_in u_t)."""
 
     def __init__(self, cfg: LeakyConfig):

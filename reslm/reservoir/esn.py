@@ -41,9 +41,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from reslm.errors import ReslmError
+from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.reservoir.matrices import (DISTRIBUTIONS, RADIUS_NORMS, random_sparse, scale_radius,
                                       scale_spectral_radius, spectral_radius)
 from reslm.reservoir.seeding import generator
@@ -58,7 +58,7 @@ __all__ = ["ESN", "ESNConfig", "tanh_recurrence", "random_sparse", "spectral_rad
 
 
 @dataclass
-class ESNConfig:
+class ESNConfig(ReservoirConfig):
     size: int = 750                 # N, reservoir units
     input_dim: int = 16             # d, input vector size (the char embedding)
     spectral_radius: float = 0.9    # radius of W after scaling: rho(W) or sigma_max(W), see radius_norm
@@ -175,7 +175,7 @@ def _recurrence_with_grad(inputs: torch.Tensor, s: torch.Tensor | None, W_T: tor
     return torch.stack(out)
 
 
-class ESN(nn.Module):
+class ESN(Reservoir):
     """Fixed tanh reservoir. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N), s_T); step(u_t, s) -> s."""
 
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)

@@ -73,7 +73,7 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
     with torch.no_grad():
         if mode == "window":
             if share_prefixes is None:
-                share_prefixes = getattr(reservoir, "pure", False) and N >= SHARE_MIN_SIZE
+                share_prefixes = reservoir.pure and N >= SHARE_MIN_SIZE
             window = _shared_window_states if share_prefixes else _window_states
             return window(reservoir, embed, tokens, M, context, N, dtype, compute_dtype, chunk_elems, progress, desc)
         return _stream_states(reservoir, embed, tokens, M, context, N, streams,
