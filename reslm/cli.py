@@ -765,8 +765,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     help="rc/aerc context mode (default: window for the paper budget, as in the paper; stream otherwise)")
     rp.add_argument("--state-dtype", choices=STATE_DTYPES,
                     help="how rc/aerc store their reservoir states: bfloat16 halves their memory and, where the CPU "
-                    "computes bf16 natively (AMX, avx512_bf16), is also what the reservoir computes in (window states "
-                    "x2.4-2.9 faster at N=750 on reslm's AMX test machine); auto: float32 where it fits in memory (default: "
+                    "computes bf16 natively (AMX, avx512_bf16), is also what the reservoir computes in, which is faster "
+                    "there (docs/speed.md); auto: float32 where it fits in memory (default: "
                     "auto for the paper budget, float32 otherwise)")
     _shared(rp, "--root", "--device", "--no-progress")
     rp.set_defaults(func=cmd_reproduce)
@@ -813,7 +813,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "fit L_min = a log10 N + b per family, write scaling.csv, scaling_fit.json and scaling.png. "
                         "Re-running skips finished runs and resumes unfinished ones.")
     sw.add_argument("--sweep", default="cpu", choices=list(SWEEPS),
-                    help="cpu: bpe:4096-sized, ~10 min on 2 cores; paper: Appendix A.3 budget (GPU)")
+                    help="cpu: bpe:4096-sized for 2 CPU cores; paper: Appendix A.3 budget (GPU)")
     sw.add_argument("--families", default="laerc,gpt", help="comma-separated (default laerc,gpt)")
     sw.add_argument("--data", help="BPE dataset name or path (default shakespeare-bpe4096)")
     sw.add_argument("--out", help="sweep folder (default runs/sweep-<sweep>)")

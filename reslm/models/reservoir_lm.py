@@ -10,9 +10,8 @@
                                        Table 1 and nothing is left untrained by accident)
 
 Defaults: the paper gives no reservoir hyperparameters. spectral_radius 0.9 and input_scaling 2.0
-come from a small sweep of rc-750 at the `reslm demo` budget (test CE in nats; input_scaling 0.5: 2.63,
-1: 2.42, 2: 2.31, 4: 2.30; spectral_radius 0.5 / 0.9 / 0.99 at scaling 1: 2.45 / 2.42 / 2.44; leak_rate
-0.5 was worse: 2.80 and 2.47). A short budget favours strong inputs; tune for your own budget.
+are the best of a small sweep of rc-750 at the `reslm demo` budget (its test losses:
+docs/design-figures.md). A short budget favours strong inputs; tune for your own budget.
 
 Physical constraints (reservoir/physical.py): the readout sees the measured state, gain mismatch ->
 additive noise -> b-bit ADC, applied before the normalisation in the precomputed features, in forward()

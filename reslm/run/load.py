@@ -116,7 +116,7 @@ def check_dataset(cfg: dict, ds) -> None:
 
 def load_model(cfg: dict, device="cpu"):
     """Build the model a run config describes (weights not loaded). A reservoir asked to compute in
-    bfloat16 on a device without fast bf16 is refused (it would run hundreds of times slower)."""
+    bfloat16 on a device without fast bf16 is refused (without hardware bf16 it runs far slower than float32)."""
     name = cfg["family"]
     family(name)
     model = cfg["model"]
