@@ -3,8 +3,9 @@
 Model and training flags of `reslm train` are generated per family from the config dataclasses
 (reslm.models, reslm.train): every field is a flag, its type converts the value, the comment beside
 the field is its help, and the default shown is the family's. The family is read from argv first
-(`--family`, `--preset`, or the run being resumed), so rc's `--reservoir` (a registry name) and
-laerc's `--no-reservoir` (the ablation) never meet. `main` is the single error boundary: any error
+(`--family`, `--preset`, or the run being resumed), so each family gets exactly its own flags
+(`--reservoir NAME` for rc, aerc and laerc; laerc's `--no-reservoir` ablation: a bool field named
+no_* is a plain switch). `main` is the single error boundary: any error
 becomes one line on stderr and a non-zero exit (`--debug` or RESLM_DEBUG=1 shows the traceback).
 """
 from __future__ import annotations
@@ -127,7 +128,9 @@ def _add_flags(group, cls, defaults: dict, skip=()) -> list[str]:
         kind = type(f.default)
         flag = "--" + f.name.replace("_", "-")
         help_ = f"{comments.get(f.name, '')} (default {default!r})".strip()
-        if kind is bool:
+        if kind is bool and f.name.startswith("no_") and f.default is False:   # an ablation: --no-reservoir
+            group.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_)
+        elif kind is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         else:
             group.add_argument(flag, dest=f.name, type=_int_for(f.name) if kind is int else kind, default=None,

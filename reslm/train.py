@@ -47,7 +47,7 @@ from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_d
                           setup_cuda, state_dtype, synchronize)
 from reslm.ema import EMA, checkpoint_weights
 from reslm.errors import ReslmError
-from reslm.models import MODELS, family, make_config
+from reslm.models import MODELS, complete_fields, family, make_config
 from reslm.models.budget import check_frontier
 from reslm.models.base import (TensorFeatures, bits, config_dict, count_params, decay_groups, estimate_loss,
                                feature_batches)
@@ -625,7 +625,7 @@ def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrid
         have = read_config(out)["train"].get("cycles", 1)   # more cycles than the run has: it grows
         cycles = min(have, cfg["train"]["cycles"])
         check_same_run(out, {**cfg, "train": {**cfg["train"], "cycles": cycles}}, defaults=asdict(TrainConfig()),
-                       model_defaults=config_dict(family(family_name).config()))
+                       model_defaults=config_dict(family(family_name).config()), current=lambda m: complete_fields(family_name, m))
         grown = grow_cycles(out, cfg["train"]["cycles"])
         return "done" if is_finished(out) else f"resuming{f' to {grown} cycles' if grown else ''}"
     create_run_dir(Path(out), cfg)

@@ -9,7 +9,7 @@ blocks (models/laerc.py) if it provides
     forward(u (B,T,d), s0 (B,N) | None)   -> (states (B,T,N), s_T (B,N)); fixed weights (buffers)
     step(u_t (B,d), s (B,N))              -> next state (B,N)
 
-and is registered in RESERVOIRS under a name (ReservoirLMConfig.reservoir, LAERCConfig.reservoir_type)
+and is registered in RESERVOIRS under a name (ReservoirLMConfig.reservoir, LAERCConfig.reservoir)
 with a dataclass config that has at least `size`, `input_dim` and `seed` (and `validate()`); the
 models fill whichever of the ESNConfig field names it also has (spectral_radius, radius_norm,
 input_scaling, bias_scaling, dtype, ...). The weights never train; a reservoir that lets autograd

@@ -297,12 +297,15 @@ RUNTIME_FIELDS = ("device", "precision", "threads")
 
 
 def check_same_run(run_dir: Path, want: dict, defaults: dict | None = None,
-                   model_defaults: dict | None = None) -> None:
+                   model_defaults: dict | None = None, current=None) -> None:
     """Raise unless run_dir holds the model and training budget of the run config `want` (sweeps and
     reproductions continue existing runs; they must not silently mix budgets). Fields that a run made
     by an older reslm lacks count as their defaults (they did not exist then): training fields from
-    `defaults`, model fields from `model_defaults` (the family's config defaults, as when it is loaded)."""
+    `defaults`, model fields from `model_defaults` (the family's config defaults, as when it is loaded).
+    `current(model) -> model`, when given, brings the saved model fields to today's names first."""
     have = read_config(run_dir)
+    if current is not None and isinstance(have["model"], dict):
+        have = {**have, "model": current(have["model"])}
     have = {**have, "train": {**{k: v for k, v in (defaults or {}).items() if k in want["train"]}, **have["train"]}}
     have_model = {**(model_defaults or {}), **have["model"]} if isinstance(have["model"], dict) else have["model"]
     if have["family"] != want["family"] or have_model != want["model"]:
