@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from reslm.reservoir.states import CONTEXT_MODES
+CONTEXT_MODES = ("window", "stream")   # how samples get their states (reservoir/states.py)
+
 
 
 class Reservoir(nn.Module):

@@ -36,9 +36,9 @@ from typing import Callable
 import torch
 
 from reslm.errors import ReslmError
+from reslm.reservoir.base import CONTEXT_MODES
 from reslm.progress import bar
 
-CONTEXT_MODES = ("window", "stream")
 SHARE_MIN_SIZE = 500   # window states share prefixes from this reservoir size on (module doc)
 
 
