@@ -22,7 +22,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from reslm.errors import ReslmError, describe
+from reslm.errors import ReslmError, describe, write_error
 
 
 def reason(e: OSError) -> str:
@@ -30,25 +30,6 @@ def reason(e: OSError) -> str:
     if isinstance(e, OSError) and e.strerror:
         return e.strerror[:1].lower() + e.strerror[1:]
     return describe(e)
-
-
-def _low_on_space(folder: Path) -> bool:
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return False
-    return st.f_bavail * st.f_frsize < 64 * 2**20
-
-
-def _write_error(path: Path, e: BaseException) -> ReslmError | None:
-    """The one-line error for a failed write of `path`, or None to re-raise `e` as it is."""
-    if isinstance(e, OSError):
-        return ReslmError(f"could not write {path}: {reason(e)}")
-    if isinstance(e, RuntimeError) and any(s in str(e) for s in ("unexpected pos", "write failed")):
-        # torch.save given a path reports a full disk as "[enforce fail ...] unexpected pos 704 vs 598"
-        why = "no space left on device" if _low_on_space(path.parent) else describe(e)
-        return ReslmError(f"could not write {path}: {why}")
-    return None
 
 
 def fsync_file(path: Path) -> None:
@@ -76,7 +57,7 @@ def atomic_write(path: Path, write) -> None:
         fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException as e:
-        err = _write_error(path, e)  # before the unlink, which frees the space _low_on_space looks at
+        err = write_error(path, e)  # before the unlink, which frees the space it looks at
         tmp.unlink(missing_ok=True)
         if err is not None:
             raise err from None

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import reslm.errors
 from reslm import files
 from reslm import run as R
 from reslm.run import lock as run_lock
@@ -261,7 +262,7 @@ def test_save_checkpoint_disk_full_keeps_previous(tmp_path, monkeypatch):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
     monkeypatch.setattr(torch, "save", torch_full)
-    monkeypatch.setattr(files, "_low_on_space", lambda folder: True)
+    monkeypatch.setattr(reslm.errors, "_low_on_space", lambda folder: True)
     with pytest.raises(ReslmError) as e:
         R.save_checkpoint(tmp_path, dict(step=2))
     assert one_line(e) == f"could not write {tmp_path / R.CHECKPOINT}: no space left on device"
