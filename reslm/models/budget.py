@@ -23,13 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn as nn
 
 from reslm.models.base import count_params
+from reslm.models.reservoir_lm import HEAD_INPUTS, ReservoirLM
 
 FRONTIER_BUDGET = 155_459          # trainable parameters of aerc-160-30 (Table 1)
-HEAD_INPUTS = ("state", "state+onehot", "state+embed")   # what a frontier head may read
 _SHARED_PATH = ("features", "forward_features", "head_features", "measured", "normalize")
 
 
@@ -45,8 +44,6 @@ class Frontier:
 def check_frontier(model: nn.Module, budget: int = FRONTIER_BUDGET) -> Frontier:
     """Check `model` (built normally or on the meta device) against the strict reservoir-family rules
     (see the module doc); returns the verdict with the Table-1 trainable count."""
-    from reslm.models.reservoir_lm import ReservoirLM   # reservoir_lm imports nothing from here
-
     trainable, _ = count_params(model)
     reasons = []
     if not isinstance(model, ReservoirLM):
@@ -73,13 +70,4 @@ def check_frontier(model: nn.Module, budget: int = FRONTIER_BUDGET) -> Frontier:
     return Frontier(not reasons, trainable, tuple(reasons))
 
 
-def check_frontier_config(family_name: str, cfg) -> Frontier:
-    """check_frontier of the model a family config describes, built shape-only on the meta device
-    (no random matrices drawn, so a large reservoir costs nothing to check)."""
-    from reslm.models import build_model
-
-    with torch.device("meta"):
-        return check_frontier(build_model(family_name, cfg))
-
-
-__all__ = ["FRONTIER_BUDGET", "HEAD_INPUTS", "Frontier", "check_frontier", "check_frontier_config"]
+__all__ = ["FRONTIER_BUDGET", "HEAD_INPUTS", "Frontier", "check_frontier"]

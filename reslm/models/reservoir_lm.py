@@ -32,10 +32,11 @@ import torch.nn.functional as F
 
 from reslm.errors import ReslmError
 from reslm.models.base import TensorFeatures, next_token_loss
-from reslm.models.budget import HEAD_INPUTS
 from reslm.reservoir import CONTEXT_MODES, RESERVOIRS, parse_options, shard_states
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.reservoir.physical import OTHER_KEY, Physical, PhysicalConfig
+
+HEAD_INPUTS = ("state", "state+onehot", "state+embed")   # what a head may read (models.budget: the frontier rules)
 
 
 @dataclass
