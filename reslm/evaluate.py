@@ -43,6 +43,7 @@ from reslm.device import pick_device, synchronize
 from reslm.errors import ReslmError
 from reslm.generate import check_length, sample
 from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
+from reslm.models.reservoir_lm import ReservoirLM
 from reslm.ngram import NgramReference, distinct_n
 from reslm.reservoir.base import Reservoir
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
@@ -132,7 +133,7 @@ def _score_physical(model, tokens: torch.Tensor, context: int, configs, position
 
 def _physical(model, cfg: dict, overrides: dict | None):
     """(the run's trained PhysicalConfig, the one to measure through), after checking the overrides."""
-    if not hasattr(model, "physical"):
+    if not isinstance(model, ReservoirLM):   # the readout-side constraints are ReservoirLM's
         if overrides:
             raise ReslmError(f"physical constraints (--state-noise, --adc-bits, --gain-mismatch, --adc-range) "
                              f"apply to reservoir runs (rc, aerc), not to {cfg['family']}")
@@ -229,7 +230,7 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
         positions, bpc = chunk.numel() - context, bits(loss)
     prompt = test[:prompt_len].tolist()
     # A recording (reservoir/recorded.py) cannot read the symbols it would generate: scored, no sample.
-    drivable = not isinstance(getattr(model, "reservoir", None), Reservoir) or model.reservoir.drivable
+    drivable = not isinstance(model, ReservoirLM) or model.reservoir.drivable
     gen, gen_s, gen_res = _timed(lambda: sample(model, prompt, length, temperature=temperature, top_k=top_k,
                                                 top_p=top_p, seed=seed), model) if drivable else ([], 0.0, 0.0)
     text = codec.decode(gen)
