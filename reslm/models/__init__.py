@@ -18,7 +18,7 @@ import torch
 from reslm.errors import ReslmError
 from reslm.models.aerc import AERC, AERCConfig
 from reslm.models.base import build_config, config_dict, count_params
-from reslm.models.budget import Frontier, check_frontier
+from reslm.models.budget import check_frontier
 from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.models.rc import RC, RCConfig
@@ -93,13 +93,6 @@ def make_config(name: str, **overrides):
     """The family's config with overrides applied (complete_fields) and validated (ReslmError on
     unknown fields)."""
     return build_config(family(name).config, complete_fields(name, overrides), name)
-
-
-def check_frontier_config(family_name: str, cfg) -> Frontier:
-    """check_frontier of the model a family config describes, built shape-only on the meta device
-    (no random matrices drawn, so a large reservoir costs nothing to check)."""
-    with torch.device("meta"):
-        return check_frontier(build_model(family_name, cfg))
 
 
 def build_model(name: str, cfg=None, **overrides):
