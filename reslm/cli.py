@@ -3,8 +3,9 @@
 Model and training flags of `reslm train` are generated per family from the config dataclasses
 (reslm.models, reslm.train): every field is a flag, its type converts the value, the comment beside
 the field is its help, and the default shown is the family's. The family is read from argv first
-(`--family`, `--preset`, or the run being resumed), so rc's `--reservoir` (a registry name) and
-laerc's `--no-reservoir` (the ablation) never meet. `main` is the single error boundary: any error
+(`--family`, `--preset`, or the run being resumed), so each family gets exactly its own flags
+(`--reservoir NAME` for rc, aerc and laerc; laerc's `--no-reservoir` ablation: a bool field named
+no_* is a plain switch). `main` is the single error boundary: any error
 becomes one line on stderr and a non-zero exit (`--debug` or RESLM_DEBUG=1 shows the traceback).
 """
 from __future__ import annotations
@@ -15,7 +16,6 @@ import inspect
 import json
 import math
 import os
-import shutil
 import sys
 import textwrap
 from dataclasses import MISSING, fields
@@ -25,7 +25,6 @@ from reslm import data
 from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
 from reslm.bench import SECTIONS, format_summary, run_bench
-from reslm.checkpoint import find_dataset, load_run
 from reslm.demo import run_demo
 from reslm.device import pick_device
 from reslm.errors import ReslmError, describe
@@ -39,7 +38,8 @@ from reslm.report import report
 from reslm.registry import is_published
 from reslm.reproduce import ALL_FAMILIES, BUDGETS, STATE_DTYPES, reproduce
 from reslm.reservoir.physical import PhysicalConfig
-from reslm.run import CHECKPOINT, CONFIG, LOCK, lock_run, read_config
+from reslm.run import CONFIG, lock_new_run, read_config
+from reslm.run.load import find_dataset, load_run
 from reslm.search import FAMILIES as SEARCH_FAMILIES
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
@@ -128,7 +128,9 @@ def _add_flags(group, cls, defaults: dict, skip=()) -> list[str]:
         kind = type(f.default)
         flag = "--" + f.name.replace("_", "-")
         help_ = f"{comments.get(f.name, '')} (default {default!r})".strip()
-        if kind is bool:
+        if kind is bool and f.name.startswith("no_") and f.default is False:   # an ablation: --no-reservoir
+            group.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_)
+        elif kind is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         else:
             group.add_argument(flag, dest=f.name, type=_int_for(f.name) if kind is int else kind, default=None,
@@ -244,29 +246,8 @@ def cmd_train(args):
     if not main_rank:
         _train_command(args, out, model_over, train_over)
         return
-    existed, had_lock = out.exists() or out.is_symlink(), (out / LOCK).exists()
-    made, p = [], out.parent        # the folders lock_run(create=True) will make, innermost first
-    while not (p.exists() or p.is_symlink()) and p.parent != p:
-        made.append(p)
-        p = p.parent
-    try:
-        with lock_run(out, create=True):  # a second `reslm train` of the same run waits for nothing: it fails
-            try:
-                _train_command(args, out, model_over, train_over)
-            except BaseException:
-                if not existed and not (out / CHECKPOINT).exists():  # failed before its first checkpoint
-                    shutil.rmtree(out, ignore_errors=True)
-                elif existed and not had_lock and not (out / CONFIG).exists():  # not a run: leave it as it was
-                    (out / LOCK).unlink(missing_ok=True)
-                raise
-    except BaseException:
-        if not (out.exists() or out.is_symlink()):  # and the parent folders made for it
-            for q in made:
-                try:
-                    q.rmdir()
-                except OSError:
-                    break
-        raise
+    with lock_new_run(out):  # a second `reslm train` of the same run waits for nothing: it fails
+        _train_command(args, out, model_over, train_over)
 
 
 def _train_command(args, out: Path, model_over: dict, train_over: dict):
@@ -787,8 +768,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     help="rc/aerc context mode (default: window for the paper budget, as in the paper; stream otherwise)")
     rp.add_argument("--state-dtype", choices=STATE_DTYPES,
                     help="how rc/aerc store their reservoir states: bfloat16 halves their memory and, where the CPU "
-                    "computes bf16 natively (AMX, avx512_bf16), is also what the reservoir computes in (window states "
-                    "x2.4-2.9 faster at N=750 on reslm's AMX test machine); auto: float32 where it fits in memory (default: "
+                    "computes bf16 natively (AMX, avx512_bf16), is also what the reservoir computes in, which is faster "
+                    "there (docs/speed.md); auto: float32 where it fits in memory (default: "
                     "auto for the paper budget, float32 otherwise)")
     _shared(rp, "--root", "--device", "--no-progress")
     rp.set_defaults(func=cmd_reproduce)
@@ -835,7 +816,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "fit L_min = a log10 N + b per family, write scaling.csv, scaling_fit.json and scaling.png. "
                         "Re-running skips finished runs and resumes unfinished ones.")
     sw.add_argument("--sweep", default="cpu", choices=list(SWEEPS),
-                    help="cpu: bpe:4096-sized, ~10 min on 2 cores; paper: Appendix A.3 budget (GPU)")
+                    help="cpu: bpe:4096-sized for 2 CPU cores; paper: Appendix A.3 budget (GPU)")
     sw.add_argument("--families", default="laerc,gpt", help="comma-separated (default laerc,gpt)")
     sw.add_argument("--data", help="BPE dataset name or path (default shakespeare-bpe4096)")
     sw.add_argument("--out", help="sweep folder (default runs/sweep-<sweep>)")

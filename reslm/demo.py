@@ -16,7 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-from reslm.checkpoint import SUMMARY, find_dataset, load_run, read_json
+from reslm.files import read_json
+from reslm.run import SUMMARY
+from reslm.run.load import find_dataset, load_run
 from reslm.generate import sample
 from reslm.models import preset
 from reslm.models.base import bits

@@ -39,16 +39,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reslm.checkpoint import check_dataset, data_kind, load_run, open_dataset
 from reslm.device import pick_device, synchronize
 from reslm.errors import ReslmError
 from reslm.generate import check_length, sample
 from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
+from reslm.models.reservoir_lm import ReservoirLM
 from reslm.ngram import NgramReference, distinct_n
+from reslm.reservoir.base import Reservoir
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.registry import is_published, record_file
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
-from reslm.run import atomic_write, lock_run, write_json
+from reslm.files import atomic_write, write_json
+from reslm.run import lock_run
+from reslm.run.load import check_dataset, data_kind, load_run, open_dataset
 
 EVAL_FILE = "eval.json"
 GRID_FILE = "eval-physical"   # .json and .csv
@@ -74,16 +77,17 @@ def reservoir_clock(model):
             return out
         return wrapper
 
-    names = ("forward", "replay")   # replay: a recording's states read from its file (reservoir/recorded.py)
+    def names(m):   # replay: a recording's states read from its file (reservoir/recorded.py)
+        return ("forward", "replay") if isinstance(m, Reservoir) and m.replays else ("forward",)
+
     for m in mods:
-        for n in names:
-            if hasattr(m, n):
-                setattr(m, n, timed(getattr(m, n)))  # instance attributes: __call__ and step() find them first
+        for n in names(m):
+            setattr(m, n, timed(getattr(m, n)))  # instance attributes: __call__ and step() find them first
     try:
         yield clock
     finally:
         for m in mods:
-            for n in names:
+            for n in names(m):
                 m.__dict__.pop(n, None)
 
 
@@ -129,7 +133,7 @@ def _score_physical(model, tokens: torch.Tensor, context: int, configs, position
 
 def _physical(model, cfg: dict, overrides: dict | None):
     """(the run's trained PhysicalConfig, the one to measure through), after checking the overrides."""
-    if not hasattr(model, "physical"):
+    if not isinstance(model, ReservoirLM):   # the readout-side constraints are ReservoirLM's
         if overrides:
             raise ReslmError(f"physical constraints (--state-noise, --adc-bits, --gain-mismatch, --adc-range) "
                              f"apply to reservoir runs (rc, aerc), not to {cfg['family']}")
@@ -226,7 +230,7 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
         positions, bpc = chunk.numel() - context, bits(loss)
     prompt = test[:prompt_len].tolist()
     # A recording (reservoir/recorded.py) cannot read the symbols it would generate: scored, no sample.
-    drivable = getattr(getattr(model, "reservoir", None), "drivable", True)
+    drivable = not isinstance(model, ReservoirLM) or model.reservoir.drivable
     gen, gen_s, gen_res = _timed(lambda: sample(model, prompt, length, temperature=temperature, top_k=top_k,
                                                 top_p=top_p, seed=seed), model) if drivable else ([], 0.0, 0.0)
     text = codec.decode(gen)

@@ -28,13 +28,14 @@ import sys
 import time
 from pathlib import Path
 
-from reslm.checkpoint import SUMMARY, find_dataset, read_json
 from reslm.errors import ReslmError
 from reslm.evaluate import physical_grid
 from reslm.figures import plot_physical, plot_substrates
 from reslm.models import PRESETS
 from reslm.reproduce import BUDGETS, PAPER
-from reslm.run import atomic_write, check_output_folder, lock_run, write_json
+from reslm.files import atomic_write, read_json, write_json
+from reslm.run import SUMMARY, check_output_folder, lock_run
+from reslm.run.load import find_dataset
 from reslm.train import ensure_run, train
 
 FAMILIES = ("rc", "aerc")

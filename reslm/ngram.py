@@ -31,16 +31,10 @@ Kneser-Ney
 ``KneserNey`` is an interpolated *modified* Kneser-Ney model (Chen & Goodman 1998), see its
 docstring; ``select_order`` picks its order on held-out training text.
 
-Timings (2 shared CPU cores, numpy 2.4; ``time.perf_counter`` around one call in a scratch
-script, on the lowercased Shakespeare dataset of ``reslm data shakespeare``, vocab 59):
-
-- ``ngram_codes`` on the test shard (1,525,087 ids): 7-grams 0.12 s, 8-grams 0.13 s (int64
-  path); the exact void fallback (forced with base 2**40), 8-grams: 1.0 s.
-- ``KneserNey(10, 59).fit`` on the 8,017,937 training ids: 2.8 s, peak RSS 0.54 GB for the
-  whole process; ``cross_entropy`` on the test shard: 2.0 s (1.513 nats/char).
-- ``select_order`` with orders 1..10, training ids minus their last 800,000 as held-out:
-  19.6 s in all; held-out CE 3.031 (order 1), 1.730 (4), 1.485 (6), 1.454 (8), 1.446 (10):
-  the best order is 10, the largest whose codes fit int64 at vocab 59.
+Costs: every step is a few sorts and searches over int64 codes (no Python loop over positions), so
+fitting and scoring grow with the number of ids times the order; on Shakespeare select_order picks
+the largest order whose codes fit int64 at its vocabulary (timings and held-out losses:
+docs/design-figures.md).
 """
 
 from __future__ import annotations
@@ -106,7 +100,7 @@ def _packed(ids: np.ndarray, n: int, base: int) -> np.ndarray:
 
 
 def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted unique values, their counts) by one sort (np.unique: ~10x slower on numpy 2.4)."""
+    """(sorted unique values, their counts) by one sort (np.unique sorts more than once: slower)."""
     s = np.sort(a)
     starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if s.size else np.empty(0, np.intp)
     return s[starts], np.diff(np.r_[starts, s.size])
@@ -357,7 +351,7 @@ class KneserNey:
         p = np.full(windows.shape[0], 1.0 / V)
         code = np.zeros(windows.shape[0], dtype=np.int64)  # k-gram ending at the predicted id
         order = np.arange(windows.shape[0])  # rows sorted by code (LSD radix sort, one symbol
-        for k, o in enumerate(self._orders, start=1):  # per order): searchsorted ~4x faster
+        for k, o in enumerate(self._orders, start=1):  # per order): cheaper than searchsorted
             col = windows[:, K - k]
             code += col.astype(np.int64) * V ** (k - 1)
             order = order[np.argsort(col[order].astype(small), kind="stable")]

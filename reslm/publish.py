@@ -31,14 +31,15 @@ import torch
 from safetensors.torch import save_file
 
 import reslm
-from reslm.checkpoint import load_model, read_json
 from reslm.device import cpu_name
 from reslm.errors import ReslmError
+from reslm.files import atomic_write, read_json, sha256_file, write_json
 from reslm.models import make_config, preset
 from reslm.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, fixed_fingerprints, is_published,
-                            load_published, read_manifest, same_tensor, sha256_file, split_state)
-from reslm.run import (CHECKPOINT, CONFIG, METRICS, SUMMARY, atomic_write, load_checkpoint, lock_run, read_config,
-                       read_metrics, save_checkpoint, write_json)
+                            load_published, read_manifest, same_tensor, split_state)
+from reslm.run import (CHECKPOINT, CONFIG, METRICS, SUMMARY, load_checkpoint, lock_run, read_config, read_metrics,
+                       save_checkpoint)
+from reslm.run.load import load_model
 from reslm.train import is_finished, train_config
 
 TIMING = ("wall", "samples_per_s", "seconds", "tokens_per_s")   # metrics fields that differ run to run

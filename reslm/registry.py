@@ -21,7 +21,7 @@ bytes differ but whose sum and sum of squares agree to 1e-5 is the same matrix r
 (an eigenvalue routine of another CPU or BLAS scales the reservoir): accepted with a warning. Anything
 else (a missing or altered weight file, another reservoir, a format newer than FORMAT) is a one-line
 ReslmError. Publishing (reslm.publish) writes these files; this module only reads and checks them,
-so that reslm.checkpoint can open a published folder like a run.
+so that reslm.run.load can open a published folder like a run.
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ from safetensors.torch import load_file
 
 from reslm.data.corpus import sha256_file
 from reslm.errors import ReslmError
-from reslm.run import CONFIG, write_json
+from reslm.files import sha256_file, write_json
+from reslm.run import CONFIG
 
 FORMAT = 1                       # manifest.json "format"; a folder with a larger one is refused
 MANIFEST, WEIGHTS, PROVENANCE = "manifest.json", "weights.safetensors", "provenance.json"
@@ -190,6 +191,6 @@ def record_file(folder: Path, name: str) -> None:
     write_json(folder / MANIFEST, manifest)
 
 
-__all__ = ["FORMAT", "MANIFEST", "WEIGHTS", "PROVENANCE", "is_published", "sha256_file", "fingerprint",
+__all__ = ["FORMAT", "MANIFEST", "WEIGHTS", "PROVENANCE", "is_published", "fingerprint",
            "split_state", "fixed_fingerprints", "same_tensor", "read_manifest", "check_file", "read_weights",
            "check_fixed", "load_published", "record_file"]

@@ -26,14 +26,14 @@ import math
 from pathlib import Path
 
 from reslm import figures
-from reslm.checkpoint import read_json
 from reslm.errors import ReslmError
 from reslm.models import PRESETS, make_config
 from reslm.models.budget import FRONTIER_BUDGET, check_frontier_config
 from reslm.models.base import LN2, config_dict
 from reslm.registry import PROVENANCE, is_published, read_manifest
 from reslm.reproduce import LARGEST, PAPER
-from reslm.run import CONFIG, SUMMARY, atomic_write, read_metrics
+from reslm.files import atomic_write, read_json
+from reslm.run import CONFIG, SUMMARY, read_metrics
 
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 LEGACY = "results/legacy.csv"

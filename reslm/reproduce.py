@@ -37,14 +37,15 @@ import torch
 
 import reslm
 from reslm import figures
-from reslm.checkpoint import SUMMARY, find_dataset, read_json
 from reslm.device import cpu_name, pick_device, resolve_precision
 from reslm.errors import ReslmError
 from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.models import PRESETS, families
 from reslm.models.base import bits
 from reslm.ngram import KneserNey, NgramReference, distinct_n, select_order
-from reslm.run import CHECKPOINT, CONFIG, atomic_write, check_output_folder, lock_run, read_metrics, write_json
+from reslm.files import atomic_write, read_json, write_json
+from reslm.run import CHECKPOINT, CONFIG, SUMMARY, check_output_folder, lock_run, read_metrics
+from reslm.run.load import find_dataset
 from reslm.sweep import run_sweep, write_scaling
 from reslm.train import ensure_run, make_run_config, train
 

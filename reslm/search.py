@@ -52,7 +52,7 @@ from reslm.reservoir import RESERVOIRS, parse_options
 from reslm.reservoir.nvar import nvar_size
 from reslm.reservoir.seeding import child_seed
 from reslm.ridge import fit_ridge
-from reslm.run import atomic_write, write_json
+from reslm.files import atomic_write, write_json
 from reslm.train import CharShards, TrainConfig, check_holdout, lr_at, make_optimizer, make_run_config
 
 SEARCH_KEY = 200   # seeding key of the samplers (apart from the reservoir's and training's keys)

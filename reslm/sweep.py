@@ -14,8 +14,8 @@ a_TF ~ -1.72 for the transformers and a_Res ~ -0.81 for LAERC.
 Sweeps (SWEEPS) are named size families plus one training budget shared by every run:
 
 * "cpu": sized for `bpe:4096` on Shakespeare on 2 CPU cores (context 128, micro-batch 16, no
-  accumulation, 300 steps = 614k tokens, ~0.2 epoch; ~10 min for all 8 runs on 2 cores, measured
-  at 7k (LAERC d96) to 20k (d32) tokens/s). LAERC (D, L) = (32,2), (48,3), (64,4), (96,4) with r_mult 4 (R = 4D).
+  accumulation, 300 steps = 614k tokens, ~0.2 epoch: all 8 runs fit a short session on a laptop CPU
+  (timings: docs/design-figures.md). LAERC (D, L) = (32,2), (48,3), (64,4), (96,4) with r_mult 4 (R = 4D).
   GPT has the same number of layers as its LAERC partner and the width (multiple of 8, 4 heads)
   whose trainable-parameter count is closest to LAERC's at V = 4096, T = 128 (closed forms
   `laerc_param_count` / `gpt_param_count`):
@@ -54,10 +54,10 @@ from pathlib import Path
 
 import numpy as np
 
-from reslm.checkpoint import SUMMARY, read_json
 from reslm.data.bpe import TokenDataset
 from reslm.errors import ReslmError, writing
-from reslm.run import lock_run, write_json
+from reslm.files import read_json, write_json
+from reslm.run import SUMMARY, lock_run
 from reslm.models import families
 from reslm.models.gpt import GPTConfig, gpt_param_count
 from reslm.models.laerc import LAERCConfig, laerc_param_count
@@ -93,7 +93,7 @@ SWEEPS: dict[str, Sweep] = {
         sizes={"laerc": _sizes([(32, 2), (48, 3), (64, 4), (96, 4)], 128, r_mult=4),
                "gpt": _sizes([(40, 2), (64, 3), (88, 4), (136, 4)], 128, n_heads=4)},
         train=_CPU_TRAIN,
-        note="bpe:4096 Shakespeare on 2 CPU cores; about 10 minutes for all 8 runs (measured 7-21k tokens/s)"),
+        note="bpe:4096 Shakespeare, sized for 2 CPU cores"),
     "smoke": Sweep(
         name="smoke",
         sizes={"laerc": _sizes([(16, 1), (24, 2)], 128, r_mult=4),

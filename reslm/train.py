@@ -43,24 +43,26 @@ import torch
 
 import reslm
 from reslm import distributed as dist_
-from reslm.checkpoint import SUMMARY, check_dataset, describe_dataset, load_model, open_dataset, read_json
 from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_device, resolve_precision,
                           setup_cuda, state_dtype, synchronize)
 from reslm.ema import EMA, checkpoint_weights
 from reslm.errors import ReslmError
-from reslm.models import MODELS, family, make_config
+from reslm.models import MODELS, complete_fields, family, make_config
 from reslm.models.budget import check_frontier
 from reslm.models.base import (TensorFeatures, bits, config_dict, count_params, decay_groups, estimate_loss,
                                feature_batches)
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
+from reslm.models.reservoir_lm import ReservoirLM
 from reslm.progress import bar as progress_bar
 from reslm.progress import say
 from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
 from reslm.lbfgs import fit_lbfgs
 from reslm.ridge import fit_ridge
-from reslm.run import (CONFIG, MetricsLog, atomic_write, check_same_run, create_run_dir, load_checkpoint, lock_run,
-                       read_config, read_metrics, save_checkpoint, write_json)
+from reslm.files import atomic_write, read_json, write_json
+from reslm.run import (CONFIG, SUMMARY, MetricsLog, check_same_run, create_run_dir, load_checkpoint, lock_run, read_config,
+                       read_metrics, save_checkpoint)
+from reslm.run.load import check_dataset, describe_dataset, load_model, open_dataset
 
 OPTIMIZERS = ("adam", "adamw", "ridge", "lbfgs")
 SOLVERS = {"ridge": fit_ridge, "lbfgs": fit_lbfgs}   # rc readouts fitted in one solve on the training shards
@@ -327,7 +329,7 @@ class CharShards:
             raise ReslmError("multi-process training (torchrun) is for the token families (laerc, gpt)")
         self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
         self.holdout = holdout
-        self.cache = StateCache(cache) if cache is not None and hasattr(model, "reservoir") else None
+        self.cache = StateCache(cache) if cache is not None and isinstance(model, ReservoirLM) else None
         self.context = model.config.context
         self.plan = [(c, s, e) for c in range(tc.cycles) for s in dataset.train_shards
                      for e in range(tc.epochs_per_shard)]
@@ -343,7 +345,7 @@ class CharShards:
         self.state_seconds = 0.0
         self.logged_states = set()   # (cycle, shard, part) whose "states" row the log has (a resumed run)
         self.dtype, compute = self._choose_dtypes()
-        self.kw = dict(dtype=self.dtype, **({"compute_dtype": compute} if hasattr(model, "reservoir") else {}))
+        self.kw = dict(dtype=self.dtype, **({"compute_dtype": compute} if isinstance(model, ReservoirLM) else {}))
 
     def _span(self, shard: int, part: str = "train") -> tuple[int, int]:
         """Token span of a shard's training part or ("heldout") of its held-out tail, which starts
@@ -373,7 +375,7 @@ class CharShards:
         memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is computed in only
         where it is fast (reslm.device.bf16_status); elsewhere the reservoir computes in float32."""
         name = self.tc.state_dtype
-        if not hasattr(self.model, "reservoir"):
+        if not isinstance(self.model, ReservoirLM):
             return state_dtype("float32" if name == "auto" else name), None
         longest = max(b - a for a, b in (self._span(s) for s in self.ds.train_shards))
         ta, tb = self._span(self.ds.test_shard)
@@ -624,7 +626,7 @@ def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrid
         have = read_config(out)["train"].get("cycles", 1)   # more cycles than the run has: it grows
         cycles = min(have, cfg["train"]["cycles"])
         check_same_run(out, {**cfg, "train": {**cfg["train"], "cycles": cycles}}, defaults=asdict(TrainConfig()),
-                       model_defaults=config_dict(family(family_name).config()))
+                       model_defaults=config_dict(family(family_name).config()), current=lambda m: complete_fields(family_name, m))
         grown = grow_cycles(out, cfg["train"]["cycles"])
         return "done" if is_finished(out) else f"resuming{f' to {grown} cycles' if grown else ''}"
     create_run_dir(Path(out), cfg)
@@ -729,7 +731,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     precision = resolve_precision(tc.precision, device)
     setup_cuda()
     model = load_model(cfg, device)
-    if cache_states and not (fam.data == "chars" and hasattr(model, "reservoir")):
+    if cache_states and not (fam.data == "chars" and isinstance(model, ReservoirLM)):
         raise ReslmError(f"--cache-states keeps a character reservoir run's states; a {cfg['family']} run has none")
     log = MetricsLog(run_dir) if main else None
     source = SOURCES[fam.data](model, dataset, tc, device, log, progress and main, world=world,

@@ -200,7 +200,7 @@ def test_no_reservoir_ablation_flag(corpus, tmp_path, capsys):
                  "--n-layers", "1", "--context", "16", "--batch-size", "2", "--grad-accum", "1", "--max-steps", "2",
                  "--eval-every", "2", "--eval-batches", "1", "--no-reservoir", "--no-progress"]) == 0
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["model"]["reservoir"] is False
+    assert cfg["model"]["no_reservoir"] is True and cfg["model"]["reservoir"] == "esn"
     var = tmp_path / "authors"
     assert main(["train", "--family", "laerc", "--data", "t", "--root", root, "--out", str(var), "--dim", "16",
                  "--n-layers", "1", "--context", "16", "--batch-size", "2", "--grad-accum", "1", "--max-steps", "20",

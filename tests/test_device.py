@@ -122,7 +122,7 @@ def test_env_var_forces_bf16_even_on_a_slow_cpu(monkeypatch):
 
 def test_bf16_reservoir_refused_where_bf16_is_slow(monkeypatch):
     """An explicit bfloat16 reservoir on a CPU without fast bf16 is one clear error, not a 400x crawl."""
-    from reslm.checkpoint import load_model
+    from reslm.run.load import load_model
     from reslm.errors import ReslmError
     cfg = dict(family="laerc", model=dict(vocab_size=11, dim=8, n_layers=1, context=8, r_mult=2,
                                           reservoir_dtype="bfloat16"))

@@ -471,7 +471,7 @@ def test_disk_full_during_checkpoint_keeps_previous_and_resume_equals(root, rc_r
         f.write(b"PK\x03\x04" + b"\x00" * 100)     # a partial archive, then the disk is full
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(reslm.run.torch, "save", fills_the_disk)
+    monkeypatch.setattr(torch, "save", fills_the_disk)
     assert train(root, "c", run, RC) == 2
     line = one_error(capsys)
     assert line == f"reslm: error: could not write {run / CHECKPOINT}: no space left on device"

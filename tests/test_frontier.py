@@ -192,7 +192,7 @@ def test_ema_update_follows_the_formula_and_applied_restores():
                                           ("tf", dict(ff_dim=16, n_heads=2, n_layers=1))])
 def test_ema_run_evaluates_the_shadow_and_resumes_bitwise(chars, tmp_path, monkeypatch, family, model):
     import reslm.train as tt
-    from reslm.checkpoint import load_run
+    from reslm.run.load import load_run
     from reslm.models.base import estimate_loss, feature_batches
     from reslm.run import read_metrics
     train = {**CHAR_TRAIN, "ema": 0.9}

@@ -4,13 +4,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-import torch.nn as nn
 
 from reslm.errors import ReslmError
 from reslm.models.base import count_params
 from reslm.models.gpt import GPT, GPTConfig, gpt_param_count
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT, LAERC, LAERCConfig, laerc_param_count
 from reslm.reservoir import ESN, RESERVOIRS, ESNConfig, spectral_radius
+from reslm.reservoir.base import Reservoir, ReservoirConfig
 
 V = 37
 
@@ -25,7 +25,7 @@ def closed_form(cfg: LAERCConfig) -> tuple[int, int]:
     """Written out independently of laerc_param_count: per block terms from the equations."""
     V_, D, L, T, R = cfg.vocab_size, cfg.dim, cfg.n_layers, cfg.context, cfg.r_mult * cfg.dim
     H = round(cfg.alpha_res * (R if cfg.readout_hidden == "res" else D))
-    if cfg.reservoir:
+    if not cfg.no_reservoir:
         gate = (2 * D * D + D) if cfg.gate_layers == 1 else (2 * D * D + D + D * D + D)
         block = (2 * D) + (2 * R) + (R * H + H) + (H * D + D) + 1 + (4 * D) + gate \
             + (2 * D) + (D * 4 * D + 4 * D + 4 * D * D + D) + 1
@@ -38,7 +38,7 @@ def closed_form(cfg: LAERCConfig) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(pos_encoding="none", tie_embeddings=False),
-                                dict(reservoir=False), dict(alpha_res=0.5, r_mult=2),
+                                dict(no_reservoir=True), dict(alpha_res=0.5, r_mult=2),
                                 dict(AUTHORS_VARIANT)])
 def test_param_count_formula(kw):
     cfg = small(**kw)
@@ -110,7 +110,7 @@ def assert_step_matches_forward(model, T: int = 12) -> dict:
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(pos_encoding="sinusoidal"), dict(AUTHORS_VARIANT),
-                                dict(reservoir=False)])
+                                dict(no_reservoir=True)])
 def test_laerc_step_matches_forward(kw):
     model = LAERC(small(**kw)).eval()
     with torch.no_grad():  # make the FFN and gate paths non-trivial
@@ -165,7 +165,7 @@ def test_tiny_batch_overfits(make):
 
 
 def test_no_reservoir_variant():
-    full, ablated = LAERC(small()), LAERC(small(reservoir=False))
+    full, ablated = LAERC(small()), LAERC(small(no_reservoir=True))
     assert count_params(ablated)[0] < count_params(full)[0]
     assert count_params(ablated)[1] == 0
     idx = torch.randint(0, V, (2, 8))
@@ -184,7 +184,7 @@ def test_no_reservoir_variant():
                                 dict(radius_start=0.0), dict(bias_scaling=-1.0), dict(input_scaling=float("nan")),
                                 dict(pos_encoding="rope"), dict(radius_norm="frobenius"), dict(gate_layers=3),
                                 dict(dim=7, pos_encoding="sinusoidal"), dict(vocab_size=2.5),
-                                dict(reservoir="yes"), dict(reservoir_type="nope"), dict(readout_hidden="x"),
+                                dict(no_reservoir="yes"), dict(reservoir="nope"), dict(readout_hidden="x"),
                                 dict(input_init="cauchy"), dict(reservoir_grad=1), dict(embed_lr_mult=0.0),
                                 dict(seed=-1), dict(reservoir_dtype="int8")])
 def test_bad_laerc_configs(kw):
@@ -285,7 +285,7 @@ def test_layers_get_different_reservoirs():
 
 
 @dataclass
-class LeakyConfig:
+class LeakyConfig(ReservoirConfig):
     """A reservoir with its own config: only size, input_dim and seed (LAERC fills what exists)."""
     size: int = 8
     input_dim: int = 4
@@ -295,7 +295,7 @@ class LeakyConfig:
         pass
 
 
-class Leaky(nn.Module):
+class Leaky(Reservoir):
     """A non-ESN reservoir for the registry test: s_t = 0.5 s_{t-1} + tanh(W_in u_t)."""
 
     def __init__(self, cfg: LeakyConfig):
@@ -326,12 +326,35 @@ class TinyESN(ESN):
 @pytest.mark.parametrize("name,entry", [("leaky", (LeakyConfig, Leaky)), ("tiny", (ESNConfig, TinyESN))])
 def test_registered_reservoir_runs_inside_laerc(monkeypatch, name, entry):
     monkeypatch.setitem(RESERVOIRS, name, entry)
-    model = LAERC(small(reservoir_type=name)).eval()
+    model = LAERC(small(reservoir=name)).eval()
     assert all(type(b.reservoir) is entry[1] and b.reservoir.size == 32 for b in model.blocks)
     with torch.no_grad():
         for b in model.blocks:
             b.alpha.fill_(0.7)
     assert_step_matches_forward(model)
     assert count_params(model)[0] == laerc_param_count(model.config)[0]
-    with pytest.raises(ReslmError, match="reservoir_type"):
-        small(reservoir_type="absent").validate()
+    with pytest.raises(ReslmError, match="reservoir must be one of"):
+        small(reservoir="absent").validate()
+
+
+def test_old_run_configs_read_with_the_current_field_names(tmp_path):
+    """LAERC's `reservoir: bool` + `reservoir_type: str` became `no_reservoir` + `reservoir: str` (the character
+    models' name): a run config written before builds the same model and compares as the same run."""
+    from reslm.models import complete_fields, make_config
+    from reslm.models.base import config_dict
+    from reslm.run import check_same_run, create_run_dir
+    base = dict(vocab_size=V, dim=8, n_layers=1, context=16)
+    assert make_config("laerc", **base, reservoir=False, reservoir_type="esn") == small(**base, no_reservoir=True)
+    old = make_config("laerc", **base, reservoir=True, reservoir_type="leaky")
+    assert old.reservoir == "leaky" and not old.no_reservoir
+    assert make_config("laerc", **base, reservoir="leaky") == old
+    torch.testing.assert_close(LAERC(old).state_dict(), LAERC(small(**base, reservoir="leaky")).state_dict())
+    legacy = dict(family="laerc", preset=None, train=dict(lr=1e-3), data=dict(path="/x"),
+                  model={**config_dict(small(**base)), "reservoir": True, "reservoir_type": "esn"})
+    del legacy["model"]["no_reservoir"]
+    create_run_dir(tmp_path / "old", legacy)
+    want = {**legacy, "model": config_dict(small(**base))}
+    check_same_run(tmp_path / "old", want, current=lambda m: complete_fields("laerc", m))
+    with pytest.raises(ReslmError, match="different model"):
+        check_same_run(tmp_path / "old", {**want, "model": config_dict(small(**base, no_reservoir=True))},
+                       current=lambda m: complete_fields("laerc", m))

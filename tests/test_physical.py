@@ -15,7 +15,8 @@ from reslm.reservoir import RESERVOIRS, shard_states
 from reslm.reservoir.nvar import nvar_size
 from reslm.reservoir.physical import (BLOCK, OTHER_KEY, TEST_KEY, Physical, PhysicalConfig, quantize,
                                       train_key)
-from reslm.run import read_config, write_json
+from reslm.files import write_json
+from reslm.run import read_config
 
 V = 11
 ON = dict(gain_mismatch=0.1, state_noise=0.05, adc_bits=6)

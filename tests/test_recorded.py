@@ -153,7 +153,7 @@ def test_what_a_recording_cannot_do(rec, chars, tmp_path):
     with pytest.raises(ReslmError, match="size 750 .* is not the 24"):
         make_config("rc", **recorded(rec / "sub", size=750))
     with pytest.raises(ReslmError, match="needs path="):
-        make_config("laerc", reservoir_type="recorded")
+        make_config("laerc", reservoir="recorded")
     with pytest.raises(ReslmError, match="cannot be driven"):
         simulate(rec / "drive", tmp_path / "x.npy", reservoir="recorded")
     model = build_model("rc", make_config("rc", vocab_size=chars.vocab_size, **recorded(rec / "sub")))

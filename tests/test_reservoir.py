@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from reslm.errors import ReslmError
-from reslm.reservoir import ESN, ESNConfig, child_seed, generator, shard_states, spectral_radius
+from reslm.reservoir import ESN, RESERVOIRS, ESNConfig, child_seed, generator, shard_states, spectral_radius
+from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.reservoir.matrices import largest_singular_value
 
 
@@ -295,3 +296,16 @@ def test_shape_only_construction_draws_nothing():
     with torch.device("meta"):
         esn = ESN(ESNConfig(size=5000, input_dim=8))
     assert esn.W_T.is_meta and esn.W_T.shape == (5000, 5000)
+
+
+def test_every_registered_reservoir_states_its_capabilities():
+    """The contract (reservoir/base.py): capabilities are class attributes of one base class, not methods
+    probed for: every digital substrate is pure and drivable; the recording alone replays and cannot drive."""
+    for name, (cfg_cls, res_cls) in RESERVOIRS.items():
+        assert issubclass(cfg_cls, ReservoirConfig) and issubclass(res_cls, Reservoir), name
+        assert res_cls.pure == res_cls.drivable == (not res_cls.replays) == (name != "recorded"), name
+        assert set(cfg_cls.context_modes) <= {"window", "stream"}, name
+    assert RESERVOIRS["recorded"][0].context_modes == ("stream",)
+    assert RESERVOIRS["esn"][0].implied({}) == {}
+    with pytest.raises(NotImplementedError):
+        ESN(ESNConfig(size=4, seed=0)).replay(torch.zeros(3, dtype=torch.long), 0)

@@ -7,12 +7,16 @@ import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+import reslm.errors
+from reslm import files
 from reslm import run as R
+from reslm.run import lock as run_lock
 from reslm.errors import ReslmError, RunInUse, describe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,8 +84,8 @@ def test_lock_nested_in_one_process_and_released(tmp_path):
     with R.lock_run(tmp_path):
         with R.lock_run(tmp_path / "." / ""):  # same folder, spelled differently
             pass
-        assert R._held  # still held by the outer block
-    assert not R._held
+        assert run_lock._held  # still held by the outer block
+    assert not run_lock._held
     with R.lock_run(tmp_path):  # and can be taken again
         pass
 
@@ -220,7 +224,7 @@ def test_metrics_write_disk_full_leaves_no_half_row(tmp_path, monkeypatch):
             return real_write(fd, bytes(data[:3]))
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(R.os, "write", half_then_full)
+    monkeypatch.setattr(os, "write", half_then_full)
     with pytest.raises(ReslmError) as e:
         log.write({"a": 2, "b": "long enough"})
     monkeypatch.undo()
@@ -232,12 +236,12 @@ def test_metrics_write_disk_full_leaves_no_half_row(tmp_path, monkeypatch):
 
 def test_write_json_refuses_nan_naming_the_key(tmp_path):
     with pytest.raises(ReslmError) as e:
-        R.write_json(tmp_path / "s.json", dict(fits=dict(rc=dict(r2=float("nan")))))
+        files.write_json(tmp_path / "s.json", dict(fits=dict(rc=dict(r2=float("nan")))))
     assert "fits.rc.r2 is nan" in one_line(e)
     with pytest.raises(ReslmError, match=r"rows\[0\] is -inf"):
-        R.write_json(tmp_path / "s.json", dict(rows=[float("-inf")]))
+        files.write_json(tmp_path / "s.json", dict(rows=[float("-inf")]))
     assert list(tmp_path.iterdir()) == []
-    R.write_json(tmp_path / "s.json", dict(a=None, b=1.5))
+    files.write_json(tmp_path / "s.json", dict(a=None, b=1.5))
     assert json.loads((tmp_path / "s.json").read_text()) == dict(a=None, b=1.5)
 
 
@@ -258,7 +262,7 @@ def test_save_checkpoint_disk_full_keeps_previous(tmp_path, monkeypatch):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
     monkeypatch.setattr(torch, "save", torch_full)
-    monkeypatch.setattr(R, "_low_on_space", lambda folder: True)
+    monkeypatch.setattr(reslm.errors, "_low_on_space", lambda folder: True)
     with pytest.raises(ReslmError) as e:
         R.save_checkpoint(tmp_path, dict(step=2))
     assert one_line(e) == f"could not write {tmp_path / R.CHECKPOINT}: no space left on device"
@@ -392,7 +396,7 @@ def test_create_run_dir_failure_after_parents_removes_them(tmp_path, monkeypatch
     def full(**kw):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(R.tempfile, "mkdtemp", full)
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
     with pytest.raises(ReslmError, match="no space left on device"):
         R.create_run_dir(tmp_path / "a" / "b" / "run", CFG)
     monkeypatch.undo()

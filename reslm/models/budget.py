@@ -27,9 +27,9 @@ import torch
 import torch.nn as nn
 
 from reslm.models.base import count_params
+from reslm.models.reservoir_lm import HEAD_INPUTS, ReservoirLM
 
 FRONTIER_BUDGET = 155_459          # trainable parameters of aerc-160-30 (Table 1)
-HEAD_INPUTS = ("state", "state+onehot", "state+embed")   # what a frontier head may read
 _SHARED_PATH = ("features", "forward_features", "head_features", "measured", "normalize")
 
 
@@ -45,8 +45,6 @@ class Frontier:
 def check_frontier(model: nn.Module, budget: int = FRONTIER_BUDGET) -> Frontier:
     """Check `model` (built normally or on the meta device) against the strict reservoir-family rules
     (see the module doc); returns the verdict with the Table-1 trainable count."""
-    from reslm.models.reservoir_lm import ReservoirLM   # reservoir_lm imports nothing from here
-
     trainable, _ = count_params(model)
     reasons = []
     if not isinstance(model, ReservoirLM):
@@ -76,7 +74,7 @@ def check_frontier(model: nn.Module, budget: int = FRONTIER_BUDGET) -> Frontier:
 def check_frontier_config(family_name: str, cfg) -> Frontier:
     """check_frontier of the model a family config describes, built shape-only on the meta device
     (no random matrices drawn, so a large reservoir costs nothing to check)."""
-    from reslm.models import build_model
+    from reslm.models import build_model   # reslm.models imports this module
 
     with torch.device("meta"):
         return check_frontier(build_model(family_name, cfg))

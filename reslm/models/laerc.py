@@ -14,7 +14,8 @@ then logits = E^T LN_f(x^(L+1)) (output projection tied to the embedding E). The
 x^(1) = E[idx] + P[t], with P learned (N(0, 0.02), `context` rows), sinusoidal (fixed buffer) or none.
 
 Reservoir: each block's `reservoir` is built from the registry `reslm.reservoir.RESERVOIRS`
-(`reservoir_type`, default "esn", the one reservoir engine in reservoir/esn.py) with size R, input
+(`reservoir`, default "esn", the one reservoir engine in reservoir/esn.py: the same field, by the
+same name, as the character models') with size R, input
 size D and the fields below, so any registered reservoir runs inside LAERC. With the ESN (fixed
 buffers, never seen by the optimiser):
 * W_res (R x R): dense U(-1, 1), rescaled so that its spectral radius (radius_norm="spectral") or its
@@ -44,7 +45,7 @@ the (1 - g) x path. reservoir_grad = True (the authors' code) keeps the reservoi
 records the recurrence with autograd, so x~, LN_res, the lower blocks and the embedding get
 gradients through s.
 
-Trainable parameters (reservoir=True, gate_layers=1, R = r_mult D, H = alpha_res R, or alpha_res D
+Trainable parameters (no_reservoir=False, gate_layers=1, R = r_mult D, H = alpha_res R, or alpha_res D
 with readout_hidden="dim"):
 
     V D                                    embedding (tied with the output projection)
@@ -57,7 +58,7 @@ where per block: LN_res 2D, LN_res_out 2R, W_1/b_1 RH + H, W_2/b_2 HD + D, beta 
 W_g/b_g 2D^2 + D, LN_ffn 2D, FFN 8D^2 + 5D, alpha 1. gate_layers=2 adds D^2 + D per block
 (2D -> D -> D). Fixed (ESN buffers): L (R^2 + R D + R).
 
-reservoir=False (the `--no-reservoir` ablation) removes the whole reservoir path of every block:
+no_reservoir=True (the `--no-reservoir` ablation) removes the whole reservoir path of every block:
 LN_res, W_res, W_in, b, LN_res_out, the readout MLP, beta, and also the mixing gate (with r = 0 the
 gate would only rescale x); m = x, so each block is x + alpha FFN(LN_ffn(x)). What remains is the
 embedding (+ positional encoding), L ReZero feed-forward blocks, the final LN and the tied head:
@@ -141,8 +142,8 @@ class LAERCConfig:
     gate_layers: int = 1            # 1: W_g (appendix); 2: Linear(2D, D) GELU Linear(D, D) (authors)
     tie_embeddings: bool = True
     pos_encoding: str = "learned"   # "learned" | "sinusoidal" | "none"
-    reservoir: bool = True          # False: --no-reservoir ablation (see docstring)
-    reservoir_type: str = "esn"     # key in reslm.reservoir.RESERVOIRS: the reservoir of every block
+    reservoir: str = "esn"          # key in reslm.reservoir.RESERVOIRS: the reservoir of every block
+    no_reservoir: bool = False      # the ablation: no reservoir path in any block, a feed-forward baseline
     reservoir_dtype: str = "auto"   # recurrence precision: auto (float16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16
     reservoir_grad: bool = False    # True: gradients flow through the fixed reservoir into x~ (authors' code)
     embed_lr_mult: float = 1.0      # embedding learning rate = lr * embed_lr_mult (0.2 in the authors' code)
@@ -163,9 +164,9 @@ class LAERCConfig:
         return self.radius_start + (self.radius_end - self.radius_start) * frac
 
     def reservoir_config(self, layer: int):
-        """The config of layer l's reservoir (l = 1..L): RESERVOIRS[reservoir_type]'s config class with
+        """The config of layer l's reservoir (l = 1..L): RESERVOIRS[reservoir]'s config class with
         whichever of these fields it has (size, input_dim and seed at least)."""
-        cfg_cls, _ = RESERVOIRS[self.reservoir_type]
+        cfg_cls, _ = RESERVOIRS[self.reservoir]
         want = dict(size=self.res_size, input_dim=self.dim, seed=child_seed(self.seed, layer - 1),
                     spectral_radius=self.radius(layer), radius_norm=self.radius_norm,
                     input_scaling=self.input_scaling, input_init=self.input_init, input_scale_by_dim=True,
@@ -173,8 +174,22 @@ class LAERCConfig:
         have = {f.name for f in fields(cfg_cls)}
         missing = {"size", "input_dim", "seed"} - have
         if missing:
-            raise ReslmError(f"reservoir {self.reservoir_type!r} has no config field {', '.join(sorted(missing))}")
+            raise ReslmError(f"reservoir {self.reservoir!r} has no config field {', '.join(sorted(missing))}")
         return cfg_cls(**{k: v for k, v in want.items() if k in have})
+
+    @classmethod
+    def complete(cls, overrides: dict) -> dict:
+        """`overrides` with the fields of run configs written before the rename: `reservoir` was the
+        ablation switch (a bool: False = no reservoir) and `reservoir_type` the registry name, now
+        `no_reservoir` and `reservoir` (the character models' name). Old run folders load and compare
+        as the same model."""
+        out = dict(overrides)
+        if isinstance(out.get("reservoir"), bool):
+            out["no_reservoir"] = not out.pop("reservoir")
+        if "reservoir_type" in out:
+            kind = out.pop("reservoir_type")
+            out.setdefault("reservoir", kind)
+        return out
 
     def validate(self) -> "LAERCConfig":
         for name in ("vocab_size", "dim", "n_layers", "context", "r_mult", "gate_layers", "seed"):
@@ -193,17 +208,17 @@ class LAERCConfig:
                 raise ReslmError(f"{name} must be >= 0, got {v!r}")
         for name, allowed in (("pos_encoding", POS_ENCODINGS), ("radius_norm", RADIUS_NORMS),
                               ("reservoir_dtype", RESERVOIR_DTYPES), ("input_init", INPUT_INITS),
-                              ("readout_hidden", READOUT_HIDDEN), ("reservoir_type", RESERVOIRS)):
+                              ("readout_hidden", READOUT_HIDDEN), ("reservoir", RESERVOIRS)):
             if getattr(self, name) not in allowed:
                 raise ReslmError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.gate_layers not in (1, 2):
             raise ReslmError(f"gate_layers must be 1 or 2, got {self.gate_layers}")
         if self.pos_encoding == "sinusoidal" and self.dim % 2:
             raise ReslmError(f"dim must be even for the sinusoidal encoding, got {self.dim}")
-        for name in ("tie_embeddings", "reservoir", "reservoir_grad"):
+        for name in ("tie_embeddings", "no_reservoir", "reservoir_grad"):
             if not isinstance(getattr(self, name), bool):
                 raise ReslmError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.reservoir:
+        if not self.no_reservoir:
             self.reservoir_config(1).validate()
         return self
 
@@ -215,7 +230,7 @@ def laerc_param_count(cfg: LAERCConfig) -> tuple[int, int]:
     trainable = V * D + 2 * D
     trainable += T * D if cfg.pos_encoding == "learned" else 0
     trainable += 0 if cfg.tie_embeddings else V * D
-    if cfg.reservoir:
+    if not cfg.no_reservoir:
         block = 10 * D * D + R * H + H * D + H + 2 * R + 15 * D + 2
         block += D * D + D if cfg.gate_layers == 2 else 0
         fixed = L * (R * R + R * D + R)
@@ -234,9 +249,9 @@ class LAERCBlock(nn.Module):
     def __init__(self, cfg: LAERCConfig, layer: int):
         super().__init__()
         D, R, H = cfg.dim, cfg.res_size, cfg.res_hidden
-        self.has_reservoir, self.reservoir_grad = cfg.reservoir, cfg.reservoir_grad
-        if cfg.reservoir:
-            _, reservoir_cls = RESERVOIRS[cfg.reservoir_type]
+        self.has_reservoir, self.reservoir_grad = not cfg.no_reservoir, cfg.reservoir_grad
+        if self.has_reservoir:
+            _, reservoir_cls = RESERVOIRS[cfg.reservoir]
             self.ln_res = nn.LayerNorm(D)
             self.reservoir = reservoir_cls(cfg.reservoir_config(layer))   # fixed; evaluation times it by name
             self.ln_res_out = nn.LayerNorm(R)
@@ -288,7 +303,7 @@ class LAERC(TokenLM):
     @property
     def has_unused_parameters(self) -> bool:
         """Without reservoir_grad LN_res never gets a gradient (see the module docstring); DDP must be told."""
-        return self.config.reservoir and not self.config.reservoir_grad
+        return not self.config.no_reservoir and not self.config.reservoir_grad
 
     def __init__(self, cfg: LAERCConfig | None = None):
         super().__init__()

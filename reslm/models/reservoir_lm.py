@@ -10,9 +10,8 @@
                                        Table 1 and nothing is left untrained by accident)
 
 Defaults: the paper gives no reservoir hyperparameters. spectral_radius 0.9 and input_scaling 2.0
-come from a small sweep of rc-750 at the `reslm demo` budget (test CE in nats; input_scaling 0.5: 2.63,
-1: 2.42, 2: 2.31, 4: 2.30; spectral_radius 0.5 / 0.9 / 0.99 at scaling 1: 2.45 / 2.42 / 2.44; leak_rate
-0.5 was worse: 2.80 and 2.47). A short budget favours strong inputs; tune for your own budget.
+are the best of a small sweep of rc-750 at the `reslm demo` budget (its test losses:
+docs/design-figures.md). A short budget favours strong inputs; tune for your own budget.
 
 Physical constraints (reservoir/physical.py): the readout sees the measured state, gain mismatch ->
 additive noise -> b-bit ADC, applied before the normalisation in the precomputed features, in forward()
@@ -33,10 +32,11 @@ import torch.nn.functional as F
 
 from reslm.errors import ReslmError
 from reslm.models.base import TensorFeatures, next_token_loss
-from reslm.models.budget import HEAD_INPUTS
 from reslm.reservoir import CONTEXT_MODES, RESERVOIRS, parse_options, shard_states
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.reservoir.physical import OTHER_KEY, Physical, PhysicalConfig
+
+HEAD_INPUTS = ("state", "state+onehot", "state+embed")   # what a head may read (models.budget: the frontier rules)
 
 
 @dataclass
@@ -70,7 +70,7 @@ class ReservoirLMConfig:
             raise ReslmError(f"context_mode must be one of {', '.join(CONTEXT_MODES)}, got {self.context_mode!r}")
         if self.reservoir not in RESERVOIRS:
             raise ReslmError(f"unknown reservoir {self.reservoir!r} (known: {', '.join(RESERVOIRS)})")
-        modes = getattr(RESERVOIRS[self.reservoir][0], "context_modes", CONTEXT_MODES)
+        modes = RESERVOIRS[self.reservoir][0].context_modes
         if self.context_mode not in modes:
             raise ReslmError(f"reservoir {self.reservoir!r} supports context mode {', '.join(modes)} only, "
                              f"not {self.context_mode!r}")
@@ -94,7 +94,7 @@ class ReservoirLMConfig:
         and embed_dim: `implied` in reslm.reservoir); ReslmError when they were set to something else."""
         name, text = overrides.get("reservoir", cls.reservoir), overrides.get("reservoir_options", "")
         cfg_cls = RESERVOIRS.get(name, (None,))[0] if isinstance(name, str) else None
-        if not hasattr(cfg_cls, "implied") or not isinstance(text, str):
+        if cfg_cls is None or not isinstance(text, str):
             return overrides   # nothing implied (or a bad value validate() will report)
         implied = cfg_cls.implied(parse_options(name, cfg_cls, text, reserved={*cls.__dataclass_fields__, "input_dim"}))
         for key, value in implied.items():
@@ -163,7 +163,7 @@ class ReservoirLM(nn.Module):
                compute_dtype: torch.dtype | None = None, progress: bool = False) -> torch.Tensor:
         """The raw reservoir states (M, N) of a token stream, before measurement (see `features`)."""
         c = self.config
-        if hasattr(self.reservoir, "replay"):   # states after tokens context-1 .. S-2, as shard_states gives
+        if self.reservoir.replays:   # states after tokens context-1 .. S-2, as shard_states gives
             return self.reservoir.replay(tokens, position)[c.context - 1:-1].to(dtype)
         return shard_states(self.reservoir, self.embed, tokens, mode=c.context_mode, context=c.context,
                             streams=c.streams, warmup=c.warmup, dtype=dtype, compute_dtype=compute_dtype,

@@ -9,7 +9,7 @@ blocks (models/laerc.py) if it provides
     forward(u (B,T,d), s0 (B,N) | None)   -> (states (B,T,N), s_T (B,N)); fixed weights (buffers)
     step(u_t (B,d), s (B,N))              -> next state (B,N)
 
-and is registered in RESERVOIRS under a name (ReservoirLMConfig.reservoir, LAERCConfig.reservoir_type)
+and is registered in RESERVOIRS under a name (ReservoirLMConfig.reservoir, LAERCConfig.reservoir)
 with a dataclass config that has at least `size`, `input_dim` and `seed` (and `validate()`); the
 models fill whichever of the ESNConfig field names it also has (spectral_radius, radius_norm,
 input_scaling, bias_scaling, dtype, ...). The weights never train; a reservoir that lets autograd
@@ -46,13 +46,15 @@ seed from their own fields and the rest through `reservoir_options` ("key=value,
 LAERC's blocks take any of them whose size fits R = r_mult D (nvar's feature count rarely does; the
 diagonal reservoir needs an even R unless nonlinear; a recording serves rc / aerc only).
 
-Optional extras a substrate may give (the models look for them): a config class attribute
-`context_modes` (the context modes it supports), a config staticmethod `implied(options) -> {field:
-value}` (reservoir-LM fields it fixes itself, applied by ReservoirLMConfig.complete), a reservoir
-attribute `drivable` (False: cannot read new input, so no generation) and a reservoir method
-`replay(tokens, offset)` (precomputed states of tokens at `offset` of the dataset's stream, used by
-ReservoirLM.features in place of computing them).
+What a substrate can do beyond that is stated, not probed for: its reservoir class subclasses
+base.Reservoir and its config class base.ReservoirConfig, whose class attributes it overrides where it
+differs: `pure` (forward depends on its arguments only: window states may share prefixes), `drivable`
+(False: cannot read new input, so no generation), `replays` (its states are read from a recording by
+`replay(tokens, offset)`, which ReservoirLM.features uses in place of computing them); the config's
+`context_modes` (the context modes it supports) and `implied(options) -> {field: value}` (reservoir-LM
+fields it fixes itself, applied by ReservoirLMConfig.complete).
 """
+from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.reservoir.esn import ESN, ESNConfig, tanh_recurrence
 from reslm.reservoir.matrices import random_sparse, scale_radius, scale_spectral_radius, spectral_radius
 from reslm.reservoir.seeding import child_seed, generator
@@ -69,7 +71,7 @@ RESERVOIRS = {"esn": (ESNConfig, ESN), "leaky": (LeakyESNConfig, LeakyESN), "dee
               "nvar": (NVARConfig, NVAR), "diagonal": (DiagonalConfig, DiagonalReservoir),
               "delay": (DelayConfig, DelayReservoir), "recorded": (RecordedConfig, RecordedReservoir)}
 
-__all__ = ["ESN", "ESNConfig", "RESERVOIRS", "CONTEXT_MODES", "shard_states", "spectral_radius",
+__all__ = ["Reservoir", "ReservoirConfig", "ESN", "ESNConfig", "RESERVOIRS", "CONTEXT_MODES", "shard_states", "spectral_radius",
            "scale_spectral_radius", "scale_radius", "random_sparse", "tanh_recurrence", "child_seed",
            "generator", "LeakyESN", "LeakyESNConfig", "DeepESN", "DeepESNConfig", "NVAR", "NVARConfig",
            "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "RecordedConfig",

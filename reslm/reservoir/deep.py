@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from reslm.errors import ReslmError
+from reslm.reservoir.base import Reservoir
 from reslm.reservoir.esn import ESN, ESNConfig
 from reslm.reservoir.seeding import child_seed
 
@@ -52,7 +53,7 @@ class DeepESNConfig(ESNConfig):
                        input_scale_by_dim=True, seed=child_seed(self.seed, LAYER_KEY, layer))
 
 
-class DeepESN(nn.Module):
+class DeepESN(Reservoir):
     """L stacked ESNs. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N) = layers concatenated, s_T)."""
 
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)

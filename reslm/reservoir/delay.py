@@ -26,9 +26,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from reslm.errors import ReslmError
+from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.reservoir.seeding import generator
 
 MASK_KEY = 0
@@ -38,7 +38,7 @@ BLOCK = 64   # virtual nodes per block of the node scan
 
 
 @dataclass
-class DelayConfig:
+class DelayConfig(ReservoirConfig):
     size: int = 750                 # N virtual nodes along the delay line
     input_dim: int = 16             # d, input vector size
     input_scaling: float = 0.5      # gamma: input gain inside the nonlinearity
@@ -83,7 +83,7 @@ def _node_scan_matrices(c: float, N: int, block: int):
     return within.T.contiguous(), across.T.contiguous(), start, ramp
 
 
-class DelayReservoir(nn.Module):
+class DelayReservoir(Reservoir):
     """Single nonlinear node with delayed feedback. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N), s_T)."""
 
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)

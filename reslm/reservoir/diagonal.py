@@ -31,16 +31,16 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from reslm.errors import ReslmError
+from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.reservoir.seeding import generator
 
 EIG_KEY, B_KEY, MIX_KEY = 0, 1, 2
 
 
 @dataclass
-class DiagonalConfig:
+class DiagonalConfig(ReservoirConfig):
     size: int = 750                 # N: 2K real state values (nonlinear: 2K linear + N - 2K tanh features)
     input_dim: int = 16             # d, input vector size
     spectral_radius: float = 0.99   # largest eigenvalue modulus: r_j ~ U(r_min, spectral_radius), <= 1
@@ -116,7 +116,7 @@ def diagonal_scan(v: torch.Tensor, h: torch.Tensor | None, radius: torch.Tensor,
     return torch.cat(out, 1) if grad else v
 
 
-class DiagonalReservoir(nn.Module):
+class DiagonalReservoir(Reservoir):
     """Diagonal complex linear reservoir. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N), s_T)."""
 
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)

@@ -24,8 +24,8 @@ change). States come back in the compute dtype.
 
 Kernels (`backend`): "loop" is `tanh_recurrence`, one GEMM + tanh per step in place, the reference;
 "sigmoid" is the same loop with tanh(z) evaluated as 2 sigmoid(2z) - 1 in float32 on a CPU (the 2 is
-the GEMM's alpha and beta, so one sigmoid pass and one affine pass replace torch.tanh, which costs ~6x
-a sigmoid there: its vectorised tanh is the slow, 1-ulp kind); one tanh differs from torch.tanh's by
+the GEMM's alpha and beta, so one sigmoid pass and one affine pass replace torch.tanh, which costs
+several sigmoids there: its vectorised tanh is the slow, 1-ulp kind; docs/design-figures.md); one tanh differs from torch.tanh's by
 at most 1.8e-7 and 32-step states at N = 750 by at most 9e-7; in other dtypes or on a GPU it is loop. "blocked" is the
 loop cut into blocks of BLOCK_ROWS sequences (GEMM then tanh per block, cache-resident); "rnn" is
 `torch.rnn_tanh` (cuDNN's fused RNN on a GPU; it also runs on a CPU) and needs leak_rate = 1; "auto"
@@ -41,9 +41,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from reslm.errors import ReslmError
+from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.reservoir.matrices import (DISTRIBUTIONS, RADIUS_NORMS, random_sparse, scale_radius,
                                       scale_spectral_radius, spectral_radius)
 from reslm.reservoir.seeding import generator
@@ -58,7 +58,7 @@ __all__ = ["ESN", "ESNConfig", "tanh_recurrence", "random_sparse", "spectral_rad
 
 
 @dataclass
-class ESNConfig:
+class ESNConfig(ReservoirConfig):
     size: int = 750                 # N, reservoir units
     input_dim: int = 16             # d, input vector size (the char embedding)
     spectral_radius: float = 0.9    # radius of W after scaling: rho(W) or sigma_max(W), see radius_norm
@@ -175,7 +175,7 @@ def _recurrence_with_grad(inputs: torch.Tensor, s: torch.Tensor | None, W_T: tor
     return torch.stack(out)
 
 
-class ESN(nn.Module):
+class ESN(Reservoir):
     """Fixed tanh reservoir. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N), s_T); step(u_t, s) -> s."""
 
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from reslm.errors import ReslmError
+from reslm.reservoir.base import Reservoir, ReservoirConfig
 
 
 def nvar_size(k: int, d: int) -> int:
@@ -33,7 +33,7 @@ def nvar_size(k: int, d: int) -> int:
 
 
 @dataclass
-class NVARConfig:
+class NVARConfig(ReservoirConfig):
     size: int = 561                 # N: must equal 1 + k d + k d (k d + 1) / 2 (561 for k = 2, d = 16)
     input_dim: int = 16             # d, input vector size
     k: int = 2                      # number of delayed inputs u_t .. u_{t-k+1} in the linear part
@@ -53,7 +53,7 @@ class NVARConfig:
             raise ReslmError(f"input_scaling must be > 0, got {self.input_scaling}")
 
 
-class NVAR(nn.Module):
+class NVAR(Reservoir):
     """Polynomial features of the last k inputs. forward(u (B,T,d), s0 (B,N)) -> (states (B,T,N), s_T)."""
 
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)

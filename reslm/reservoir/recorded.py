@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from reslm.data.chars import file_fingerprint
 from reslm.errors import ReslmError
+from reslm.reservoir.base import Reservoir, ReservoirConfig
 
 SUBSTRATE_FORMAT, SUBSTRATE_VERSION = "reslm-recorded", 1
 MANIFEST, TOKENS_FILE = "manifest.json", "tokens.npy"
@@ -177,7 +177,7 @@ def read_substrate(path: Path | str) -> dict:
 
 
 @dataclass
-class RecordedConfig:
+class RecordedConfig(ReservoirConfig):
     size: int = 0                   # N: the recording's state columns (the character models take it from the file)
     input_dim: int = 16             # d: the drive's input size (taken from the file too)
     seed: int = 0                   # unused: a recording draws nothing (kept for the reservoir contract)
@@ -204,11 +204,12 @@ class RecordedConfig:
         return {"size": m["states"]["shape"][1], "embed_dim": m["drive"]["input_dim"]}
 
 
-class RecordedReservoir(nn.Module):
+class RecordedReservoir(Reservoir):
     """A recording in place of a reservoir: `replay(tokens, offset)` -> the states measured after each
     token; `forward`/`step` raise (see the module doc)."""
 
     drivable = False
+    replays = True
 
     def __init__(self, cfg: RecordedConfig):
         super().__init__()

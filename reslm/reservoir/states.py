@@ -17,17 +17,15 @@ Both run as batched recurrences: B sequences advance together, so each step is o
 (B, N) x (N, N) matrix product (see ESN.forward).
 
 Window mode shares common prefixes. A window's state after k steps depends only on its first k
-tokens, and natural text repeats short strings: in the first Shakespeare shard only 52 of the 1.6 M
-windows' 1-character prefixes are distinct, 0.70 M of their 8-character ones and 1.56 M of the whole
-windows. So the windows are sorted (lexicographically, whole shard), and step k runs once per distinct
-k-prefix within a sorted chunk, from its (k-1)-prefix's state: about 69% of the plain path's reservoir
-steps on that shard, with the same arithmetic per step. It needs a reservoir whose forward(u, s0) is a
-pure function of its arguments (class attribute `pure = True`: every registered digital substrate); a
-device that cannot be set to a given state (a physical reservoir) runs every window from zero. Each
-step of a chunk also costs a dozen small index operations, so sharing is the default from N = 500 on,
-where the step's GEMM outweighs them (measured on this project's 2-core machine: x1.45 the plain path's
-speed at N = 500, x1.15 at N = 750, x0.55 at N = 250, on 12-40 k characters of Shakespeare, which share
-less than a whole shard does; one thread, best of 2-3 alternated runs on a noisy host).
+tokens, and natural text repeats short strings, so few distinct short prefixes serve many windows.
+The windows are sorted (lexicographically, whole shard), and step k runs once per distinct k-prefix
+within a sorted chunk, from its (k-1)-prefix's state: fewer reservoir steps, with the same arithmetic
+per step. It needs a reservoir whose forward(u, s0) is a pure function of its arguments (class
+attribute `pure = True`: every registered digital substrate); a device that cannot be set to a given
+state (a physical reservoir) runs every window from zero. Each step of a chunk also costs a dozen
+small index operations, so sharing is the default only from N = SHARE_MIN_SIZE on, where the step's
+GEMM outweighs them (the prefix counts and timings behind that threshold: docs/design-figures.md;
+benchmarks/window_prefix_sharing.py measures it again).
 """
 from __future__ import annotations
 
@@ -38,9 +36,9 @@ from typing import Callable
 import torch
 
 from reslm.errors import ReslmError
+from reslm.reservoir.base import CONTEXT_MODES
 from reslm.progress import bar
 
-CONTEXT_MODES = ("window", "stream")
 SHARE_MIN_SIZE = 500   # window states share prefixes from this reservoir size on (module doc)
 
 
@@ -57,7 +55,7 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
     reservoir: forward(u (B,T,d), s0) -> (states (B,T,N), s_T) and attribute `size`.
     embed: token ids (...,) -> input vectors (..., d).
     chunk_elems bounds the working buffer (time-chunk x batch x N elements); 2^22 (16 MiB in fp32)
-    keeps it near the caches (window states at N=750 measured ~35% faster than with 2^26).
+    keeps it near the caches, which is faster than a larger buffer (docs/design-figures.md).
     share_prefixes (window mode): compute a prefix shared by several windows once (module doc);
     None = where the reservoir is `pure` and N >= SHARE_MIN_SIZE. False runs every window from zero
     (the reference).
@@ -73,7 +71,7 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
     with torch.no_grad():
         if mode == "window":
             if share_prefixes is None:
-                share_prefixes = getattr(reservoir, "pure", False) and N >= SHARE_MIN_SIZE
+                share_prefixes = reservoir.pure and N >= SHARE_MIN_SIZE
             window = _shared_window_states if share_prefixes else _window_states
             return window(reservoir, embed, tokens, M, context, N, dtype, compute_dtype, chunk_elems, progress, desc)
         return _stream_states(reservoir, embed, tokens, M, context, N, streams,

@@ -1,0 +1,183 @@
+"""Durable files: atomic writes, fsync, strict JSON, checksums. The floor every writer stands on.
+
+Data preparation (reslm.data), the run folder (reslm.run), reports and publishing all write through
+these helpers, so they sit below all of them and import nothing from reslm but errors.
+
+A file is written atomically and durably (atomic_write: temp file beside it, fsync, rename, fsync of
+the folder), so a kill or a power cut leaves the previous complete file, never a half-written one. A
+failed write (disk full) raises ReslmError "could not write PATH: no space left on device", keeps the
+previous file and leaves no temp file. A folder is built the same way: make_temp_dir beside it,
+fsync_tree, rename, fsync_dir of the parent.
+
+JSON files are strict JSON: write_json refuses NaN and +-Infinity with a ReslmError naming the key,
+before anything is written (callers pass None for a missing value).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
+from reslm.errors import ReslmError, describe, write_error
+
+
+def reason(e: OSError) -> str:
+    """'no space left on device' for OSError(ENOSPC); describe() for anything else."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror[:1].lower() + e.strerror[1:]
+    return describe(e)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call write(tmp_path) on a temp file next to `path`, fsync it, rename it onto `path`, fsync the
+    folder. On any failure `path` keeps its previous content and the temp file is removed; an OSError
+    (ENOSPC, EACCES, ...) or torch's failed-write RuntimeError becomes a one-line ReslmError
+    "could not write PATH: no space left on device". A ReslmError from `write` passes through."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=".tmp")
+    except OSError as e:
+        raise ReslmError(f"could not write {path}: {reason(e)}") from None
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        write(tmp)
+        fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        err = write_error(path, e)  # before the unlink, which frees the space it looks at
+        tmp.unlink(missing_ok=True)
+        if err is not None:
+            raise err from None
+        raise
+    fsync_dir(path.parent)
+
+
+def non_finite(obj, where: str = ""):
+    """(key path, value) of the first NaN/Infinity in a JSON-like object, or None."""
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else (where or "the value", obj)
+    if isinstance(obj, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for w, v in items:
+        bad = non_finite(v, w)
+        if bad is not None:
+            return bad
+    return None
+
+
+def strict_dumps(obj, path: Path, **kw) -> str:
+    bad = non_finite(obj)
+    if bad is not None:
+        raise ReslmError(f"cannot write {path}: {bad[0]} is {bad[1]}, not a finite number "
+                         f"(JSON has no NaN or Infinity; use null for a missing value)")
+    return json.dumps(obj, allow_nan=False, **kw)
+
+
+def write_json(path: Path, obj) -> None:
+    """Write `obj` as strict, indented JSON, atomically (see atomic_write). A NaN or Infinity anywhere
+    in `obj` raises ReslmError naming its key ("cannot write PATH: fits.rc.r2 is nan, not a finite
+    number ...") and nothing is written."""
+    text = strict_dumps(obj, Path(path), indent=2) + "\n"
+    atomic_write(path, lambda p: p.write_text(text))
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON object from a file, or None when the file is missing or unreadable."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------
+# folders
+
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename into it, new files) durable; a no-op where folders cannot
+    be opened (Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsync every file under folder, then every folder (deepest first): call before renaming it."""
+    folders = []
+    for dirpath, _, filenames in os.walk(folder):
+        folders.append(Path(dirpath))
+        for name in filenames:
+            fd = os.open(Path(dirpath) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for d in reversed(folders):
+        fsync_dir(d)
+
+
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A fresh directory <parent>/<prefix>XXXXXXXX, created with the normal umask.
+
+    (tempfile.mkdtemp would make it 0700, and the renamed dataset or cache would keep that.)
+    """
+    for _ in range(100):
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise ReslmError(f"cannot create a temporary directory in {parent}")
+
+
+def missing_parents(path: Path) -> tuple[list[Path], Path]:
+    """(path's parent folders that do not exist yet, innermost first; the nearest one that exists)."""
+    missing, p = [], Path(path).parent
+    while not (p.exists() or p.is_symlink()) and p.parent != p:
+        missing.append(p)
+        p = p.parent
+    return missing, p
+
+
+def remove_empty_dirs(folders: list[Path]) -> None:
+    """rmdir each folder in turn (innermost first), stopping at the first that is not empty or gone:
+    undoes the parent folders a failed command created, never anything it did not."""
+    for q in folders:
+        try:
+            q.rmdir()
+        except OSError:
+            break

@@ -1,0 +1,43 @@
+"""The contract every registered reservoir keeps: what it can do is stated by class attributes here,
+not found out by probing for methods.
+
+    Reservoir          the module (forward, step, init_state; fixed weights as buffers)
+      pure             forward(u, s0) depends on its arguments only, so windows that share a prefix
+                       may share its states (reservoir/states.py); False for a device in the loop
+      drivable         it can read new input, so a model on it can generate; False for a recording
+      replays          its states are read, not computed: replay(tokens, offset) gives them
+    ReservoirConfig    its dataclass config's class attributes
+      context_modes    the context modes (reservoir/states.py) it supports
+      implied(options) the reservoir-LM fields it fixes itself (a recording's size and embed_dim)
+
+A subclass overrides only what differs from these defaults.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+CONTEXT_MODES = ("window", "stream")   # how samples get their states (reservoir/states.py)
+
+
+
+class Reservoir(nn.Module):
+    """Base class of the reservoirs in RESERVOIRS (see reslm.reservoir for the methods they provide)."""
+
+    pure = False
+    drivable = True
+    replays = False
+
+    def replay(self, tokens, offset):
+        """The recorded states of `tokens` at `offset` of the dataset's stream (only where `replays`)."""
+        raise NotImplementedError(f"{type(self).__name__} computes its states: it has nothing to replay")
+
+
+class ReservoirConfig:
+    """Base class of the reservoirs' dataclass configs (holds no fields: each config declares its own)."""
+
+    context_modes: tuple[str, ...] = CONTEXT_MODES
+
+    @staticmethod
+    def implied(options: dict) -> dict:
+        """{field: value} of the reservoir-LM fields this substrate fixes itself, given its options."""
+        return {}

