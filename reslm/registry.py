@@ -35,7 +35,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from reslm.data.corpus import sha256_file
 from reslm.errors import ReslmError
 from reslm.files import sha256_file, write_json
 from reslm.run import CONFIG
