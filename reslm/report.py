@@ -27,8 +27,8 @@ from pathlib import Path
 
 from reslm import figures
 from reslm.errors import ReslmError
-from reslm.models import PRESETS, make_config
-from reslm.models.budget import FRONTIER_BUDGET, check_frontier_config
+from reslm.models import PRESETS, check_frontier_config, make_config
+from reslm.models.budget import FRONTIER_BUDGET
 from reslm.models.base import LN2, config_dict
 from reslm.registry import PROVENANCE, is_published, read_manifest
 from reslm.reproduce import LARGEST, PAPER

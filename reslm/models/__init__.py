@@ -18,7 +18,7 @@ import torch
 from reslm.errors import ReslmError
 from reslm.models.aerc import AERC, AERCConfig
 from reslm.models.base import build_config, config_dict, count_params
-from reslm.models.budget import check_frontier
+from reslm.models.budget import Frontier, check_frontier
 from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.models.rc import RC, RCConfig
@@ -99,6 +99,13 @@ def build_model(name: str, cfg=None, **overrides):
     """The family's model from a config (or from overrides of its defaults)."""
     cfg = cfg if cfg is not None else make_config(name, **overrides)
     return family(name).model(cfg)
+
+
+def check_frontier_config(name: str, cfg) -> Frontier:
+    """check_frontier of the model a family config describes, built shape-only on the meta device
+    (no random matrices drawn, so a large reservoir costs nothing to check)."""
+    with torch.device("meta"):
+        return check_frontier(build_model(name, cfg))
 
 
 def preset(name: str) -> tuple[str, dict]:

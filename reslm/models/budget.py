@@ -71,13 +71,4 @@ def check_frontier(model: nn.Module, budget: int = FRONTIER_BUDGET) -> Frontier:
     return Frontier(not reasons, trainable, tuple(reasons))
 
 
-def check_frontier_config(family_name: str, cfg) -> Frontier:
-    """check_frontier of the model a family config describes, built shape-only on the meta device
-    (no random matrices drawn, so a large reservoir costs nothing to check)."""
-    from reslm.models import build_model   # reslm.models imports this module
-
-    with torch.device("meta"):
-        return check_frontier(build_model(family_name, cfg))
-
-
-__all__ = ["FRONTIER_BUDGET", "HEAD_INPUTS", "Frontier", "check_frontier", "check_frontier_config"]
+__all__ = ["FRONTIER_BUDGET", "HEAD_INPUTS", "Frontier", "check_frontier"]
