@@ -7,8 +7,7 @@ import torch
 import torch.nn as nn
 
 from reslm.cli import main
-from reslm.models import build_model, make_config, preset, preset_table
-from reslm.models import check_frontier_config
+from reslm.models import build_model, check_frontier_config, make_config, preset, preset_table
 from reslm.models.budget import FRONTIER_BUDGET, check_frontier
 from reslm.models.rc import RC
 
