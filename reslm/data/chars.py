@@ -247,12 +247,14 @@ def sample_sha256(path: Path, n_blocks: int = SAMPLE_BLOCKS, block: int = SAMPLE
 
 def file_fingerprint(path: Path) -> dict[str, Any]:
     """{"bytes": size, "sample_sha256": sample_sha256(path)} of one token file."""
-    path = Path(path)
+    return {"bytes": _size(path), "sample_sha256": sample_sha256(path)}
+
+
+def _size(path: Path) -> int:
     try:
-        size = path.stat().st_size
+        return Path(path).stat().st_size
     except OSError as e:
         raise ReslmError(f"cannot read {path}: {e.strerror or e}") from None
-    return {"bytes": size, "sample_sha256": sample_sha256(path)}
 
 
 _DIGESTS: dict[tuple, str] = {}  # (path, size, mtime_ns, ctime_ns, inode, device) -> sha256, this process
@@ -280,12 +282,7 @@ def file_sha256(path: Path) -> str:
 
 def file_digest(path: Path) -> dict[str, Any]:
     """{"bytes": size, "sha256": file_sha256(path)} of one token file (fingerprint_version 2)."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise ReslmError(f"cannot read {path}: {e.strerror or e}") from None
-    return {"bytes": size, "sha256": file_sha256(path)}
+    return {"bytes": _size(path), "sha256": file_sha256(path)}
 
 
 _FINGERPRINT_FIELDS = (("kind", "dataset kind"), ("vocab_size", "vocabulary size"),
