@@ -126,6 +126,7 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
                    notes=notes, weights=link)
         is_paper = all(tc.get(k) == v for k, v in PAPER_TRAIN.items()) and tc.get("cycles", 1) >= 1
         (paper if is_paper else other).append({**row, "folder": link, "finished": m.get("finished"),
+                                              "variant": bool(_variant(cfg)),
                                               "loss": rows[-1]["test_loss"] if rows else None,
                                               "steps": m.get("step")})
     return paper, other
@@ -212,15 +213,20 @@ def results_table(rows: list[dict]) -> str:
 
 
 def readme_table(rows: list[dict]) -> str:
-    """The README's results table: one line per run, the last test CE, the paper's figure, where it ran."""
-    L = ["| preset | family | trainable | context | cycle | test CE (nats) | bits/char | paper | CPU | notes | weights |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+    """The README's results table: one line per paper-protocol run of a preset as Table 1 defines it
+    (variants of a preset are in docs/results.md and docs/frontier.md), its last test CE, the paper's
+    figure and where its weights are."""
+    L = ["| preset | trainable | context | cycle | test CE (nats) | bits/char | paper | weights |",
+         "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r.get("variant"):
+            continue
         done = [v for v in r["shards"] if v is not None]
-        link = f"[{r['weights']}]({r['weights']})" if r["weights"] else NOT_PUBLISHED
-        L.append(f"| {r['name']} | {r['family']} | {r['trainable']:,} | {r['context']} | {r['cycle']} | "
-                 f"{_ce(done[-1] if done else None)} | {_bits(r)} | {r['paper']} | {r['cpu']} | "
-                 f"{'; '.join(r['notes'])} | {link} |")
+        link = f"[{r['weights']}]({r['weights']})" if r["weights"] else "not published"
+        if r["weights"] and not r.get("finished", True):
+            link += " (in progress)"
+        L.append(f"| {r['name']} | {r['trainable']:,} | {r['context']} | {r['cycle']} | "
+                 f"{_ce(done[-1] if done else None)} | {_bits(r)} | {r['paper']} | {link} |")
     return "\n".join(L)
 
 
