@@ -148,12 +148,13 @@ def _num(v: str):
 
 
 def legacy_rows(repo: Path, published: list[dict]) -> list[dict]:
-    """The rows of results/legacy.csv that no published run replaces (same preset and context mode),
+    """The rows of results/legacy.csv that no published run replaces (same preset as Table 1 defines it,
+    same context mode),
     their per-shard CE read from the curve CSV each names."""
     path = repo / LEGACY
     if not path.is_file():
         return []
-    have = {(r["name"], r["context"]) for r in published}
+    have = {(r["name"], r["context"]) for r in published if not r.get("variant")}   # a variant replaces nothing
     curves: dict[str, list[dict]] = {}
     out = []
     for r in _read_csv(path):
