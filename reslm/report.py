@@ -213,6 +213,11 @@ def results_table(rows: list[dict]) -> str:
     return "\n".join(L)
 
 
+def _paper_short(paper: str) -> str:
+    """The paper's figure, or "-" where it gives none (only its largest model per family is a number)."""
+    return "-" if paper == "Fig. 2 only" else paper
+
+
 def readme_table(rows: list[dict]) -> str:
     """The README's results table: one line per paper-protocol run of a preset as Table 1 defines it
     (variants of a preset are in docs/results.md and docs/frontier.md), its last test CE, the paper's
@@ -227,7 +232,7 @@ def readme_table(rows: list[dict]) -> str:
         if r["weights"] and not r.get("finished", True):
             link += " (in progress)"
         L.append(f"| {r['name']} | {r['trainable']:,} | {r['context']} | {r['cycle']} | "
-                 f"{_ce(done[-1] if done else None)} | {_bits(r)} | {r['paper']} | {link} |")
+                 f"{_ce(done[-1] if done else None)} | {_bits(r)} | {_paper_short(r['paper'])} | {link} |")
     return "\n".join(L)
 
 
