@@ -470,6 +470,8 @@ def build(repo: Path) -> tuple[dict[str, str], list[dict]]:
 def report(repo: Path = Path("."), check: bool = False) -> list[str]:
     """Write (or with check=True, only compare) every output; returns the paths that changed (or would)."""
     repo = Path(repo)
+    if not (repo / "results").is_dir():   # nothing to report from: write no empty pages into a stray folder
+        raise ReslmError(f"{repo} has no results/ folder: run `reslm report` in the repository (or pass --repo)")
     outputs, figs = build(repo)
     curves = figs["curves"]
     changed = []

@@ -99,3 +99,9 @@ def test_frontier_page_ranks_runs_and_names_the_best_strict_one():
     assert f"Best strict reservoir-family run so far: [{best['name']}]" in page
     assert all(not p["strict"] for p in points if p["family"] in ("tf", "rnn"))
     assert "Kneser-Ney character 10-gram" in page and "results/kneser-ney.json" in page
+
+
+def test_report_refuses_a_folder_without_results(tmp_path, capsys):
+    assert main(["report", "--repo", str(tmp_path / "nowhere")]) == 2
+    assert "has no results/ folder" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere").exists()
