@@ -103,7 +103,8 @@ def _repair(reservoir: str, model: dict, options: dict) -> None:
 
 
 def _options_text(options: dict) -> str:
-    return ",".join(f"{k}={json.dumps(v)}" for k, v in options.items())
+    """key=value,... as parse_options reads it: strings bare (input_init=normal), numbers exactly."""
+    return ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in options.items())
 
 
 def train_command(family: str, model: dict, train: dict, data: str, optimizer: str, out: str) -> str:

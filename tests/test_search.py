@@ -95,6 +95,12 @@ def test_every_substrate_has_a_valid_space(name):
     assert "input_scaling" not in fixed
 
 
+def test_a_fixed_string_option_passes_through_the_search_unquoted():
+    text = search._options_text({"input_init": "normal", "k": 2, "a_min": 0.1})
+    assert text == "input_init=normal,k=2,a_min=0.1"
+    assert parse_options("esn", RESERVOIRS["esn"][0], "input_init=normal") == {"input_init": "normal"}
+
+
 def test_missing_optuna_is_one_line(chars, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "optuna", None)        # import optuna -> ImportError
     assert main(["search", "--data", str(chars.path), "--out", str(tmp_path / "s"), "--trials", "1"]) == 2
