@@ -36,13 +36,15 @@ def run_plan(root: Path, runs: list[Run], dataset, *, progress: bool = True, say
     a context manager timing "training" (and what `after` does under its own clock); lock: hold root's
     lock for the whole plan (one process per folder of runs), made after the configs are validated."""
     validate(runs, dataset)
-    if lock:
-        with lock_run(Path(root), create=True):
-            return run_plan(root, runs, dataset, progress=progress, say=say, after=after, clock=clock)
-    clock = clock or (lambda stage: contextlib.nullcontext())
+    with lock_run(Path(root), create=True) if lock else contextlib.nullcontext():
+        return _train_each(Path(root), runs, dataset, progress, say, after,
+                           clock or (lambda stage: contextlib.nullcontext()))
+
+
+def _train_each(root: Path, runs: list[Run], dataset, progress: bool, say, after, clock) -> list[dict]:
     summaries = []
     for i, r in enumerate(runs, 1):
-        run_dir = Path(root) / r.name
+        run_dir = root / r.name
         what = ensure_run(run_dir, r.family, r.model, r.train, dataset, preset=r.preset)
         if say:
             say(f"[{i}/{len(runs)}] {r.name}: {what}")
