@@ -57,8 +57,9 @@ import torch.nn.functional as F
 from reslm import bench_tokens
 from reslm.bench_timing import contention_probe, loadavg, repeat, sig, stats, timing_model, timing_reservoir
 from reslm.device import autocast, bf16_status, cpu_name, pick_device
-from reslm.lab import SUBSTRATES, _names
-from reslm.lab import model_overrides as lab_overrides
+from reslm.experiments.plans import SUBSTRATES
+from reslm.experiments.plans import model_overrides as lab_overrides
+from reslm.experiments.plans import parse_names as _names
 from reslm.models import PRESETS, make_config
 from reslm.models.base import TensorFeatures
 from reslm.models.reference import ReferenceTransformer, authors_logits, authors_window_states

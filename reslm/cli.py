@@ -25,25 +25,24 @@ from reslm import data
 from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
 from reslm.bench import SECTIONS, format_summary, run_bench
-from reslm.demo import run_demo
 from reslm.device import pick_device
 from reslm.errors import ReslmError, describe
+from reslm.experiments import (ALL_FAMILIES, BUDGETS, LAB_BUDGETS, STATE_DTYPES, SUBSTRATES, SWEEPS, run_demo,
+                               run_lab, run_sweep)
+from reslm.experiments.reproduce import reproduce
 from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
 from reslm.generate import MAX_LENGTH, check_length, sample
 from reslm.models import MODELS, PRESETS, family, preset, preset_table
-from reslm.lab import LAB_BUDGETS, SUBSTRATES, run_lab
 from reslm.models.reservoir_lm import ReservoirLMConfig
 from reslm.publish import publish, unpacked
-from reslm.report import report
 from reslm.registry import is_published
-from reslm.reproduce import ALL_FAMILIES, BUDGETS, STATE_DTYPES, reproduce
+from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
 from reslm.run import CONFIG, lock_new_run, read_config
 from reslm.run.load import find_dataset, load_run
 from reslm.search import FAMILIES as SEARCH_FAMILIES
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
-from reslm.sweep import SWEEPS, run_sweep, write_scaling
 from reslm.train import CHECKPOINT_SECONDS, TrainConfig, authors_variant, create_run, grow_cycles, train
 
 # Training fields that only one kind of data uses (the others are hidden from that family's flags).
@@ -406,7 +405,7 @@ def cmd_reproduce(args):
               data_root=Path(args.root) if args.root else None, device=args.device,
               progress=not args.no_progress, cycles=args.cycles, context_mode=args.context_mode,
               presets=args.presets, state_dtype=args.state_dtype, command="reslm " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "")
-    print(f"{(out or Path('reproduce-' + args.budget)) / 'report.md'}")
+    print(write_reproduction(out or Path("reproduce-" + args.budget)))
 
 
 def cmd_lab(args):
@@ -414,7 +413,7 @@ def cmd_lab(args):
     run_lab(out, data=args.data, budget=args.budget, substrates=args.substrates, families=args.families,
             physical_substrate=args.physical_substrate, data_root=Path(args.root) if args.root else None,
             device=args.device, progress=not args.no_progress, score=args.score)
-    print(out / "report.md")
+    print(write_lab(out))
 
 
 def cmd_bench(args):
@@ -476,7 +475,8 @@ def cmd_substrate(args):
 
 
 def cmd_demo(args):
-    run_demo(Path(args.out), data_root=Path(args.root) if args.root else None, progress=not args.no_progress)
+    print(demo_text(run_demo(Path(args.out), data_root=Path(args.root) if args.root else None,
+                             progress=not args.no_progress)))
 
 
 # --- parser -------------------------------------------------------------------------------------

@@ -573,15 +573,15 @@ def test_single_symbol_corpus_warns(tmp_path, capsys):
 
 # --- 12. without matplotlib -----------------------------------------------------------------------------------------
 def test_figures_and_report_without_matplotlib(tmp_path, monkeypatch, capsys):
-    from reslm import figures
-    from reslm.reproduce import _matplotlib_note, write_report
+    from reslm.report import figures
+    from reslm.report.reproduction import matplotlib_note, write_report
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     res = figures.plot_overlap([dict(family="rc", name="rc-250", trainable_params=100,
                                      overlap={"7": 0.1, "8": 0.05})], tmp_path / "figures")
     assert res["png"] is None and "matplotlib" in res["note"] and res["csv"].is_file()
     figs = {"fig3": res}
-    _matplotlib_note(figs)
+    matplotlib_note(figs)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "matplotlib is not installed" in err[0], err
     results = dict(budget=dict(name="smoke", left_out="x", token_sweep="cpu", char_train={}, token_train={}),
@@ -627,7 +627,7 @@ USER_FILES = {".backup.tmp-20240101/thesis.tex": "chapter 1", ".notes.tmp": "not
 def test_a_folder_that_is_not_a_run_keeps_every_file(root, tmp_path, capsys, monkeypatch, command):
     """`--out` an existing folder of the user's that holds *.tmp* files and folders: refused with one
     line, and every file is still there, byte for byte (no stale-temp sweep in a folder reslm did not make)."""
-    import reslm.reproduce
+    import reslm.experiments.reproduce
     out = tmp_path / "mine"
     for name, text in USER_FILES.items():
         make_text((out / name).parent, (out / name).name, text)
@@ -638,7 +638,7 @@ def test_a_folder_that_is_not_a_run_keeps_every_file(root, tmp_path, capsys, mon
     def never(*a, **k):
         raise AssertionError("reproduce went on into a folder of the user's")
 
-    monkeypatch.setattr(reslm.reproduce, "_stages", never)
+    monkeypatch.setattr(reslm.experiments.reproduce, "measure", never)
     argv = (["train", *RC, "--data", "c", "--root", str(root), "--out", str(out)] if command == "train" else
             ["reproduce", "--budget", "smoke", "--families", "rc", "--presets", "rc-250", "--data", "c",
              "--root", str(root), "--out", str(out), "--no-progress"])

@@ -3,9 +3,9 @@ import csv
 import numpy as np
 import pytest
 
-from reslm import figures
+from reslm.report import figures
 from reslm.errors import ReslmError
-from reslm.figures import fit_alpha_log10, plot_char_losses, plot_overlap, plot_times, plot_token_curves
+from reslm.report.figures import fit_alpha_log10, plot_char_losses, plot_overlap, plot_times, plot_token_curves
 
 pytest.importorskip("matplotlib")
 

@@ -9,10 +9,19 @@ import torch
 from reslm.cli import main
 from reslm.data.chars import prepare_text
 from reslm.errors import ReslmError
-from reslm import lab
-from reslm.lab import SUBSTRATES, model_overrides, run_lab
+from reslm.experiments import plans
+from reslm.experiments import run_lab as measure
+from reslm.experiments.plans import SUBSTRATES, model_overrides
 from reslm.models import build_model, make_config
 from reslm.models.base import count_params
+from reslm.report import write_lab
+
+
+def run_lab(out, **kw):
+    """What `reslm lab` does: the measurements (reslm.experiments), then the report drawn from them."""
+    results = measure(out, **kw)
+    write_lab(out)
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +44,8 @@ def test_every_substrate_fits_the_budget(substrate):
 
 
 def test_lab_smoke(text, tmp_path, capsys, monkeypatch):
-    real = lab.model_overrides   # the lab's own sizes are the paper's budgets: tiny ones here
-    monkeypatch.setattr(lab, "model_overrides", lambda sub, fam: {**real(sub, fam), "size": 32, "hidden": 4}
+    real = plans.model_overrides   # the lab's own sizes are the paper's budgets: tiny ones here
+    monkeypatch.setattr(plans, "model_overrides", lambda sub, fam: {**real(sub, fam), "size": 32, "hidden": 4}
                         if fam == "aerc" else {**real(sub, fam), "size": 48})
     out = tmp_path / "lab"
     r = run_lab(out, data=str(text.path), budget="smoke", substrates="esn,diagonal", device="cpu", progress=False)

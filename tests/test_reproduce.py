@@ -15,7 +15,17 @@ from reslm.cli import main  # noqa: E402
 from reslm.data.chars import prepare_text  # noqa: E402
 from reslm.errors import ReslmError  # noqa: E402
 from reslm.models import PRESETS  # noqa: E402
-from reslm.reproduce import reproduce  # noqa: E402
+from reslm.experiments import plans, runner  # noqa: E402
+from reslm.experiments.reproduce import reproduce as measure  # noqa: E402
+from reslm.evaluate import EVAL_FILE  # noqa: E402
+from reslm.report import write_reproduction  # noqa: E402
+
+
+def reproduce(budget, families, out, **kw):
+    """What `reslm reproduce` does: the measurements (reslm.experiments), then the report drawn from them."""
+    results = measure(budget, families, out, **kw)
+    write_reproduction(out)
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -112,18 +122,17 @@ def test_paper_budget_is_window_mode_and_resumes(tmp_path, monkeypatch, capsys):
     (Generation and scoring shortened: the protocol under test is training's.)"""
     import dataclasses
 
-    import reslm.reproduce as rep
     import reslm.train as tt
-    paper = rep.BUDGETS["paper"]
+    paper = plans.BUDGETS["paper"]
     assert paper.reservoir_model == {"context_mode": "window"} and "cycles" in paper.left_out
-    monkeypatch.setitem(rep.BUDGETS, "paper", dataclasses.replace(paper, gen_length=30, score=512, kn_orders=(1, 2)))
+    monkeypatch.setitem(plans.BUDGETS, "paper", dataclasses.replace(paper, gen_length=30, score=512, kn_orders=(1, 2)))
     rng = random.Random(2)
     words = "to be or not that is the question".split()
     (tmp_path / "t.txt").write_text(" ".join(rng.choice(words) for _ in range(1500)))
     char_data = prepare_text([tmp_path / "t.txt"], tmp_path, "tiny", verbose=False)   # shards of ~1.3k chars
-    small = {k: v for k, v in rep.PRESETS.items() if k in ("aerc-75-13", "aerc-75-19", "aerc-100-20")}
-    monkeypatch.setattr(rep, "PRESETS", small)   # three presets are enough to see skip / resume / start
-    real_train, calls = rep.train, []
+    small = {k: v for k, v in plans.PRESETS.items() if k in ("aerc-75-13", "aerc-75-19", "aerc-100-20")}
+    monkeypatch.setattr(plans, "PRESETS", small)   # three presets are enough to see skip / resume / start
+    real_train, calls = runner.train, []
 
     def train_two(run, **kw):  # the session ends after one preset
         if len(calls) == 1:
@@ -132,13 +141,13 @@ def test_paper_budget_is_window_mode_and_resumes(tmp_path, monkeypatch, capsys):
         assert kw.get("cache_states") is True      # the paper budget keeps states across interruptions
         return real_train(run, **kw)
 
-    monkeypatch.setattr(rep, "train", train_two)
+    monkeypatch.setattr(runner, "train", train_two)
     out = tmp_path / "paper"
     with pytest.raises(KeyboardInterrupt):
         reproduce("paper", "aerc", out, data=str(char_data.path), device="cpu", progress=False)
     # the finished preset was evaluated before the next one started, so the interruption kept it
-    assert (out / "runs" / "aerc-75-13" / rep.EVAL_FILE).is_file()
-    monkeypatch.setattr(rep, "train", real_train)
+    assert (out / "runs" / "aerc-75-13" / EVAL_FILE).is_file()
+    monkeypatch.setattr(runner, "train", real_train)
     capsys.readouterr()
     results = reproduce("paper", "aerc", out, data=str(char_data.path), device="cpu", progress=False)
     err = capsys.readouterr().err

@@ -11,7 +11,8 @@ from reslm.train import train as train_run
 
 from reslm.data.bpe import prepare_bpe
 from reslm.errors import ReslmError
-from reslm.sweep import SWEEPS, Sweep, fit_log10, param_table, run_sweep, write_scaling
+from reslm.experiments import SWEEPS, Sweep, param_table, plans, run_sweep
+from reslm.report import fit_log10, write_scaling
 
 TINY = Sweep(
     name="tiny",
@@ -83,10 +84,9 @@ def test_tiny_sweep(dataset, tmp_path):
 def test_resume_unfinished_and_mismatch(dataset, tmp_path):
     out = tmp_path / "sweep"
     short = dict(max_steps=2)
-    import reslm.sweep as sweep_mod
     # an interrupted run: started with the sweep's config but only 2 of 4 steps done
-    plan = sweep_mod._plan(TINY, ("gpt",), None, dataset)
-    fam, name, model, train = plan[0]
+    r = plans.sweep_plan(TINY, ("gpt",))[0]
+    fam, name, model, train = r.family, r.name, r.model, r.train
     run_dir = create_run(out / name, fam, model, train, dataset)
     train_run(run_dir, progress=False, stop_at=short["max_steps"])   # stopped at step 2
     rows = run_sweep(out, dataset, TINY, families=("gpt",), progress=False)

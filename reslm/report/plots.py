@@ -1,0 +1,147 @@
+"""The lab's and the frontier's plots, each written as a PNG plus the CSV it was drawn from (the
+helpers and conventions of reslm.report.figures: without matplotlib the CSV is still written).
+
+    plot_substrates   test CE per substrate and family at the paper's largest reservoir budgets
+    plot_physical     test CE under readout noise and b-bit ADCs
+    plot_frontier     test CE against trainable parameters, every published and legacy run
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from reslm.errors import ReslmError
+from reslm.report.figures import FAMILY_COLORS, _families, _finish, _label, _log_params_axis, _need, _pyplot, _write_csv
+
+
+SUBSTRATE_FIELDS = ("family", "substrate", "size", "trainable_params", "fixed_params", "test_loss", "test_bpc",
+                    "train_seconds", "reservoir_seconds")
+
+
+def plot_substrates(rows, out_dir, stem: str = "substrates", paper: dict | None = None) -> dict:
+    """The lab's substrate comparison: test CE (nats) per substrate, one bar group per substrate and
+    one bar per family (rc, aerc), with the paper's full-protocol figure of each family as a dashed
+    line. rows: [{"family", "substrate", "test_loss", "trainable_params", ...}]."""
+    rows = _need(rows, "substrate runs")
+    out_dir = Path(out_dir)
+    csv_path = _write_csv(out_dir / f"{stem}.csv", SUBSTRATE_FIELDS, rows)
+    plt = _pyplot()
+    fig = None
+    if plt is not None:
+        subs = list(dict.fromkeys(r["substrate"] for r in rows))
+        fams = _families(rows)
+        width = 0.8 / len(fams)
+        fig, ax = plt.subplots(figsize=(1.1 * len(subs) + 3, 4))
+        for j, fam in enumerate(fams):
+            xs, ys = [], []
+            for i, sub in enumerate(subs):
+                r = next((r for r in rows if r["family"] == fam and r["substrate"] == sub), None)
+                if r:
+                    xs.append(i + (j - (len(fams) - 1) / 2) * width)
+                    ys.append(r["test_loss"])
+            ax.bar(xs, ys, width, color=FAMILY_COLORS.get(fam), label=_label(fam))
+            for x, y in zip(xs, ys):
+                ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
+            if paper and fam in paper:
+                ax.axhline(paper[fam], ls="--", lw=1, color=FAMILY_COLORS.get(fam),
+                           label=f"paper, {_label(fam)} (full protocol)")
+        shown = [r["test_loss"] for r in rows] + [v for f, v in (paper or {}).items() if f in fams]
+        ax.set_ylim(max(0.0, min(shown) - 0.3), max(shown) + 0.15)   # the paper's lines in view too
+        ax.set_xticks(range(len(subs)), subs)
+        ax.set_ylabel("test CE (nats/char)")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title("substrates at the rc-2600 / aerc-160-30 trainable budgets", fontsize=9)
+    return _finish(plt, fig, out_dir, stem, csv_path)
+
+
+def plot_physical(physical: dict, out_dir, stem: str = "physical") -> dict:
+    """The lab's physical constraints: test CE against readout noise sigma (left, log x; sigma 0 drawn
+    at the left edge) and against ADC bits (right; "off" = no ADC), one line per family.
+    physical: {family: {"noise": [{"sigma", "test_loss"}], "adc": [{"bits", "test_loss"}]}}."""
+    if not physical:
+        raise ReslmError("no physical-constraint results to plot")
+    out_dir = Path(out_dir)
+    table = [dict(family=fam, constraint="noise", value=r["sigma"], test_loss=r["test_loss"])
+             for fam, p in physical.items() for r in p["noise"]]
+    table += [dict(family=fam, constraint="adc_bits", value=r["bits"], test_loss=r["test_loss"])
+              for fam, p in physical.items() for r in p["adc"]]
+    csv_path = _write_csv(out_dir / f"{stem}.csv", ("family", "constraint", "value", "test_loss"), table)
+    plt = _pyplot()
+    fig = None
+    if plt is not None:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+        for fam, p in physical.items():
+            color = FAMILY_COLORS.get(fam)
+            pos = [r for r in p["noise"] if r["sigma"] > 0]
+            zero = [r for r in p["noise"] if r["sigma"] == 0]
+            a1.plot([r["sigma"] for r in pos], [r["test_loss"] for r in pos], "o-", color=color, label=_label(fam))
+            for r in zero:
+                a1.axhline(r["test_loss"], ls=":", lw=1, color=color)
+            bits_on = sorted((r for r in p["adc"] if r["bits"]), key=lambda r: r["bits"])
+            a2.plot([r["bits"] for r in bits_on], [r["test_loss"] for r in bits_on], "o-", color=color,
+                    label=_label(fam))
+            for r in p["adc"]:
+                if not r["bits"]:
+                    a2.axhline(r["test_loss"], ls=":", lw=1, color=color)
+        a1.set_xscale("log")
+        a1.set_xlabel("readout noise sigma (state units; dotted: no noise)")
+        a2.set_xlabel("ADC bits (dotted: no ADC)")
+        a1.set_ylabel("test CE (nats/char)")
+        for ax in (a1, a2):
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle("trained without constraints, scored under them", fontsize=9)
+    return _finish(plt, fig, out_dir, stem, csv_path)
+
+
+# --------------------------------------------------------------------------- the frontier
+
+FRONTIER_FIELDS = ("family", "name", "trainable_params", "test_loss", "strict", "published", "source")
+
+
+def plot_frontier(points, out_dir, stem: str = "frontier", references=None, budget: int | None = None) -> dict:
+    """Test CE against trainable parameters (log x) for every run, one colour per family: filled
+    markers for published runs (weights in results/), hollow ones for runs measured before the
+    registry; a diamond for a run that obeys the strict reservoir rules beyond the paper's protocol.
+
+    points: [{"family", "name", "trainable_params", "test_loss", "strict", "published", "source"}].
+    references: {label: (trainable_params or None, test_loss)}: a point each (the paper's figures),
+    or a dotted horizontal line where trainable_params is None (e.g. an n-gram baseline).
+    budget: a vertical line at this trainable count."""
+    points = _need(points, "points")
+    out_dir = Path(out_dir)
+    csv_path = _write_csv(out_dir / f"{stem}.csv", FRONTIER_FIELDS, points)
+    plt = _pyplot()
+    fig = None
+    if plt is not None:
+        fig, ax = plt.subplots(figsize=(7.5, 5.0))
+        for fam in _families(points):
+            color = FAMILY_COLORS.get(fam, "0.3")
+            for published, lab in ((True, "published"), (False, "weights not published")):
+                pts = [p for p in points if p["family"] == fam and bool(p["published"]) == published]
+                if not pts:
+                    continue
+                ax.scatter([p["trainable_params"] for p in pts], [p["test_loss"] for p in pts],
+                           marker="o", s=36, facecolors=color if published else "none", edgecolors=color,
+                           label=f"{_label(fam)} ({lab})", zorder=3)
+            lab_pts = [p for p in points if p["family"] == fam and p.get("source") == "lab"]
+            if lab_pts:
+                ax.scatter([p["trainable_params"] for p in lab_pts], [p["test_loss"] for p in lab_pts],
+                           marker="D", s=60, facecolors="none", edgecolors="k", zorder=4,
+                           label=f"{_label(fam)}: lab routes (beyond the paper's protocol)")
+        for label, (n, ce) in sorted((references or {}).items()):
+            if n is None:
+                ax.axhline(ce, color="0.35", ls=":", lw=1.2, label=label, zorder=1)
+            else:
+                ax.scatter([n], [ce], marker="*", s=140, color="0.15", zorder=5)
+                ax.annotate(label, (n, ce), textcoords="offset points", xytext=(6, -3), fontsize=7)
+        if budget:
+            ax.axvline(budget, color="0.6", lw=1.0, ls="--", zorder=0)
+        _log_params_axis(ax)
+        ax.set_xlabel("trainable parameters")
+        ax.set_ylabel("test CE on the whole test shard (nats/char)")
+        ax.grid(True, alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        keep = dict(zip(labels, handles))
+        ax.legend(keep.values(), keep.keys(), fontsize=7, loc="upper right")
+    return _finish(plt, fig, out_dir, stem, csv_path)

@@ -1,0 +1,152 @@
+"""The runs `reslm report` tabulates, read from the repository: the published runs under results/ (their
+config, metrics, summary, manifest and provenance) and results/legacy.csv (runs measured before the
+registry whose folders are gone, their per-shard-epoch curves in the docs/ CSVs each row names).
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from reslm.errors import ReslmError
+from reslm.files import read_json
+from reslm.models import PRESETS, make_config
+from reslm.models.base import LN2, config_dict
+from reslm.paper import LARGEST, TEST_CE
+from reslm.registry import PROVENANCE, is_published, read_manifest
+from reslm.run import CONFIG, SUMMARY, read_metrics
+
+LEGACY = "results/legacy.csv"
+# the paper's character protocol ("Training"): what a run must have trained with to sit in its table
+PAPER_TRAIN = dict(optimizer="adam", lr=1e-4, batch_size=1024, epochs_per_shard=5, epoch_samples=0, shard_chars=0,
+                   eval_samples=0)
+NOT_PUBLISHED = "weights not published"
+
+
+# --- rows --------------------------------------------------------------------------------------------
+def _paper(name: str, family: str) -> str:
+    return f"{TEST_CE[family]:.2f}" if LARGEST.get(family) == name else "Fig. 2 only"
+
+
+def _shard_ends(epochs: list[dict], cycle: int, shards: list[int], last_epoch: int) -> list[float | None]:
+    """Test CE after the last epoch of each training shard of `cycle` (None where it has not run yet)."""
+    ends = {e["shard"]: e["test_loss"] for e in epochs if e["cycle"] == cycle and e["epoch"] == last_epoch}
+    return [ends.get(s) for s in shards]
+
+
+def _variant(cfg: dict) -> list[str]:
+    """How a published run's model differs from its preset (or family) defaults, e.g.
+    ["spectral_radius=1.1111", "seed=1"]; the context mode has a column of its own."""
+    fam, preset = cfg["family"], cfg.get("preset")
+    try:
+        base = config_dict(make_config(fam, **(PRESETS[preset][1] if preset in PRESETS else {})))
+    except ReslmError:
+        return []
+    have = cfg.get("model", {})
+    return [f"{k}={have[k]}" for k in sorted(have) if k != "context_mode" and k in base and have[k] != base[k]]
+
+
+def _last_cycle(rows: list[dict], last_epoch: int) -> int:
+    """The last cycle with at least one finished training shard (an unfinished run shows the cycle it
+    has results for, not an empty one it has just begun)."""
+    done = [r["cycle"] for r in rows if r.get("epoch") == last_epoch]
+    return max(done, default=0)
+
+
+def _row(*, name, family, trainable, context, cycle, shards, epochs, train_s, reservoir_s, cpu, threads, notes,
+         weights) -> dict:
+    """One row of the paper-protocol table; `shards`: test CE after each training shard of `cycle`."""
+    done = [v for v in shards if v is not None]
+    final = done[-1] / LN2 if done else None
+    partial = len(done) < len(shards)
+    return dict(name=name, family=family, trainable=int(trainable), context=context, cycle=cycle, shards=shards,
+                bits=final, partial=partial, paper=_paper(name, family), train_seconds=train_s,
+                reservoir_seconds=reservoir_s, cpu=cpu, threads=threads, notes=notes, weights=weights,
+                epochs=epochs)
+
+
+def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
+    """(paper-protocol rows, other rows) of the published runs under repo/results, by folder name."""
+    paper, other = [], []
+    base = repo / "results"
+    for folder in sorted(p for p in base.iterdir() if p.is_dir() and is_published(p)) if base.is_dir() else []:
+        m = read_manifest(folder)
+        cfg = read_json(folder / CONFIG) or {}
+        prov = read_json(folder / PROVENANCE) or {}
+        summary = read_json(folder / SUMMARY) or {}
+        if not cfg:
+            raise ReslmError(f"{folder} has no readable {CONFIG}")
+        tc, model = cfg["train"], cfg["model"]
+        trainable = sum(math.prod(t["shape"]) for t in m.get("trainable", {}).values())
+        name = cfg.get("preset") or folder.name
+        notes = _variant(cfg) + [n for n, on in ((f"{tc.get('state_dtype')} states", tc.get("state_dtype") not in (None, "float32")),
+                                 (tc.get("precision", "auto"), tc.get("precision", "auto") not in ("auto", "fp32")),
+                                 ("in progress", not m.get("finished"))) if on]
+        wall = prov.get("wall", {})
+        rows = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("step", 0) > 0]
+        link = f"results/{folder.name}"
+        if "shard" not in (rows[0] if rows else {"shard": 0}):     # a token-level run: the other table
+            other.append(dict(name=name, family=cfg["family"], trainable=trainable, folder=link, rows=rows,
+                              finished=m.get("finished"), loss=rows[-1].get("val_loss") if rows else None,
+                              steps=m.get("step"), cpu=prov.get("cpu", "?"), train_seconds=wall.get("train_seconds"),
+                              notes=notes))
+            continue
+        shards = list(cfg["data"].get("train_shards", sorted({r["shard"] for r in rows})))
+        cycle = _last_cycle(rows, tc.get("epochs_per_shard", 1) - 1)
+        row = _row(name=name, family=cfg["family"], trainable=trainable, context=model.get("context_mode", "window"),
+                   cycle=cycle + 1, shards=_shard_ends(rows, cycle, shards, tc.get("epochs_per_shard", 1) - 1),
+                   epochs=rows, train_s=summary.get("train_seconds") or wall.get("train_seconds"),
+                   reservoir_s=wall.get("reservoir_seconds"), cpu=prov.get("cpu", "?"), threads=prov.get("threads"),
+                   notes=notes, weights=link)
+        is_paper = all(tc.get(k) == v for k, v in PAPER_TRAIN.items()) and tc.get("cycles", 1) >= 1
+        (paper if is_paper else other).append({**row, "folder": link, "finished": m.get("finished"),
+                                              "variant": bool(_variant(cfg)),
+                                              "loss": rows[-1]["test_loss"] if rows else None,
+                                              "steps": m.get("step")})
+    return paper, other
+
+
+def _read_csv(path: Path) -> list[dict]:
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    except OSError as e:
+        raise ReslmError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _num(v: str):
+    if v in ("", None):
+        return None
+    x = float(v)
+    return int(x) if x.is_integer() and "." not in v else x
+
+
+def legacy_rows(repo: Path, published: list[dict]) -> list[dict]:
+    """The rows of results/legacy.csv that no published run replaces (same preset as Table 1 defines it,
+    same context mode),
+    their per-shard CE read from the curve CSV each names."""
+    path = repo / LEGACY
+    if not path.is_file():
+        return []
+    have = {(r["name"], r["context"]) for r in published if not r.get("variant")}   # a variant replaces nothing
+    curves: dict[str, list[dict]] = {}
+    out = []
+    for r in _read_csv(path):
+        if (r["preset"], r["context_mode"]) in have:
+            continue
+        if r["curve"] not in curves:
+            curves[r["curve"]] = [{k: (v if k in ("family", "name") else _num(v)) for k, v in row.items()}
+                                  for row in _read_csv(repo / r["curve"])]
+        cycle = int(r["cycle"])
+        epochs = [e for e in curves[r["curve"]] if e["name"] == r["preset"]]
+        if not epochs:
+            raise ReslmError(f"{path}: {r['preset']} has no rows in {r['curve']}")
+        shards = sorted({e["shard"] for e in curves[r["curve"]]})   # every run's: a partial run has fewer
+        last_epoch = max(e["epoch"] for e in epochs)
+        notes = [n for n in (f"{r['state_dtype']} states" if r["state_dtype"] not in ("", "float32") else "",
+                             r["note"]) if n]
+        out.append(_row(name=r["preset"], family=r["family"], trainable=int(r["trainable_params"]),
+                        context=r["context_mode"], cycle=cycle, shards=_shard_ends(epochs, cycle - 1, shards, last_epoch),
+                        epochs=epochs, train_s=_num(r["train_seconds"]), reservoir_s=_num(r["reservoir_seconds"]),
+                        cpu=r["cpu"], threads=_num(r["threads"]), notes=notes, weights=None))
+    return out
