@@ -203,7 +203,7 @@ def results_md(paper: list[dict], other: list[dict], fig: str | None) -> str:
     if fig:
         L += [f"![Fig. 2 at the paper's protocol]({fig}.png)", "",
               f"*Train (top) and test (bottom) loss after every shard-epoch of the runs above, first cycle "
-              f"([data]({fig}.csv); `reslm.figures.plot_char_losses`).*", ""]
+              f"([data]({fig}.csv); `reslm.report.figures.plot_char_losses`).*", ""]
     if other:
         L += ["## Other published runs", "", other_table(other), ""]
     return "\n".join(L)

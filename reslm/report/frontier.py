@@ -98,7 +98,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
     if fig:
         L += ["", f"![test CE against trainable parameters]({fig}.png)", "",
               f"*Test CE against trainable parameters, every run above ([data]({fig}.csv); "
-              "`reslm.figures.plot_frontier`).*"]
+              "`reslm.report.plots.plot_frontier`).*"]
     return "\n".join(L) + "\n"
 
 
