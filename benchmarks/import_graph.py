@@ -7,7 +7,10 @@ module level, to the module whose names it takes (`import reslm.x`, `from reslm.
 or reslm.x.y where y is a module; the package __init__ that Python runs on the way is not counted,
 as a submodule may import a sibling without its package's names). A module's floor
 is 1 + the highest floor among the modules it imports (a module importing nothing of reslm is floor
-1); the package's floors are the highest floor, with one longest chain printed. Imports inside a
+1); the package's floors are the highest floor, with one longest chain printed. The same is printed
+for the layers: each subpackage (reslm/data, reslm/models, ...) counted as one unit, each top-level
+module as its own; an import between two modules of one subpackage is inside its layer. A cycle
+between layers (a subpackage and a module importing each other) is listed too. Imports inside a
 function body are listed apart (they hide an edge from the graph); cycles are strongly connected
 components of more than one module.
 """
@@ -110,8 +113,38 @@ def floors(edges: dict[str, set[str]]) -> tuple[dict[str, int], dict[str, str | 
     return floor, via
 
 
+def layer_edges(edges: dict[str, set[str]], root: Path) -> dict[str, set[str]]:
+    """The graph with each subpackage of `root` as one node (its modules' edges, minus internal ones)."""
+    def unit(m: str) -> str:
+        parts = m.split(".")
+        return ".".join(parts[:2]) if len(parts) > 1 and (root / parts[1]).is_dir() else m
+    out: dict[str, set[str]] = {}
+    for m, ts in edges.items():
+        out.setdefault(unit(m), set()).update(unit(t) for t in ts if unit(t) != unit(m))
+    return out
+
+
+def print_layers(edges: dict[str, set[str]], root: Path) -> None:
+    layers = layer_edges(edges, root)
+    floor, via = floors(layers)
+    top = max(floor, key=lambda m: (floor[m], m))
+    chain, v = [], top
+    while v is not None:
+        chain.append(v)
+        v = via[v]
+    cycles = [c for c in sccs(layers) if len(c) > 1]
+    print(f"layers: {len(layers)}, floors: {floor[top]}  longest chain: {' -> '.join(chain)}")
+    print(f"layer cycles: {len(cycles)}" + "".join(f"\n  {' <-> '.join(sorted(c))}" for c in cycles))
+    by_floor: dict[int, list[str]] = {}
+    for m, h in floor.items():
+        by_floor.setdefault(h, []).append(m)
+    for h in sorted(by_floor):
+        print(f"  {h:2d}: {', '.join(sorted(by_floor[h]))}")
+
+
 def main(root: Path) -> None:
     files, edges, local = read_package(root)
+    print_layers(edges, root)
     floor, via = floors(edges)
     top = max(floor, key=lambda m: (floor[m], m))
     chain, v = [], top
