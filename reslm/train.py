@@ -691,6 +691,48 @@ def _finite(loss: torch.Tensor, params) -> bool:
     return all(p.grad is None or torch.isfinite(p.grad).all() for p in params)
 
 
+def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: float, precision: str = "fp32",
+               device: torch.device | None = None, grad_clip: float = 0.0, by_targets: bool = True, ddp=None,
+               ema: EMA | None = None, step: int = 0, params: list | None = None) -> tuple[torch.Tensor, int]:
+    """One optimiser step, the only one in reslm (the training loop and the bench both call it):
+    lr into every group (times its lr_mult), gradients of forward(x, y)'s loss summed over the
+    micro-batches `micro` [(x, y), ...] under autocast(precision) and the (fp16) loss scaler, global
+    norm clipping at grad_clip (0: none), a non-finite loss or gradient -> ReslmError, opt.step, and
+    the EMA of the weights updated to step + 1. `params`: the parameters to clip and check, in the
+    order whose norm the run has always summed (default: the optimiser's).
+
+    by_targets: weigh micro-batch i by y_i.numel() / sum of them (characters: every sample counts once)
+    instead of 1 / len(micro) (token windows). `ddp`: the DistributedDataParallel wrapper that
+    `forward` is, so that only the last micro-batch all-reduces its gradients. Returns the step's
+    loss (the weighted mean, a detached 0-dim tensor) and its weight (samples, or micro-batches)."""
+    device = device or torch.device("cpu")
+    for g in opt.param_groups:
+        g["lr"] = lr * g["lr_mult"]
+    opt.zero_grad(set_to_none=True)
+    n_step = sum(y.numel() for _, y in micro) if by_targets else len(micro)
+    step_loss = torch.zeros((), device=device)
+    for i, (x, y) in enumerate(micro):
+        weight = y.numel() / n_step if by_targets else 1 / n_step
+        sync = contextlib.nullcontext() if ddp is None or i == len(micro) - 1 else ddp.no_sync()
+        with sync:
+            with autocast(precision, device):
+                _, loss = forward(x, y)
+            scaler.scale(loss * weight).backward()
+        step_loss += loss.detach().float() * weight
+    params = params if params is not None else [p for g in opt.param_groups for p in g["params"]]
+    if grad_clip > 0:
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    if not scaler.is_enabled() and not _finite(step_loss, params):
+        raise ReslmError(f"non-finite loss or gradient at step {step + 1} (lr {lr:.3g}); stopped, the last "
+                         f"checkpoint is kept: lower --lr, add --grad-clip, or check the inputs")
+    scaler.step(opt)
+    scaler.update()
+    if ema is not None:
+        ema.update(step + 1)
+    return step_loss, n_step
+
+
 def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
           checkpoint_seconds: float = CHECKPOINT_SECONDS, cache_states: bool = False) -> dict:
     """Train (or continue training) the run in run_dir; returns the summary (also summary.json).
@@ -792,32 +834,12 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     samples_per_step = tc.batch_size * (tc.grad_accum if fam.data == "tokens" else 1)
     while step < end:
         lr = lr_at(tc, step, source.total)
-        for g in opt.param_groups:
-            g["lr"] = lr * g["lr_mult"]
         micro = source.batches(step)
         torch.manual_seed(step_seed(tc.seed, step))  # dropout
-        opt.zero_grad(set_to_none=True)
-        n_step = sum(y.numel() for _, y in micro) if fam.data == "chars" else len(micro)
-        step_loss = torch.zeros((), device=device)
-        for i, (x, y) in enumerate(micro):
-            weight = y.numel() / n_step if fam.data == "chars" else 1 / n_step
-            sync = contextlib.nullcontext() if ddp is None or i == len(micro) - 1 else ddp.no_sync()
-            with sync:
-                with autocast(precision, device):
-                    _, loss = forward(x, y)
-                scaler.scale(loss * weight).backward()
-            step_loss += loss.detach().float() * weight
-        if tc.grad_clip > 0:
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-        if not scaler.is_enabled() and not _finite(step_loss, params):
-            raise ReslmError(f"non-finite loss or gradient at step {step + 1} (lr {lr:.3g}); stopped, the last "
-                             f"checkpoint is kept: lower --lr, add --grad-clip, or check the inputs")
-        scaler.step(opt)
-        scaler.update()
+        step_loss, n_step = train_step(forward, micro, opt, scaler, lr=lr, precision=precision, device=device,
+                                       grad_clip=tc.grad_clip, by_targets=fam.data == "chars", ddp=ddp, ema=ema,
+                                       step=step, params=params)
         step += 1
-        if ema is not None:
-            ema.update(step)
         lv = dist_.all_reduce_mean(step_loss).item()
         seg_loss, seg_n = seg_loss + lv * (n_step if fam.data == "chars" else 1), seg_n + (n_step if fam.data == "chars" else 1)
         win_loss, win_steps = win_loss + lv, win_steps + 1
@@ -932,5 +954,6 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
 
 
 __all__ = ["TrainConfig", "train_config", "step_seed", "lr_at", "CharShards", "TokenWindows", "SOURCES",
-           "check_holdout", "make_run_config", "create_run", "ensure_run", "grow_cycles", "is_finished", "train",
+           "check_holdout", "make_run_config", "create_run", "ensure_run", "grow_cycles", "is_finished",
+           "make_optimizer", "train_step", "train",
            "summarize", "bits"]
