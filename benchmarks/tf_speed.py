@@ -6,7 +6,7 @@ issue 27, timed alternately in one process with a fp32 and a bf16 GEMM, best of 
     comp_bmm     torch.compile(fused_forward, pointwise=False): hashed dropout, attention as matmuls
     comp_pw      torch.compile(fused_forward): hashed dropout, attention as broadcast multiply + sum
     comp_pw_bf16 comp_pw under bf16 autocast
-    ref          reference.ReferenceTransformer (torch's nn.TransformerEncoder: the authors' model)
+    ref          reslm.bench.reference.ReferenceTransformer (torch's nn.TransformerEncoder: the authors' model)
 
     python benchmarks/tf_speed.py tf-64-4-4 plain,comp_pw,ref 5 [batch] [threads] [out.json]
 
@@ -23,7 +23,8 @@ import torch
 
 from reslm.device import cpu_name
 from reslm.models import PRESETS, build_model
-from reslm.models.reference import ReferenceTransformer
+from reslm.bench.fused import draw_seeds, fused_forward
+from reslm.bench.reference import ReferenceTransformer
 from reslm.models.transformer import training_flops_per_sample
 
 
@@ -36,11 +37,11 @@ def make_step(kind: str, preset: str, batch: int):
     x, y = torch.randint(59, (batch, 32)), torch.randint(59, (batch,))
     bf16 = kind.endswith("_bf16")
     if kind.startswith("comp"):
-        fwd = torch.compile(model.fused_forward)
+        fwd = torch.compile(lambda *a: fused_forward(model, *a))
         pointwise = "_pw" in kind
 
         def forward():
-            return fwd(x, y, model.draw_seeds(), pointwise)
+            return fwd(x, y, draw_seeds(model), pointwise)
     else:
         def forward():
             return model(x, y)
