@@ -96,7 +96,8 @@ class TrainConfig:
     eval_samples: int = 0           # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
     state_dtype: str = "float32"    # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)
     # closed-form readout (rc with optimizer ridge) and `reslm search`
-    holdout: float = 0.1            # ridge, lbfgs and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it
+    holdout: float = 0.1            # ridge, lbfgs and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it unless heldout_eval
+    heldout_eval: bool = False      # characters, adam/adamw: train without the held-out tails (holdout) and evaluate on them, never reading the test shard (`reslm search`'s objective)
     ridge_alpha: float = 0.0        # ridge: penalty relative to the mean state power; 0 = the best of 1e-8..1 on the held-out slice
     ridge_refit: bool = True        # ridge: solve again on all training samples (held-out included) with the chosen alpha
     ridge_heldout_samples: int = 65536  # ridge and lbfgs: held-out samples (evenly spread) that score each alpha (lambda) and fit the temperature
@@ -587,7 +588,11 @@ def make_run_config(family_name: str, model_overrides: dict, train_overrides: di
             if model_cfg.head != "linear":
                 raise ReslmError(f"optimizer {tc.optimizer} solves a linear head (--head linear), not {model_cfg.head}")
             check_holdout(dataset, tc, context)
+        elif tc.heldout_eval:
+            check_holdout(dataset, tc, context)
     else:
+        if tc.heldout_eval:
+            raise ReslmError("heldout_eval holds out the tails of character shards; token runs evaluate on val.bin")
         for split, n in (("train", len(dataset.train)), ("val", len(dataset.val))):
             if context >= n:
                 raise ReslmError(f"context {context} is not shorter than the {split} split ({n} tokens)")
@@ -691,6 +696,27 @@ def _finite(loss: torch.Tensor, params) -> bool:
     return all(p.grad is None or torch.isfinite(p.grad).all() for p in params)
 
 
+class HeldoutLoss:
+    """The evaluation of a heldout_eval run (TrainConfig.heldout_eval): the CE on the held-out tails of
+    a CharShards source's training shards, never the test shard. The tails' features are computed at
+    the first evaluation and kept (the reservoir is fixed)."""
+
+    eval_kind = "heldout"
+
+    def __init__(self, source: CharShards):
+        self.source, self.feats = source, None
+
+    def __call__(self, model, precision: str) -> dict:
+        if self.feats is None:
+            self.feats = [self.source.heldout_features(s) for s in self.source.ds.train_shards]
+        total, count = 0.0, 0
+        for feats in self.feats:
+            loss, n = estimate_loss(model, feature_batches(feats, self.source.tc.batch_size), precision=precision)
+            total, count = total + loss * n, count + n
+        loss = total / max(count, 1)
+        return dict(heldout_loss=loss, heldout_bpc=bits(loss))
+
+
 def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: float, precision: str = "fp32",
                device: torch.device | None = None, grad_clip: float = 0.0, by_targets: bool = True, ddp=None,
                ema: EMA | None = None, step: int = 0, params: list | None = None) -> tuple[torch.Tensor, int]:
@@ -779,9 +805,10 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     source = SOURCES[fam.data](model, dataset, tc, device, log, progress and main, world=world,
                                **({"rank": rank} if fam.data == "tokens" else {}),
                                **({"cache": run_dir / STATES} if cache_states and fam.data == "chars" else {}),
-                               **({"holdout": tc.holdout} if tc.optimizer in SOLVERS else {}))
+                               **({"holdout": tc.holdout} if tc.optimizer in SOLVERS or tc.heldout_eval else {}))
     if tc.optimizer in SOLVERS:
         return _train_ridge(run_dir, cfg, model, source, log, precision, progress)
+    evaluate = HeldoutLoss(source) if tc.heldout_eval else source.evaluate
     opt = make_optimizer(model, tc, device)
     scaler = grad_scaler(precision, device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -860,7 +887,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             seconds = time.perf_counter() - t_seg
             train_seconds += seconds
             with ema.applied() if ema is not None else contextlib.nullcontext():
-                row = source.evaluate(model, precision)  # every rank evaluates the same model; rank 0 logs
+                row = evaluate(model, precision)  # every rank evaluates the same model; rank 0 logs
             if main:
                 seg = source.segment(step - 1)
                 log.write(dict(kind="eval", step=step, **seg, train_loss=seg_loss / max(seg_n, 1), **row,
@@ -886,7 +913,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                                                        win_loss=win_loss, win_steps=win_steps)))
             t_saved = time.perf_counter()
     bar.close()
-    summary = summarize(run_dir, model, cfg, source) if main else None
+    summary = summarize(run_dir, model, cfg, source, eval_kind=getattr(evaluate, "eval_kind", None)) if main else None
     if world > 1:
         dist_.barrier()  # summary.json is written
     return summary if main else read_json(run_dir / SUMMARY)
@@ -920,14 +947,16 @@ def _train_ridge(run_dir: Path, cfg: dict, model, source, log: MetricsLog, preci
     return summarize(run_dir, model, cfg, source, extra=info)
 
 
-def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None) -> dict:
-    """Final figures of a run from its metrics (also written to summary.json), plus `extra`."""
+def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None, eval_kind: str | None = None) -> dict:
+    """Final figures of a run from its metrics (also written to summary.json), plus `extra`; the
+    evaluations are the source's (`test`, `val`) unless eval_kind says otherwise (`heldout`)."""
+    kind = eval_kind or source.eval_kind
     rows = read_metrics(run_dir)
     steps = [r for r in rows if r["kind"] == "step"]
     evals = [r for r in rows if r["kind"] == "eval" and r["step"] > 0]
     trainable, fixed = count_params(model)
     last = evals[-1] if evals else {}
-    key = f"{source.eval_kind}_loss"
+    key = f"{kind}_loss"
     summary = dict(family=cfg["family"], preset=cfg.get("preset"), trainable_params=trainable, fixed_params=fixed,
                    steps=last.get("step", 0), finished=last.get("step", 0) >= source.total,
                    schedule=_schedule_key(cfg),
@@ -938,7 +967,7 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
                    min_train_loss=min((r["train_loss"] for r in steps + evals
                                        if isinstance(r.get("train_loss"), (int, float))), default=None))
     for k, v in last.items():
-        if k.startswith(source.eval_kind):
+        if k.startswith(kind):
             summary[f"final_{k}"] = v
     summary[f"best_{key}"] = min((r[key] for r in evals), default=None)
     # wall times are per attempt (a resumed run's differ from an uninterrupted one's); every other figure
