@@ -302,7 +302,8 @@ def test_substrate_rows(monkeypatch):
 
 
 def test_only_measures_the_chosen_sections(capsys):
-    r = run_bench(plan=TINY, device="cpu", only="recurrence")
+    r = run_bench(plan=TINY, device="cpu", only="recurrence", progress=True)
+    assert "[bench] recurrence N=32" in capsys.readouterr().err     # progress lines go to stderr
     assert r["sections"] == ["recurrence"] and r["reservoir_vs_gemm"]["32"] > 0
     assert r["training"] == {} and r["reservoir_states"] == {} and "token_level" not in r
     plan = TINY.only(["training", "states"])     # training keeps the states its reservoir rows need

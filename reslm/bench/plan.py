@@ -110,8 +110,3 @@ def _spec(model) -> tuple[str, str, dict]:
 def _clamp(x: float, lo: int, hi: int | None) -> int:
     x = max(lo, int(round(x)))
     return x if hi is None else min(hi, x)
-
-
-def _log(progress: bool, msg: str):
-    if progress:
-        print(f"[bench] {msg}", file=sys.stderr, flush=True)

@@ -12,12 +12,17 @@ import torch
 from reslm.bench import tokens as bench_tokens
 from reslm.bench.kernels import recurrence_rows, states_rows, substrate_rows
 from reslm.bench.plan import (AUTHORS_QUOTED, AUTHORS_QUOTED_CONDITIONS, MODES, SECTIONS, SUFFIX, TARGETS, BenchPlan,
-                              _log, _spec, parse_sections)
+                              _spec, parse_sections)
 from reslm.bench.timing import contention_probe, loadavg, sig
 from reslm.bench.training import training_rows
 from reslm.device import bf16_status, cpu_name, pick_device
 from reslm.models import MODELS, make_config
 from reslm.models.reservoir_lm import ReservoirLM
+
+
+def _log(progress: bool, msg: str):
+    if progress:
+        print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 # --- the report --------------------------------------------------------------------------------------
