@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 
 import reslm.models.transformer as T
+from reslm.device import grad_scaler
 from reslm.models import PRESETS, build_model
+from reslm.train import make_optimizer, train_config, train_step
 
 BATCH = 1024
 
@@ -44,16 +46,13 @@ def sdpa_forward(self, x, last_only, drop=None, pointwise=False):
 def make_step(kind: str):
     family, over, _ = PRESETS["tf-128-8-8"]
     model = build_model(family, **{**over, "vocab_size": 59}).train()
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    opt = make_optimizer(model, train_config("tf", lr=1e-4), torch.device("cpu"))
+    scaler = grad_scaler("fp32", torch.device("cpu"))
     x, y = torch.randint(59, (BATCH, 32)), torch.randint(59, (BATCH,))
     forward = torch.compile(model.forward) if kind == "compile" else model.forward
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=kind == "bf16"):
-            _, loss = forward(x, y)
-        loss.backward()
-        opt.step()
+    def step():   # the training loop's own step (reslm.train.train_step)
+        train_step(forward, [(x, y)], opt, scaler, lr=1e-4, precision="bf16" if kind == "bf16" else "fp32")
     return step
 
 

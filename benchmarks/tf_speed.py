@@ -6,7 +6,7 @@ issue 27, timed alternately in one process with a fp32 and a bf16 GEMM, best of 
     comp_bmm     torch.compile(fused_forward, pointwise=False): hashed dropout, attention as matmuls
     comp_pw      torch.compile(fused_forward): hashed dropout, attention as broadcast multiply + sum
     comp_pw_bf16 comp_pw under bf16 autocast
-    ref          reference.ReferenceTransformer (torch's nn.TransformerEncoder: the authors' model)
+    ref          reslm.bench.reference.ReferenceTransformer (torch's nn.TransformerEncoder: the authors' model)
 
     python benchmarks/tf_speed.py tf-64-4-4 plain,comp_pw,ref 5 [batch] [threads] [out.json]
 
@@ -21,10 +21,12 @@ import time
 
 import torch
 
-from reslm.device import cpu_name
+from reslm.device import cpu_name, grad_scaler
 from reslm.models import PRESETS, build_model
-from reslm.models.reference import ReferenceTransformer
+from reslm.bench.fused import draw_seeds, fused_forward
+from reslm.bench.reference import ReferenceTransformer
 from reslm.models.transformer import training_flops_per_sample
+from reslm.train import make_optimizer, train_config, train_step
 
 
 def make_step(kind: str, preset: str, batch: int):
@@ -32,25 +34,21 @@ def make_step(kind: str, preset: str, batch: int):
     torch.manual_seed(0)
     model = (ReferenceTransformer(build_model(family, **over).config) if kind == "ref"
              else build_model(family, **over)).train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    opt = make_optimizer(model, train_config("tf", lr=1e-4), torch.device("cpu"))
+    scaler = grad_scaler("fp32", torch.device("cpu"))
     x, y = torch.randint(59, (batch, 32)), torch.randint(59, (batch,))
     bf16 = kind.endswith("_bf16")
     if kind.startswith("comp"):
-        fwd = torch.compile(model.fused_forward)
+        fwd = torch.compile(lambda *a: fused_forward(model, *a))
         pointwise = "_pw" in kind
 
-        def forward():
-            return fwd(x, y, model.draw_seeds(), pointwise)
+        def forward(x, y):
+            return fwd(x, y, draw_seeds(model), pointwise)
     else:
-        def forward():
-            return model(x, y)
+        forward = model
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            _, loss = forward()
-        loss.backward()
-        opt.step()
+    def step():   # the training loop's own step (reslm.train.train_step)
+        train_step(forward, [(x, y)], opt, scaler, lr=1e-4, precision="bf16" if bf16 else "fp32")
     return step, model
 
 

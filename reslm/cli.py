@@ -46,7 +46,7 @@ from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.train import CHECKPOINT_SECONDS, TrainConfig, authors_variant, create_run, grow_cycles, train
 
 # Training fields that only one kind of data uses (the others are hidden from that family's flags).
-CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype")
+CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype", "heldout_eval")
 TOKEN_ONLY = ("max_steps", "eval_every", "eval_batches")
 RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.ridge)
               "lbfgs_samples", "lbfgs_iters", "lbfgs_l2")                # and the L-BFGS one (reslm.lbfgs)
@@ -563,7 +563,7 @@ def _search_parser(sub, fam_name: str):
     model_fields = _add_flags(sp.add_argument_group(f"{fam_name} model options (fixed: not searched)"),
                               fam.config, {}, skip=("seed", "vocab_size"))
     train_fields = _add_flags(sp.add_argument_group("training options (fixed)"), TrainConfig, fam.train,
-                              skip={"seed", "device", "optimizer", *TOKEN_ONLY, *(RIDGE_ONLY if fam_name != "rc" else ())})
+                              skip={"seed", "device", "optimizer", "heldout_eval", *TOKEN_ONLY, *(RIDGE_ONLY if fam_name != "rc" else ())})
     sp.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_search)
 
 

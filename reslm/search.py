@@ -2,8 +2,9 @@
 
     objective     CE in nats on the held-out tails of the training shards (TrainConfig.holdout): the
                   ridge readout's held-out CE (default: one pass and a few Cholesky solves per trial),
-                  or with `--optimizer adam` the CE after the Adam budget on the rest. The test shard
-                  is never read.
+                  or with `--optimizer adam` the CE after the Adam budget on the rest, trained by
+                  `reslm.train.train` itself (a run with heldout_eval in a temporary folder). The test
+                  shard is never read.
     space         SPACE below: the reservoir fields of the character families that the substrate's
                   config has (spectral_radius, input_scaling, leak_rate, bias_scaling, density) and
                   its own knobs, passed through reservoir_options (leaky a_min/a_max, deep layers,
@@ -33,25 +34,23 @@ import inspect
 import json
 import math
 import os
+import tempfile
 import time
 import warnings
 from dataclasses import fields
 from pathlib import Path
 
-import torch
-
 from reslm.device import pick_device
 from reslm.errors import ReslmError
 from reslm.models import build_model, make_config
 from reslm.models import family as family_of
-from reslm.models.base import estimate_loss, feature_batches
 from reslm.progress import say
 from reslm.reservoir import RESERVOIRS, parse_options
 from reslm.reservoir.nvar import nvar_size
 from reslm.report.search import train_command, write_outputs
 from reslm.reservoir.seeding import child_seed
 from reslm.ridge import fit_ridge
-from reslm.train import CharShards, TrainConfig, check_holdout, lr_at, make_optimizer, make_run_config
+from reslm.train import CharShards, TrainConfig, check_holdout, create_run, make_run_config, train
 
 SEARCH_KEY = 200   # seeding key of the samplers (apart from the reservoir's and training's keys)
 FAMILIES = ("rc", "aerc")
@@ -105,45 +104,30 @@ def _options_text(options: dict) -> str:
     return ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in options.items())
 
 
-def _adam_loss(model, source: CharShards, tc: TrainConfig, device) -> float:
-    """Train the readout with train.py's optimiser, schedule and batches (no checkpoints or test
-    evaluations), then return the CE on the held-out tails."""
-    opt = make_optimizer(model, tc, device)
-    model.train()
-    for step in range(source.total):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(tc, step, source.total) * g["lr_mult"]
-        opt.zero_grad(set_to_none=True)
-        micro = source.batches(step)
-        n = sum(y.numel() for _, y in micro)
-        for x, y in micro:
-            _, loss = model.forward_features(x, y)
-            if not torch.isfinite(loss):
-                raise ReslmError(f"non-finite loss at step {step + 1}")
-            (loss * y.numel() / n).backward()
-        opt.step()
-    total, count = 0.0, 0
-    for shard in source.ds.train_shards:
-        loss, k = estimate_loss(model, feature_batches(source.heldout_features(shard), tc.batch_size))
-        total, count = total + loss * k, count + k
-    return total / max(count, 1)
-
-
 def heldout_loss(family: str, model_over: dict, train_over: dict, dataset, optimizer: str = "ridge") -> dict:
-    """Build one configuration and return its objective: held-out CE (nats) and the seconds it took."""
+    """Build one configuration and return its objective: held-out CE (nats) and the seconds it took.
+
+    ridge: train.py's ridge solve (fit_ridge, as `reslm train --optimizer ridge` runs it) on a source
+    that holds the tails out; its held-out CE is the objective. adam: a run of `reslm.train.train` in a
+    temporary folder with heldout_eval on (it trains on the rest of each training shard and evaluates on
+    the tails, never on the test shard); its last evaluation is the objective."""
     cfg = make_run_config(family, model_over, {**train_over, "optimizer": optimizer}, dataset)
     tc = TrainConfig(**cfg["train"]).validate()
     check_holdout(dataset, tc, cfg["model"]["context"])
-    device = pick_device(tc.device)
-    model = build_model(family, make_config(family, **cfg["model"])).to(device)
-    source = CharShards(model, dataset, tc, device, None, False, holdout=tc.holdout)
     t0 = time.perf_counter()
     if optimizer == "ridge":
+        device = pick_device(tc.device)
+        model = build_model(family, make_config(family, **cfg["model"])).to(device)
+        source = CharShards(model, dataset, tc, device, None, False, holdout=tc.holdout)
+        t0 = time.perf_counter()
         info = fit_ridge(model, source, tc)
         value = info["heldout_loss"]
         extra = dict(ridge_alpha=info["ridge_alpha"], temperature=info["temperature"])
     else:
-        value, extra = _adam_loss(model, source, tc, device), {}
+        with tempfile.TemporaryDirectory(prefix="reslm-trial-") as tmp:
+            run = create_run(Path(tmp) / "run", family, model_over,
+                             {**train_over, "optimizer": optimizer, "heldout_eval": True}, dataset)
+            value, extra = train(run, progress=False)["final_heldout_loss"], {}
     if not math.isfinite(value):
         raise ReslmError("the held-out loss is not finite")
     return dict(value=value, seconds=time.perf_counter() - t0, **extra)

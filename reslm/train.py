@@ -96,7 +96,8 @@ class TrainConfig:
     eval_samples: int = 0           # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
     state_dtype: str = "float32"    # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)
     # closed-form readout (rc with optimizer ridge) and `reslm search`
-    holdout: float = 0.1            # ridge, lbfgs and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it
+    holdout: float = 0.1            # ridge, lbfgs and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it unless heldout_eval
+    heldout_eval: bool = False      # characters, adam/adamw: train without the held-out tails (holdout) and evaluate on them, never reading the test shard (`reslm search`'s objective)
     ridge_alpha: float = 0.0        # ridge: penalty relative to the mean state power; 0 = the best of 1e-8..1 on the held-out slice
     ridge_refit: bool = True        # ridge: solve again on all training samples (held-out included) with the chosen alpha
     ridge_heldout_samples: int = 65536  # ridge and lbfgs: held-out samples (evenly spread) that score each alpha (lambda) and fit the temperature
@@ -587,7 +588,11 @@ def make_run_config(family_name: str, model_overrides: dict, train_overrides: di
             if model_cfg.head != "linear":
                 raise ReslmError(f"optimizer {tc.optimizer} solves a linear head (--head linear), not {model_cfg.head}")
             check_holdout(dataset, tc, context)
+        elif tc.heldout_eval:
+            check_holdout(dataset, tc, context)
     else:
+        if tc.heldout_eval:
+            raise ReslmError("heldout_eval holds out the tails of character shards; token runs evaluate on val.bin")
         for split, n in (("train", len(dataset.train)), ("val", len(dataset.val))):
             if context >= n:
                 raise ReslmError(f"context {context} is not shorter than the {split} split ({n} tokens)")
@@ -691,6 +696,69 @@ def _finite(loss: torch.Tensor, params) -> bool:
     return all(p.grad is None or torch.isfinite(p.grad).all() for p in params)
 
 
+class HeldoutLoss:
+    """The evaluation of a heldout_eval run (TrainConfig.heldout_eval): the CE on the held-out tails of
+    a CharShards source's training shards, never the test shard. The tails' features are computed at
+    the first evaluation and kept (the reservoir is fixed)."""
+
+    eval_kind = "heldout"
+
+    def __init__(self, source: CharShards):
+        self.source, self.feats = source, None
+
+    def __call__(self, model, precision: str) -> dict:
+        if self.feats is None:
+            self.feats = [self.source.heldout_features(s) for s in self.source.ds.train_shards]
+        total, count = 0.0, 0
+        for feats in self.feats:
+            loss, n = estimate_loss(model, feature_batches(feats, self.source.tc.batch_size), precision=precision)
+            total, count = total + loss * n, count + n
+        loss = total / max(count, 1)
+        return dict(heldout_loss=loss, heldout_bpc=bits(loss))
+
+
+def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: float, precision: str = "fp32",
+               device: torch.device | None = None, grad_clip: float = 0.0, by_targets: bool = True, ddp=None,
+               ema: EMA | None = None, step: int = 0, params: list | None = None) -> tuple[torch.Tensor, int]:
+    """One optimiser step, the only one in reslm (the training loop and the bench both call it):
+    lr into every group (times its lr_mult), gradients of forward(x, y)'s loss summed over the
+    micro-batches `micro` [(x, y), ...] under autocast(precision) and the (fp16) loss scaler, global
+    norm clipping at grad_clip (0: none), a non-finite loss or gradient -> ReslmError, opt.step, and
+    the EMA of the weights updated to step + 1. `params`: the parameters to clip and check, in the
+    order whose norm the run has always summed (default: the optimiser's).
+
+    by_targets: weigh micro-batch i by y_i.numel() / sum of them (characters: every sample counts once)
+    instead of 1 / len(micro) (token windows). `ddp`: the DistributedDataParallel wrapper that
+    `forward` is, so that only the last micro-batch all-reduces its gradients. Returns the step's
+    loss (the weighted mean, a detached 0-dim tensor) and its weight (samples, or micro-batches)."""
+    device = device or torch.device("cpu")
+    for g in opt.param_groups:
+        g["lr"] = lr * g["lr_mult"]
+    opt.zero_grad(set_to_none=True)
+    n_step = sum(y.numel() for _, y in micro) if by_targets else len(micro)
+    step_loss = torch.zeros((), device=device)
+    for i, (x, y) in enumerate(micro):
+        weight = y.numel() / n_step if by_targets else 1 / n_step
+        sync = contextlib.nullcontext() if ddp is None or i == len(micro) - 1 else ddp.no_sync()
+        with sync:
+            with autocast(precision, device):
+                _, loss = forward(x, y)
+            scaler.scale(loss * weight).backward()
+        step_loss += loss.detach().float() * weight
+    params = params if params is not None else [p for g in opt.param_groups for p in g["params"]]
+    if grad_clip > 0:
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    if not scaler.is_enabled() and not _finite(step_loss, params):
+        raise ReslmError(f"non-finite loss or gradient at step {step + 1} (lr {lr:.3g}); stopped, the last "
+                         f"checkpoint is kept: lower --lr, add --grad-clip, or check the inputs")
+    scaler.step(opt)
+    scaler.update()
+    if ema is not None:
+        ema.update(step + 1)
+    return step_loss, n_step
+
+
 def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
           checkpoint_seconds: float = CHECKPOINT_SECONDS, cache_states: bool = False) -> dict:
     """Train (or continue training) the run in run_dir; returns the summary (also summary.json).
@@ -737,9 +805,10 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     source = SOURCES[fam.data](model, dataset, tc, device, log, progress and main, world=world,
                                **({"rank": rank} if fam.data == "tokens" else {}),
                                **({"cache": run_dir / STATES} if cache_states and fam.data == "chars" else {}),
-                               **({"holdout": tc.holdout} if tc.optimizer in SOLVERS else {}))
+                               **({"holdout": tc.holdout} if tc.optimizer in SOLVERS or tc.heldout_eval else {}))
     if tc.optimizer in SOLVERS:
         return _train_ridge(run_dir, cfg, model, source, log, precision, progress)
+    evaluate = HeldoutLoss(source) if tc.heldout_eval else source.evaluate
     opt = make_optimizer(model, tc, device)
     scaler = grad_scaler(precision, device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -792,32 +861,12 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     samples_per_step = tc.batch_size * (tc.grad_accum if fam.data == "tokens" else 1)
     while step < end:
         lr = lr_at(tc, step, source.total)
-        for g in opt.param_groups:
-            g["lr"] = lr * g["lr_mult"]
         micro = source.batches(step)
         torch.manual_seed(step_seed(tc.seed, step))  # dropout
-        opt.zero_grad(set_to_none=True)
-        n_step = sum(y.numel() for _, y in micro) if fam.data == "chars" else len(micro)
-        step_loss = torch.zeros((), device=device)
-        for i, (x, y) in enumerate(micro):
-            weight = y.numel() / n_step if fam.data == "chars" else 1 / n_step
-            sync = contextlib.nullcontext() if ddp is None or i == len(micro) - 1 else ddp.no_sync()
-            with sync:
-                with autocast(precision, device):
-                    _, loss = forward(x, y)
-                scaler.scale(loss * weight).backward()
-            step_loss += loss.detach().float() * weight
-        if tc.grad_clip > 0:
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-        if not scaler.is_enabled() and not _finite(step_loss, params):
-            raise ReslmError(f"non-finite loss or gradient at step {step + 1} (lr {lr:.3g}); stopped, the last "
-                             f"checkpoint is kept: lower --lr, add --grad-clip, or check the inputs")
-        scaler.step(opt)
-        scaler.update()
+        step_loss, n_step = train_step(forward, micro, opt, scaler, lr=lr, precision=precision, device=device,
+                                       grad_clip=tc.grad_clip, by_targets=fam.data == "chars", ddp=ddp, ema=ema,
+                                       step=step, params=params)
         step += 1
-        if ema is not None:
-            ema.update(step)
         lv = dist_.all_reduce_mean(step_loss).item()
         seg_loss, seg_n = seg_loss + lv * (n_step if fam.data == "chars" else 1), seg_n + (n_step if fam.data == "chars" else 1)
         win_loss, win_steps = win_loss + lv, win_steps + 1
@@ -838,7 +887,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             seconds = time.perf_counter() - t_seg
             train_seconds += seconds
             with ema.applied() if ema is not None else contextlib.nullcontext():
-                row = source.evaluate(model, precision)  # every rank evaluates the same model; rank 0 logs
+                row = evaluate(model, precision)  # every rank evaluates the same model; rank 0 logs
             if main:
                 seg = source.segment(step - 1)
                 log.write(dict(kind="eval", step=step, **seg, train_loss=seg_loss / max(seg_n, 1), **row,
@@ -864,7 +913,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                                                        win_loss=win_loss, win_steps=win_steps)))
             t_saved = time.perf_counter()
     bar.close()
-    summary = summarize(run_dir, model, cfg, source) if main else None
+    summary = summarize(run_dir, model, cfg, source, eval_kind=getattr(evaluate, "eval_kind", None)) if main else None
     if world > 1:
         dist_.barrier()  # summary.json is written
     return summary if main else read_json(run_dir / SUMMARY)
@@ -898,14 +947,16 @@ def _train_ridge(run_dir: Path, cfg: dict, model, source, log: MetricsLog, preci
     return summarize(run_dir, model, cfg, source, extra=info)
 
 
-def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None) -> dict:
-    """Final figures of a run from its metrics (also written to summary.json), plus `extra`."""
+def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None, eval_kind: str | None = None) -> dict:
+    """Final figures of a run from its metrics (also written to summary.json), plus `extra`; the
+    evaluations are the source's (`test`, `val`) unless eval_kind says otherwise (`heldout`)."""
+    kind = eval_kind or source.eval_kind
     rows = read_metrics(run_dir)
     steps = [r for r in rows if r["kind"] == "step"]
     evals = [r for r in rows if r["kind"] == "eval" and r["step"] > 0]
     trainable, fixed = count_params(model)
     last = evals[-1] if evals else {}
-    key = f"{source.eval_kind}_loss"
+    key = f"{kind}_loss"
     summary = dict(family=cfg["family"], preset=cfg.get("preset"), trainable_params=trainable, fixed_params=fixed,
                    steps=last.get("step", 0), finished=last.get("step", 0) >= source.total,
                    schedule=_schedule_key(cfg),
@@ -916,7 +967,7 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
                    min_train_loss=min((r["train_loss"] for r in steps + evals
                                        if isinstance(r.get("train_loss"), (int, float))), default=None))
     for k, v in last.items():
-        if k.startswith(source.eval_kind):
+        if k.startswith(kind):
             summary[f"final_{k}"] = v
     summary[f"best_{key}"] = min((r[key] for r in evals), default=None)
     # wall times are per attempt (a resumed run's differ from an uninterrupted one's); every other figure
@@ -932,5 +983,6 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
 
 
 __all__ = ["TrainConfig", "train_config", "step_seed", "lr_at", "CharShards", "TokenWindows", "SOURCES",
-           "check_holdout", "make_run_config", "create_run", "ensure_run", "grow_cycles", "is_finished", "train",
+           "check_holdout", "make_run_config", "create_run", "ensure_run", "grow_cycles", "is_finished",
+           "make_optimizer", "train_step", "train",
            "summarize", "bits"]

@@ -9,11 +9,15 @@ import math
 import pytest
 import torch
 
-from reslm import bench, bench_timing, bench_tokens
-from reslm.bench import BenchPlan, amortised_samples_per_s, run_bench
-from reslm.bench_timing import timing_model, timing_reservoir
+from reslm.bench import kernels, training
+from reslm.bench import run as bench
+from reslm.bench import timing as bench_timing
+from reslm.bench import tokens as bench_tokens
+from reslm.bench import TARGETS, BenchPlan, run_bench
+from reslm.bench.training import amortised_samples_per_s
+from reslm.bench.timing import timing_model, timing_reservoir
 from reslm.models import build_model
-from reslm.models.reference import authors_logits, authors_window_states
+from reslm.bench.reference import authors_logits, authors_window_states
 from reslm.reservoir import ESNConfig
 
 CPU = torch.device("cpu")
@@ -136,7 +140,7 @@ def test_amortised_figures_and_speedups_follow_the_formula(report):
             assert report["speedup_vs_authors"][label][mode] == m["speedup_vs_authors"]
             assert report["training_samples_per_s"][label][mode] == dict(
                 head=m["head_samples_per_s"], amortised=m["amortised_samples_per_s"])
-            target = bench.TARGETS["speedup_vs_authors"][t["family"]]
+            target = TARGETS["speedup_vs_authors"][t["family"]]
             assert report["meets_target"]["speedup_vs_authors"][label][mode] == (m["speedup_vs_authors"] >= target)
 
 
@@ -195,8 +199,8 @@ def test_repeat_alternates_and_respects_reps_and_budget(monkeypatch):
 def test_trainer_steps_cycle_through_batches_and_truncate():
     seen = []
     model = torch.nn.Linear(2, 1)
-    run = bench.trainer(model, lambda x: (seen.append(len(x)), model(x).sum())[1],
-                        [(torch.ones(5, 2),), (torch.ones(3, 2),)], lr=1e-3)
+    run = training.trainer(model, lambda x, y: (None, (seen.append(len(x)), model(x).sum())[1]),
+                           [(torch.ones(5, 2), torch.ones(5)), (torch.ones(3, 2), torch.ones(3))], family="rc", lr=1e-3)
     before = model.weight.detach().clone()
     run(3)
     run(2, 1)
@@ -217,10 +221,10 @@ def test_plan_sizes():
     full = BenchPlan.full()
     assert {750, 2600} <= set(full.recurrence_sizes) and {750, 2600} <= set(full.states_sizes)
     for N in (100, 750, 2600):
-        n = bench.stream_samples(N, full)
+        n = kernels.stream_samples(N, full)
         L = (n + full.context - 1) / full.batch
         assert L == int(L) and full.stream_steps[0] <= L <= full.stream_steps[1]
-        assert 1 <= bench.window_samples(N, full) <= 2**26 // (full.context * N)
+        assert 1 <= kernels.window_samples(N, full) <= 2**26 // (full.context * N)
     assert {"rc-750", "aerc-100-20", "tf-128-8-8"} <= set(BenchPlan.quick().models)
 
 
@@ -285,12 +289,12 @@ def test_laerc_stateful_generation_does_not_grow_with_the_prefix():
 
 def test_substrate_rows(monkeypatch):
     """Every lab substrate's stream states timed (tiny sizes here), relative to the esn's."""
-    real = bench.lab_overrides
-    monkeypatch.setattr(bench, "lab_overrides", lambda name, fam: {**real(name, fam), "size": 48}
+    real = kernels.lab_overrides
+    monkeypatch.setattr(kernels, "lab_overrides", lambda name, fam: {**real(name, fam), "size": 48}
                         if name != "nvar" else dict(real(name, fam), size=153, embed_dim=8, reservoir_options="k=2"))
     plan = dataclasses.replace(TINY, substrate_chars=300)
-    rows = bench.substrate_rows(plan, CPU, lambda msg: None)
-    assert set(rows) == {*bench.SUBSTRATES, "diagonal-linear"} and rows["esn"]["vs_esn"] == 1.0
+    rows = kernels.substrate_rows(plan, CPU, lambda msg: None)
+    assert set(rows) == {*kernels.SUBSTRATES, "diagonal-linear"} and rows["esn"]["vs_esn"] == 1.0
     assert rows["diagonal-linear"]["size"] == rows["diagonal"]["size"] == 48
     for r in rows.values():
         assert r["chars"] == 300 - 32 and r["chars_per_s"] == pytest.approx(r["chars"] / r["best_s"], rel=REL)
@@ -298,7 +302,8 @@ def test_substrate_rows(monkeypatch):
 
 
 def test_only_measures_the_chosen_sections(capsys):
-    r = run_bench(plan=TINY, device="cpu", only="recurrence")
+    r = run_bench(plan=TINY, device="cpu", only="recurrence", progress=True)
+    assert "[bench] recurrence N=32" in capsys.readouterr().err     # progress lines go to stderr
     assert r["sections"] == ["recurrence"] and r["reservoir_vs_gemm"]["32"] > 0
     assert r["training"] == {} and r["reservoir_states"] == {} and "token_level" not in r
     plan = TINY.only(["training", "states"])     # training keeps the states its reservoir rows need

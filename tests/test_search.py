@@ -78,6 +78,25 @@ def test_search_with_the_adam_objective(chars, tmp_path):
     assert best["finished"] == 1 and 0 < best["heldout_loss"] < 10 and "--optimizer adam" in best["command"]
 
 
+def test_the_adam_objective_is_a_training_run_on_the_heldout_tails(chars, tmp_path, monkeypatch):
+    """An adam trial is reslm.train.train itself (heldout_eval): the same value at the same seed, the
+    last evaluation of an ordinary run with heldout_eval, and the test shard never read."""
+    over = dict(epochs_per_shard=1, epoch_samples=256, batch_size=64, lr=3e-3)
+    tokens = tt.CharShards._tokens
+
+    def no_test(self, shard, part="train"):
+        assert shard != chars.test_shard, "the search read the test shard"
+        return tokens(self, shard, part)
+
+    monkeypatch.setattr(tt.CharShards, "_tokens", no_test)
+    a, b = (search.heldout_loss("aerc", dict(MODEL, hidden=4), over, chars, "adam")["value"] for _ in "ab")
+    assert a == b and 0 < a < 10
+    run = tt.create_run(tmp_path / "run", "aerc", dict(MODEL, hidden=4),
+                        {**over, "optimizer": "adam", "heldout_eval": True}, chars)
+    summary = tt.train(run, progress=False)
+    assert summary["final_heldout_loss"] == a and "final_test_loss" not in summary
+
+
 @pytest.mark.parametrize("name", list(search.SPACE))
 def test_every_substrate_has_a_valid_space(name):
     assert set(search.SPACE) == set(RESERVOIRS) - {"recorded"}   # a recording has no knobs

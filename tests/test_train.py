@@ -111,6 +111,7 @@ def test_bad_configs(dataset, tmp_path):
         ("gpt", MODELS["gpt"], {"schedule": "linear"}, "schedule"),
         ("gpt", MODELS["gpt"], {"precision": "fp8"}, "precision"),
         ("gpt", MODELS["gpt"], {"min_lr_frac": 2}, "min_lr_frac"),
+        ("gpt", MODELS["gpt"], {"heldout_eval": True}, "heldout_eval holds out the tails of character shards"),
         ("gpt", MODELS["gpt"], {"nope": 1}, "unknown training"),
         ("gpt", {**MODELS["gpt"], "n_heads": 3}, {}, "divisible"),
         ("gpt", {**MODELS["gpt"], "r_mult": 3}, {}, "unknown gpt"),

@@ -6,7 +6,9 @@ import torch
 
 from reslm.errors import ReslmError
 from reslm.models.base import WindowFeatures, count_params
-from reslm.models.reference import ReferenceTransformer, copy_weights, train_step_throughput
+from reslm.bench.fused import DROPOUT_SITES, HashedDropout, draw_seeds, fused_forward, hashed_drop_mask
+from reslm.bench.reference import ReferenceTransformer, copy_weights
+from reslm.bench.training import random_windows, trainer
 from reslm.models.transformer import CharTransformer, TransformerConfig, sinusoidal_encoding
 
 TABLE1 = {(64, 4, 4): 15067, (72, 8, 8): 30299, (128, 8, 8): 45083, (356, 8, 8): 105275,
@@ -158,10 +160,14 @@ def test_sinusoidal_encoding_is_standard():
     assert torch.allclose(pe[5, 2], torch.tensor(math.sin(5 / 10000 ** (2 / 16))))
 
 
-def test_throughput_helper_runs_for_both_models():
+def test_the_bench_trains_both_models_with_the_training_step():
+    """The bench's transformer row: ours and the reference, each through reslm.train.train_step."""
     cfg = cfg_of(16, 2, 1)
+    batches = random_windows(59, 8, 32, torch.device("cpu"), seed=0, n=2)
     for model in (CharTransformer(cfg), ReferenceTransformer(cfg)):
-        assert train_step_throughput(model, batch_size=8, steps=2, warmup=1) > 0
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer(model, model, batches, family="tf", lr=1e-3)(2)
+        assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()) if a.dim() > 1)
 
 
 def test_training_flops_formula():
@@ -185,7 +191,7 @@ def test_fused_forward_eval_logits_equal_the_plain_path(ff, h, L, T, pointwise):
     x, y = torch.randint(59, (16, T)), torch.randint(59, (16,))
     with torch.no_grad():
         lp, loss_p = m(x, y)
-        lf, loss_f = m.fused_forward(x, y, None, pointwise)
+        lf, loss_f = fused_forward(m, x, y, None, pointwise)
     torch.testing.assert_close(lf, lp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss_f, loss_p, atol=1e-5, rtol=1e-5)
 
@@ -196,18 +202,17 @@ def test_fused_forward_trains_without_dropout_like_the_plain_path():
     b = CharTransformer(cfg_of(64, 4, 2, dropout=0.0)).train()
     x, y = torch.randint(59, (8, 32)), torch.randint(59, (8,))
     a(x, y)[1].backward()
-    b.fused_forward(x, y, None)[1].backward()
+    fused_forward(b, x, y, None)[1].backward()
     for (k, pa), pb in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=k)
 
 
 def test_hashed_dropout_rate_determinism_and_independence():
-    from reslm.models.transformer import HashedDropout, hashed_drop_mask
     m = CharTransformer(cfg_of(64, 4, 2))
     torch.manual_seed(3)
-    s1 = m.draw_seeds()
+    s1 = draw_seeds(m)
     torch.manual_seed(3)
-    assert torch.equal(m.draw_seeds(), s1) and s1.shape == (2 * CharTransformer.DROPOUT_SITES, 2)
+    assert torch.equal(draw_seeds(m), s1) and s1.shape == (2 * DROPOUT_SITES, 2)
     shape = torch.Size((1 << 20,))
     a, b = (hashed_drop_mask(shape, 0.1, s, torch.device("cpu")) for s in s1[:2])
     assert abs(a.float().mean().item() - 0.1) < 2e-3 and abs(b.float().mean().item() - 0.1) < 2e-3
@@ -216,7 +221,7 @@ def test_hashed_dropout_rate_determinism_and_independence():
     assert torch.equal(a, hashed_drop_mask(shape, 0.1, s1[0], torch.device("cpu")))
     m.train()
     with pytest.raises(ReslmError):
-        m.fused_forward(torch.randint(59, (2, 32)), None, None)
+        fused_forward(m, torch.randint(59, (2, 32)), None, None)
     d = HashedDropout(s1)
     x = torch.ones(4, 8)
     assert torch.equal(d(x, 0.1, False), x) and d.used == 0

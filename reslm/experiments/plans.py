@@ -10,12 +10,6 @@ Budgets: `smoke` draws every figure from tiny training (minutes; a test runs it)
 meaningful numbers in well under an hour on 2 CPU cores, `paper` is the paper's protocol (hours on a
 CPU; meant for a GPU). `left_out` says what each drops from the paper's protocol.
 
-Lab substrate settings: the sizes fill the budget (nvar's size is fixed by k and the embedding size d:
-1 + kd + kd(kd+1)/2, so d and k are chosen to come closest from below); every other knob is the
-substrate's documented default or, where the character families' own defaults (spectral radius 0.9,
-input scaling 2, tuned for the dense ESN) would be passed on, a value recorded here. They are starting
-points, not tuned results: `reslm search` tunes a substrate's knobs.
-
 Sweeps: "cpu" is sized for `bpe:4096` on Shakespeare on 2 CPU cores (context 128, micro-batch 16, 300
 steps); GPT has the same number of layers as its LAERC partner and the width (multiple of 8) whose
 trainable-parameter count is closest to LAERC's (`param_table`: within 5%). At V = 4096 the tied
@@ -32,6 +26,7 @@ from reslm.errors import ReslmError
 from reslm.models import PRESETS, families, preset
 from reslm.models.gpt import GPTConfig, gpt_param_count
 from reslm.models.laerc import LAERCConfig, laerc_param_count
+from reslm.models.substrates import BUDGET_PRESET, SUBSTRATES, model_overrides  # noqa: F401 (the lab plan's table)
 
 
 # --- plans ---------------------------------------------------------------------------------------------
@@ -246,29 +241,11 @@ def param_table(sweep: str | Sweep, vocab_size: int, fams=("laerc", "gpt")) -> l
 
 
 # --- the lab -------------------------------------------------------------------------------------------
+# (the substrates and their settings at each family's budget: reslm.models.substrates)
 LAB_FAMILIES = RESERVOIR_FAMILIES
 LAB_BUDGETS = ("smoke", "quick", "paper")
-BUDGET_PRESET = {"rc": "rc-2600", "aerc": "aerc-160-30"}   # the trainable budget of each family
-# model overrides per substrate and family, on top of the family's preset (size, hidden)
-SUBSTRATES: dict[str, dict[str, dict]] = {
-    "esn": {"rc": {}, "aerc": {}},
-    "leaky": {"rc": dict(reservoir_options="a_min=0.02"), "aerc": dict(reservoir_options="a_min=0.02")},
-    "deep": {"rc": dict(reservoir_options="layers=3"), "aerc": dict(reservoir_options="layers=2")},
-    # 1 + kd + kd(kd+1)/2 <= N: d = 14, k = 5 -> 2,556 (rc); d = 8, k = 2 -> 153 (aerc)
-    "nvar": {"rc": dict(size=2556, embed_dim=14, reservoir_options="k=5", input_scaling=1.0),
-             "aerc": dict(size=153, embed_dim=8, reservoir_options="k=2", input_scaling=1.0)},
-    "diagonal": {"rc": dict(spectral_radius=0.99, input_scaling=1.0, reservoir_options="nonlinear=true"),
-                 "aerc": dict(spectral_radius=0.99, input_scaling=1.0, reservoir_options="nonlinear=true")},
-    "delay": {"rc": dict(input_scaling=0.5), "aerc": dict(input_scaling=0.5)},
-}
 NOISE_GRID = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
 BITS_GRID = (0, 8, 6, 4, 3, 2, 1)   # 0: no ADC
-
-
-def model_overrides(substrate: str, family: str) -> dict:
-    """The rc / aerc config of `substrate` at its family's budget (stream context mode)."""
-    _, preset_model, _ = PRESETS[BUDGET_PRESET[family]]
-    return {**preset_model, "reservoir": substrate, "context_mode": "stream", **SUBSTRATES[substrate][family]}
 
 
 def lab_plan(budget: Budget, substrates, fams, device: str) -> list[Run]:

@@ -1,5 +1,6 @@
-"""Stage 3 (benchmarks only), reference models: the authors' approach re-implemented, for timing comparisons and equivalence
-checks only (training code uses reslm's own models).
+"""Benchmarks, reference models: the authors' approach re-implemented, for timing comparisons and
+equivalence checks only (training code uses reslm's own models; only reslm.bench and its tests
+import this module).
 
 - `ReferenceTransformer` reproduces the authors' transformer in plain PyTorch: nn.Embedding + fixed
   sinusoidal encoding, `nn.TransformerEncoder(nn.TransformerEncoderLayer(d_model=16, nhead=h,
@@ -10,20 +11,14 @@ checks only (training code uses reslm's own models).
 - `authors_window_states` / `authors_logits`: the authors' RC/AERC training step, which re-runs the
   reservoir over every sample's window in every batch and materialises AERC's attention matrix,
   applied to the fixed weights of a reslm reservoir model (same numbers as the model, see tests).
-
-`train_step_throughput` times full training steps (forward + backward + Adam) of any model that
-follows the `forward(idx, targets) -> (logits, loss)` contract.
 """
 from __future__ import annotations
-
-import statistics
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reslm.device import synchronize
+from reslm.models.aerc import AttentionReadout
 from reslm.models.base import WindowFeatures, next_token_loss
 from reslm.models.transformer import CharTransformer, TransformerConfig, sinusoidal_encoding
 
@@ -95,7 +90,7 @@ def authors_logits(model, states: torch.Tensor) -> torch.Tensor:
     states (B, N) -> logits (B, V): the numbers of model.forward_features(model.normalize(states))."""
     x = F.layer_norm(states, (states.shape[-1],)) if model.config.state_norm else states
     head = model.head
-    if hasattr(head, "net2"):  # AERC's AttentionReadout
+    if isinstance(head, AttentionReadout):
         z = torch.relu(head.net1(x))
         W_att = head.net2(z).view(-1, head.hidden, head.size)                     # (B, H, N)
         r_o = (W_att @ x.unsqueeze(-1)).squeeze(-1)                               # (B, H)
@@ -103,35 +98,4 @@ def authors_logits(model, states: torch.Tensor) -> torch.Tensor:
     return head(x)
 
 
-def train_step_throughput(model: nn.Module, batch_size: int = 1024, context: int = 32, steps: int = 10,
-                          warmup: int = 2, vocab: int = 59, autocast_dtype: torch.dtype | None = None,
-                          seed: int = 0) -> float:
-    """Training samples per second: forward + backward + Adam (lr 1e-4) on random windows, train mode.
-
-    Uses the model's device; `autocast_dtype` (e.g. torch.bfloat16) runs the forward under
-    torch.autocast as a training loop would. Returns batch_size / median step time (the median
-    resists a noisy shared machine better than the mean). The model's weights are updated."""
-    device = next(model.parameters()).device
-    g = torch.Generator().manual_seed(seed)
-    batches = [(torch.randint(vocab, (batch_size, context), generator=g).to(device),
-                torch.randint(vocab, (batch_size,), generator=g).to(device)) for _ in range(4)]
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    model.train()
-    times = []
-    for i in range(warmup + steps):
-        x, y = batches[i % len(batches)]
-        synchronize(device)
-        t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return batch_size / statistics.median(times)
-
-
-__all__ = ["ReferenceTransformer", "copy_weights", "authors_window_states", "authors_logits",
-           "train_step_throughput", "CharTransformer"]
+__all__ = ["ReferenceTransformer", "copy_weights", "authors_window_states", "authors_logits", "CharTransformer"]

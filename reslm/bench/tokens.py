@@ -1,12 +1,13 @@
 """Benchmarks: the token level, LAERC vs the GPT baseline at matched trainable parameters.
 
-- training tokens/s (forward + backward + AdamW step on random tokens);
+- training tokens/s: `reslm.train.train_step` (the training loop's step, with the family's default
+  optimiser, AdamW, and clipping) on random tokens;
 - generation time per token at prefix lengths 64, 256 and 1024: our stateful sampler (LAERC carries
   each block's reservoir state, GPT its KV cache) against re-running the whole prefix for every new
   token (what the authors' sampler does). The cost of producing the token at length n is measured
   directly: `step()` after n tokens have been read, versus one full forward pass over n tokens.
 Targets (issue 3): stateful per-token time at 1024 <= 1.2 x that at 64, and >= 20x faster than
-re-running the prefix at 1024. Timing goes through `reslm.bench_timing.repeat` (best repetition).
+re-running the prefix at 1024. Timing goes through `reslm.bench.timing.repeat` (best repetition).
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import math
 
 import torch
 
-from reslm.bench_timing import repeat
+from reslm.bench.timing import repeat
+from reslm.device import grad_scaler
 from reslm.models.base import count_params
 from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig
+from reslm.train import make_optimizer, train_config, train_step
 
 # matched pair (trainable parameters within ~3% at V = 4096; see reslm.sweep's cpu sweep)
 PAIR = {"laerc": dict(dim=64, n_layers=4), "gpt": dict(dim=88, n_layers=4, n_heads=4)}
@@ -63,18 +66,18 @@ def generation_ms_per_token(model, lengths, device, steps: int = 16, reps: int =
 
 
 def training_tokens_per_s(model, *, batch: int, context: int, device, steps: int = 3, reps: int = 2) -> float:
-    """Tokens/s of forward + backward + AdamW steps on one random batch (best of `reps` x `steps`)."""
+    """Tokens/s of `reslm.train.train_step` on one random batch (best of `reps` x `steps`), with the
+    optimiser make_optimizer builds from the family's training defaults (lr 1e-4)."""
     model.train()
     V = model.config.vocab_size
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tc = train_config(model.family, lr=1e-4)
+    opt, scaler = make_optimizer(model, tc, device), grad_scaler("fp32", device)
     x = torch.randint(0, V, (batch, context + 1), generator=torch.Generator().manual_seed(0)).to(device)
 
     def train():
         for _ in range(steps):
-            _, loss = model(x[:, :-1], x[:, 1:])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train_step(model.forward_features, [(x[:, :-1], x[:, 1:])], opt, scaler, lr=tc.lr, device=device,
+                       grad_clip=tc.grad_clip, by_targets=False)
 
     t = repeat(dict(train=train), device, reps=reps, budget_s=math.inf)
     return batch * context * steps / min(t["train"])
