@@ -1,0 +1,50 @@
+"""Stage 8, the command line: argparse subcommands that call the library; no logic of their own.
+
+Model and training flags of `reslm train` are generated per family from the config dataclasses
+(reslm.models, reslm.train): every field is a flag, its type converts the value, the comment beside
+the field is its help, and the default shown is the family's. The family is read from argv first
+(`--family`, `--preset`, or the run being resumed), so each family gets exactly its own flags
+(`--reservoir NAME` for rc, aerc and laerc; laerc's `--no-reservoir` ablation: a bool field named
+no_* is a plain switch). `main` is the single error boundary: any error
+becomes one line on stderr and a non-zero exit (`--debug` or RESLM_DEBUG=1 shows the traceback).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from reslm.cli.flags import check_preset, check_resume
+from reslm.cli.parsers import build_parser
+from reslm.errors import ReslmError, describe
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        check_resume(argv)
+        check_preset(argv)
+        args = build_parser(argv).parse_args(argv)
+    except ReslmError as e:
+        print(f"reslm: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help, or a bad flag (one line already printed)
+        return int(e.code or 0)
+    debug = args.debug or os.environ.get("RESLM_DEBUG", "") not in ("", "0")
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        print("reslm: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ReslmError, OSError, RuntimeError, ValueError, KeyError, TypeError, MemoryError) as e:
+        if debug:
+            raise
+        print(f"reslm: error: {describe(e)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The flags of the command line: integer ranges, the shared flags, and the model and training flags
+generated from the config dataclasses (a field's type converts the value, its comment is the help)."""
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+from reslm.errors import ReslmError
+from reslm.models import MODELS, PRESETS, preset
+from reslm.run import CONFIG, read_config
+
+
+# Training fields that only one kind of data uses (the others are hidden from that family's flags).
+CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype", "heldout_eval")
+TOKEN_ONLY = ("max_steps", "eval_every", "eval_batches")
+RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.ridge)
+              "lbfgs_samples", "lbfgs_iters", "lbfgs_l2")                # and the L-BFGS one (reslm.lbfgs)
+RC_ONLY = ("holdout", *RIDGE_ONLY)
+# Declared once, added to the subcommands that take them.
+SHARED = {
+    "--root": dict(help="datasets folder (default: $RESLM_DATA or ./data)"),
+    "--device": dict(default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default auto)"),
+    "--no-progress": dict(action="store_true", help="no progress bars or progress lines"),
+}
+
+
+INT64 = (-2**63, 2**63 - 1)
+SEED = (0, 2**63 - 1)          # every seed: a non-negative 64-bit integer
+# Count flags whose work grows with the value: the largest accepted, so that a typo (1e20) is refused
+# with its limit instead of running for ever. Other integer flags take any 64-bit value (their own
+# checks follow).
+COUNTS = {"max_steps": (0, 10**9), "cycles": (0, 10**4), "epochs_per_shard": (0, 10**4), "trials": (1, 10**5)}
+
+
+def int_range(lo: int, hi: int):
+    """An argparse type: an integer in [lo, hi]. Out of range -> "argument --flag: N is out of range (an
+    integer from lo to hi)", naming the flag (not a later "Overflow when unpacking long long")."""
+    def parse(text: str) -> int:
+        value = int(text)   # ValueError -> argparse's "invalid int value: 'x'"
+        if not lo <= value <= hi:
+            shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} digits)"
+            raise argparse.ArgumentTypeError(f"{shown} is out of range (an integer from {lo:,} to {hi:,})")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
+def int_for(name: str):
+    """The integer type of flag `name` (a dest): seeds, the bounded counts, or any 64-bit integer."""
+    return int_range(*(SEED if name == "seed" or name.endswith("_seed") else COUNTS.get(name, INT64)))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (argparse's own print the usage block first)."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def shared(parser, *names):
+    for name in names:
+        parser.add_argument(name, **SHARED[name])
+
+
+# --- flags from dataclasses --------------------------------------------------------------------
+def field_comments(cls) -> dict[str, str]:
+    """The trailing `# comment` of each field in the class body (and its bases)."""
+    out = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            src = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        for line in src.splitlines():
+            code, _, comment = line.partition("#")
+            name = code.strip().split(":")[0].strip()
+            if comment and ":" in code and name.isidentifier():
+                out[name] = comment.strip()
+    return out
+
+
+def add_flags(group, cls, defaults: dict, skip=()) -> list[str]:
+    """--field-name for every field of dataclass `cls` not in skip; help shows `defaults` (the family's).
+    The parsed value is None when the flag is not given, so only given flags override anything."""
+    comments = field_comments(cls)
+    names = []
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        default = defaults.get(f.name, f.default if f.default is not MISSING else None)
+        kind = type(f.default)
+        flag = "--" + f.name.replace("_", "-")
+        help_ = f"{comments.get(f.name, '')} (default {default!r})".strip()
+        if kind is bool and f.name.startswith("no_") and f.default is False:   # an ablation: --no-reservoir
+            group.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_)
+        elif kind is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        else:
+            group.add_argument(flag, dest=f.name, type=int_for(f.name) if kind is int else kind, default=None,
+                               metavar=kind.__name__.upper(), help=help_)
+        names.append(f.name)
+    return names
+
+
+def given(args, names) -> dict:
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def peek_flag(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in argv (`--flag V` or `--flag=V`), before parsing."""
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def train_family(argv: list[str]) -> str | None:
+    """The family `reslm train` will train: --family, the preset's, or the resumed run's."""
+    name = peek_flag(argv, "--family")
+    if name in MODELS:
+        return name
+    p = peek_flag(argv, "--preset")
+    if p in PRESETS:
+        return PRESETS[p][0]
+    out = peek_flag(argv, "--out")
+    if "--resume" in argv and out:
+        try:
+            fam = read_config(Path(out))["family"]
+        except (ReslmError, OSError):
+            return None
+        return fam if fam in MODELS else None
+    return None
+
+
+def check_resume(argv: list[str]) -> None:
+    """`reslm train --out X --resume` where X holds no run: say so before the family's flags are parsed
+    (with no run there is no family, so its flags would read as unrecognised)."""
+    out = peek_flag(argv, "--out")
+    is_train = argv[:1] == ["train"] or "train" in argv[:2]
+    if is_train and "--resume" in argv and out and not ({"-h", "--help"} & set(argv)) \
+            and not (Path(out) / CONFIG).exists():
+        raise ReslmError(f"{out} holds no run to resume (no {CONFIG})")
+
+
+def check_preset(argv: list[str]) -> None:
+    """`reslm train --preset NAME` with an unknown NAME: say so before the family's flags are parsed (with no
+    family they would read as unrecognised: "unrecognized arguments: --shard-chars")."""
+    name = peek_flag(argv, "--preset")
+    is_train = argv[:1] == ["train"] or "train" in argv[:2]
+    if is_train and name is not None and name not in PRESETS and "--resume" not in argv \
+            and not ({"-h", "--help"} & set(argv)):
+        preset(name)   # raises "unknown preset 'NAME' (see `reslm presets`)"
+
+
+# --- commands -----------------------------------------------------------------------------------
