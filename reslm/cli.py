@@ -30,7 +30,7 @@ from reslm.device import pick_device
 from reslm.errors import ReslmError, describe
 from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
 from reslm.generate import MAX_LENGTH, check_length, sample
-from reslm.models import MODELS, PRESETS, family, preset, preset_table
+from reslm.models import MODELS, PRESETS, preset, preset_table
 from reslm.lab import LAB_BUDGETS, SUBSTRATES, run_lab
 from reslm.models.reservoir_lm import ReservoirLMConfig
 from reslm.publish import publish, unpacked
@@ -44,11 +44,9 @@ from reslm.search import FAMILIES as SEARCH_FAMILIES
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.sweep import SWEEPS, run_sweep, write_scaling
-from reslm.train import CHECKPOINT_SECONDS, TrainConfig, authors_variant, create_run, grow_cycles, train
+from reslm.train import (CHECKPOINT_SECONDS, TrainConfig, authors_variant, create_run, data_fields, grow_cycles,
+                         sampler_for, train)
 
-# Training fields that only one kind of data uses (the others are hidden from that family's flags).
-CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype")
-TOKEN_ONLY = ("max_steps", "eval_every", "eval_batches")
 RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.ridge)
               "lbfgs_samples", "lbfgs_iters", "lbfgs_l2")                # and the L-BFGS one (reslm.lbfgs)
 RC_ONLY = ("holdout", *RIDGE_ONLY)
@@ -274,9 +272,8 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
             raise ReslmError("give --preset NAME (see `reslm presets`) or --family {%s}" % ",".join(MODELS))
         if getattr(args, "authors_variant", False):
             model_over, train_over = authors_variant(model_over, train_over)
-        kind = family(name).data
-        dataset = find_dataset(args.data or ("shakespeare" if kind == "chars" else "shakespeare-gpt2"), kind,
-                               Path(args.root) if args.root else None)
+        sampler = sampler_for(name)
+        dataset = find_dataset(args.data or sampler.default_data, sampler.kind, Path(args.root) if args.root else None)
         create_run(out, name, {**over, **model_over}, train_over, dataset, preset=args.preset)
     with unpacked(out) if is_published(out) else contextlib.nullcontext():   # results/NAME: published again after
         summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,
@@ -515,9 +512,9 @@ def _train_parser(sub, fam_name: str | None):
         fam = MODELS[fam_name]
         model_fields = _add_flags(t.add_argument_group(f"{fam_name} model options (override the preset)"),
                                   fam.config, {}, skip=("seed", "vocab_size"))
-        hidden = {"seed", "device", *(TOKEN_ONLY if fam.data == "chars" else CHAR_ONLY),
-                  *(RC_ONLY if fam_name != "rc" else ())}
-        train_fields = _add_flags(t.add_argument_group(f"training options ({fam.data})"), TrainConfig, fam.train,
+        kind = sampler_for(fam_name).kind   # the other kind's fields are hidden
+        hidden = {"seed", "device", *(set(data_fields()) - set(data_fields(kind))), *(RC_ONLY if fam_name != "rc" else ())}
+        train_fields = _add_flags(t.add_argument_group(f"training options ({kind})"), TrainConfig, fam.train,
                                   skip=hidden)
         if fam_name == "laerc":
             t.add_argument("--authors-variant", action="store_true",
@@ -563,7 +560,8 @@ def _search_parser(sub, fam_name: str):
     model_fields = _add_flags(sp.add_argument_group(f"{fam_name} model options (fixed: not searched)"),
                               fam.config, {}, skip=("seed", "vocab_size"))
     train_fields = _add_flags(sp.add_argument_group("training options (fixed)"), TrainConfig, fam.train,
-                              skip={"seed", "device", "optimizer", *TOKEN_ONLY, *(RIDGE_ONLY if fam_name != "rc" else ())})
+                              skip={"seed", "device", "optimizer", *data_fields("tokens"),
+                                    *(RIDGE_ONLY if fam_name != "rc" else ())})
     sp.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_search)
 
 

@@ -53,7 +53,8 @@ from reslm.reservoir.nvar import nvar_size
 from reslm.reservoir.seeding import child_seed
 from reslm.ridge import fit_ridge
 from reslm.files import atomic_write, write_json
-from reslm.train import CharShards, TrainConfig, check_holdout, lr_at, make_optimizer, make_run_config
+from reslm.batches import CharShards, check_holdout
+from reslm.train import TrainConfig, lr_at, make_optimizer, make_run_config
 
 SEARCH_KEY = 200   # seeding key of the samplers (apart from the reservoir's and training's keys)
 FAMILIES = ("rc", "aerc")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import reslm.batches as rb
 import reslm.train as tt
 from reslm import search
 from reslm.cli import main
@@ -28,13 +29,13 @@ def _csv(path):
 
 
 def test_search_writes_outputs_and_resumes_the_study(chars, tmp_path, monkeypatch):
-    tokens = tt.CharShards._tokens
+    tokens = rb.CharShards._tokens
 
     def no_test(self, shard, part="train"):
         assert shard != chars.test_shard, "the search read the test shard"
         return tokens(self, shard, part)
 
-    monkeypatch.setattr(tt.CharShards, "_tokens", no_test)
+    monkeypatch.setattr(rb.CharShards, "_tokens", no_test)
     out = tmp_path / "s"
     first = search.run_search(out, chars, reservoir="leaky", model_over=MODEL, trials=2, progress=False)
     assert first["trials"] == 2 and len(_csv(out / "trials.csv")) == 2
