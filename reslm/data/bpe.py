@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import re
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,8 +53,8 @@ from reslm.data.store import (
     commit_dataset, default_data_root, logger, read_meta, reslm_version, write_meta as write_meta_file,
 )
 from reslm.data.tokenizer import (  # noqa: F401 (EOT, GPT2_*, BpeTokenizer, parse_spec, train_bpe: re-exported)
-    EOT, GPT2_EOT_ID, GPT2_VOCAB_SIZE, MAX_VOCAB, BpeTokenizer, _gpt2_source, _gpt2_tokenizer, _import_tokenizers,
-    gpt2_data_files, load_trained, parse_spec, train_bpe,
+    EOT, GPT2_EOT_ID, GPT2_VOCAB_SIZE, MAX_VOCAB, BpeTokenizer, _gpt2_tokenizer, _import_tokenizers,
+    gpt2_data_files, load_trained, make_tokenizer, TOKENIZER_FILE, parse_spec, safe_cut, text_chunks, train_bpe,
 )
 from reslm.data.corpus import (
     SHAKESPEARE_ARCHIVE,
@@ -72,13 +71,9 @@ from reslm.errors import ReslmError, writing
 from reslm.files import sha256_file
 
 FORMAT_VERSION = 2   # 1: train.bin + val.bin (still read); 2: tokens.bin with the two views as shards
-CHUNK_CHARS = 1 << 20
 _TRAIN = "train.bin"   # the train view's name in fingerprints (and the file of a format-1 folder)
 _VAL = "val.bin"
-_TOKENIZER = "tokenizer.json"
 _DTYPE = np.dtype(np.uint16)
-# A cut right after this newline leaves the GPT-2 pre-tokenizer pieces unchanged.
-_SAFE_CUT = re.compile(r"\n(?=\S)")
 
 
 # --- the dataset object -----------------------------------------------------------------
@@ -175,7 +170,7 @@ class TokenDataset(TokenFile):
             if tok["kind"] == "gpt2":
                 self._tokenizer = _gpt2_tokenizer()
             else:
-                self._tokenizer = load_trained(self.path / _TOKENIZER, tok["spec"], self.eot_id, self.vocab_size)
+                self._tokenizer = load_trained(self.path / TOKENIZER_FILE, tok["spec"], self.eot_id, self.vocab_size)
         return self._tokenizer
 
     def fingerprint(self) -> dict[str, Any]:
@@ -187,7 +182,7 @@ class TokenDataset(TokenFile):
             src = tok.get("source") or {}
             tok_hash = _json_sha256(["gpt2", src.get("encoder.json_sha256"), src.get("vocab.bpe_sha256")])
         else:
-            tok_hash = sha256_file(self.path / _TOKENIZER) if (self.path / _TOKENIZER).is_file() else None
+            tok_hash = sha256_file(self.path / TOKENIZER_FILE) if (self.path / TOKENIZER_FILE).is_file() else None
         return {"fingerprint_version": FINGERPRINT_VERSION, "kind": "bpe", "vocab_size": self.vocab_size,
                 "tokenizer_sha256": tok_hash, "files": self.range_digests()}
 
@@ -270,29 +265,6 @@ def _scan(paths: Sequence[Path], names: Sequence[str], groups: Sequence[str]) ->
     return docs
 
 
-def _safe_cut(text: str, target: int, lo: int = 0) -> int:
-    """Largest position p in (lo, target] right after a newline followed by non-space, else target."""
-    best = text.rfind("\n", lo, target)
-    while best >= 0:
-        if _SAFE_CUT.match(text, best):
-            return best + 1
-        best = text.rfind("\n", lo, best)
-    return target
-
-
-def _chunks(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
-    """Pieces of about ``size`` characters, each cut after a newline followed by non-space."""
-    start = 0
-    while len(text) - start > size:
-        m = _SAFE_CUT.search(text, start + size)
-        if m is None:
-            break
-        yield text[start:m.end()]
-        start = m.end()
-    if start < len(text):
-        yield text[start:]
-
-
 def _plan_split(docs: Sequence[_Doc], val_fraction: float, snap_to_groups: bool) -> dict[str, Any]:
     """Where validation starts: {'doc': index, 'offset': char offset inside it, ...}."""
     total = sum(d.n_chars for d in docs)
@@ -314,7 +286,7 @@ def _plan_split(docs: Sequence[_Doc], val_fraction: float, snap_to_groups: bool)
     i = bisect.bisect_right(starts, cut) - 1  # document holding character `cut`
     offset = cut - starts[i]
     if offset:
-        offset = _safe_cut(docs[i].text(), offset)
+        offset = safe_cut(docs[i].text(), offset)
     return {"rule": (f"{1 - val_fraction:g} of the characters, moved back to just after a newline "
                      "followed by non-space inside that document if there is one"),
             "doc": i, "offset": offset, "boundary_char": starts[i] + offset, "total_chars": total}
@@ -327,27 +299,6 @@ def _write_stream(f, ids: Sequence[int] | np.ndarray) -> int:
     with writing(f.name):   # a full disk: numpy's short write -> "could not write PATH: no space left on device"
         arr.astype(_DTYPE).tofile(f)
     return int(arr.size)
-
-
-def make_tokenizer(spec: str, train_texts, tmp: Path, log, verbose: bool) -> tuple[BpeTokenizer, dict[str, Any]]:
-    """The tokenizer for `spec` and its meta entry. bpe:K is trained on `train_texts()` (an iterator
-    of training-text chunks) and saved into tmp as tokenizer.json."""
-    kind, k = parse_spec(spec)
-    if kind == "gpt2":
-        tok = _gpt2_tokenizer()
-        tok_meta = {"spec": "gpt2", "kind": "gpt2", "eot_id": tok.eot_id, "source": _gpt2_source()}
-    else:
-        assert k is not None
-        log(f"training a byte-level BPE of at most {k} ids on the training text")
-        tok = train_bpe(train_texts(), k, verbose=verbose)
-        with writing(tmp / _TOKENIZER):
-            tok.save(tmp / _TOKENIZER)
-        tok_meta = {"spec": spec, "kind": "bpe", "eot_id": tok.eot_id, "requested_k": k,
-                    "file": _TOKENIZER, "sha256": sha256_file(tmp / _TOKENIZER),
-                    "trained_on": "train split only", "min_frequency": 2}
-    assert tok.vocab_size <= MAX_VOCAB, "token ids must fit in uint16"
-    tok_meta["tokenizers_version"] = _import_tokenizers().__version__
-    return tok, tok_meta
 
 
 def write_meta(tmp: Path, name: str, tok: BpeTokenizer, tok_meta: dict[str, Any], counts: dict[str, int],
@@ -377,12 +328,8 @@ def token_streams(tmp: Path) -> Iterator[tuple[Any, Any]]:
 
 
 def _encode_text(text: str, tok: BpeTokenizer, f) -> int:
-    """Encode one piece of text chunk by chunk into the open .bin file f; returns the token count."""
-    n = 0
-    for chunks in _batched(_chunks(text), 8):
-        for ids in tok.encode_batch(chunks):
-            n += _write_stream(f, ids)
-    return n
+    """Encode one piece of text chunk by chunk into the open token file f; returns the token count."""
+    return sum(_write_stream(f, ids) for ids in tok.encode_stream(text))
 
 
 def _encode_docs(docs: Sequence[_Doc], split: dict[str, Any], tok: BpeTokenizer, folder: Path,
@@ -414,24 +361,13 @@ def _encode_docs(docs: Sequence[_Doc], split: dict[str, Any], tok: BpeTokenizer,
     return counts, rows
 
 
-def _batched(it: Iterator[str], n: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for x in it:
-        batch.append(x)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def _train_texts(docs: Sequence[_Doc], split: dict[str, Any]) -> Iterator[str]:
     """The training part of the corpus, chunk by chunk (what bpe:K is trained on)."""
     for i, d in enumerate(docs[:split["doc"] + 1]):
         text = d.text()
         if i == split["doc"]:
             text = text[:split["offset"]]
-        yield from _chunks(text)
+        yield from text_chunks(text)
 
 
 def _default_name(corpus_label: str, spec: str) -> str:

@@ -35,8 +35,8 @@ from typing import Iterator
 
 from reslm import progress
 from reslm.data.bpe import (
-    TokenDataset, _chunks, _default_name, _encode_text, _import_tokenizers, _write_stream, gpt2_data_files,
-    make_tokenizer, parse_spec, token_streams, write_meta,
+    TokenDataset, _default_name, _encode_text, _import_tokenizers, _write_stream, gpt2_data_files,
+    make_tokenizer, parse_spec, text_chunks, token_streams, write_meta,
 )
 from reslm.data.store import building, check_name, check_target, commit_dataset, default_data_root, logger
 from reslm.errors import ReslmError
@@ -122,7 +122,7 @@ def prepare_bpe_hf(source: str, tokenizer: str, root: Path | None = None, name: 
     def train_texts() -> Iterator[str]:
         for i, text in _documents(stream, text_field, max_docs):
             if not is_val(i):
-                yield from _chunks(text)
+                yield from text_chunks(text)
 
     with building(root, name) as tmp:
 

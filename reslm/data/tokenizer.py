@@ -39,7 +39,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from reslm.errors import ReslmError
+from reslm.errors import ReslmError, writing
 from reslm.files import sha256_file
 
 EOT = "<|endoftext|>"
@@ -49,6 +49,10 @@ MIN_BPE_VOCAB = 257  # 256 bytes + <|endoftext|>
 MAX_VOCAB = 1 << 16  # ids must fit in uint16
 TOKENIZER_SPECS = "'gpt2' or 'bpe:K' (K an integer, 257 <= K <= 65536)"
 _INSTALL_HINT = "pip install 'reslm[bpe]'"
+TOKENIZER_FILE = "tokenizer.json"   # a trained BPE's table in its dataset folder
+CHUNK_CHARS = 1 << 20
+# A cut right after this newline leaves the GPT-2 pre-tokenizer pieces unchanged.
+_SAFE_CUT = re.compile(r"\n(?=\S)")
 
 
 def checked_ids(ids: Sequence[int] | np.ndarray, vocab_size: int) -> np.ndarray:
@@ -161,6 +165,12 @@ class BpeTokenizer:
     def encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.encode(text), dtype=np.int64)
 
+    def encode_stream(self, text: str) -> Iterator[list[int]]:
+        """The ids of a long text, chunk by chunk (`text_chunks`: the same ids as encoding it whole),
+        eight chunks at a time in parallel; memory does not grow with the text."""
+        for chunks in _batched(text_chunks(text), 8):
+            yield from self.encode_batch(chunks)
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Several texts at once (parallel inside ``tokenizers``)."""
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
@@ -267,3 +277,61 @@ def load_trained(path: Path, spec: str, eot_id: int, vocab_size: int) -> BpeToke
         raise ReslmError(f"{path} has {tok.get_vocab_size()} ids, but meta.json says "
                          f"vocab_size {vocab_size} with <|endoftext|> = {eot_id}; re-create the dataset")
     return BpeTokenizer(tok, spec, eot_id, vocab_size)
+
+
+# --- streaming and making tokenizers for a dataset --------------------------------------
+
+
+def safe_cut(text: str, target: int, lo: int = 0) -> int:
+    """Largest position p in (lo, target] right after a newline followed by non-space, else target."""
+    best = text.rfind("\n", lo, target)
+    while best >= 0:
+        if _SAFE_CUT.match(text, best):
+            return best + 1
+        best = text.rfind("\n", lo, best)
+    return target
+
+
+def text_chunks(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
+    """Pieces of about ``size`` characters, each cut after a newline followed by non-space."""
+    start = 0
+    while len(text) - start > size:
+        m = _SAFE_CUT.search(text, start + size)
+        if m is None:
+            break
+        yield text[start:m.end()]
+        start = m.end()
+    if start < len(text):
+        yield text[start:]
+
+
+def _batched(it: Iterator[str], n: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for x in it:
+        batch.append(x)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def make_tokenizer(spec: str, train_texts, tmp: Path, log, verbose: bool) -> tuple[BpeTokenizer, dict[str, Any]]:
+    """The tokenizer for `spec` and its meta entry. bpe:K is trained on `train_texts()` (an iterator
+    of training-text chunks) and saved into tmp as tokenizer.json."""
+    kind, k = parse_spec(spec)
+    if kind == "gpt2":
+        tok = _gpt2_tokenizer()
+        tok_meta = {"spec": "gpt2", "kind": "gpt2", "eot_id": tok.eot_id, "source": _gpt2_source()}
+    else:
+        assert k is not None
+        log(f"training a byte-level BPE of at most {k} ids on the training text")
+        tok = train_bpe(train_texts(), k, verbose=verbose)
+        with writing(tmp / TOKENIZER_FILE):
+            tok.save(tmp / TOKENIZER_FILE)
+        tok_meta = {"spec": spec, "kind": "bpe", "eot_id": tok.eot_id, "requested_k": k,
+                    "file": TOKENIZER_FILE, "sha256": sha256_file(tmp / TOKENIZER_FILE),
+                    "trained_on": "train split only", "min_frequency": 2}
+    assert tok.vocab_size <= MAX_VOCAB, "token ids must fit in uint16"
+    tok_meta["tokenizers_version"] = _import_tokenizers().__version__
+    return tok, tok_meta
