@@ -16,99 +16,34 @@ kind = the family's data kind, "chars" or "tokens") for:
   cycle, for each training shard, the model's features (reservoir states) are computed once, then
   E shard-epochs of shuffled batches over them, each followed by the test cross-entropy on the test
   shard (nats and bits per character). The shuffle of shard-epoch k is seeded by step_seed(seed, k).
-  `StateCache` keeps computed states in the run folder so that a resumed run reads them back.
+  `StateCache` (reslm.run.states) keeps computed states in the run folder for a resumed run.
 * `TokenWindows`, token level (Appendix A.3 and the authors' code): random windows of the model's
   context from the dataset's train view, seeded per step; every eval_every steps the mean CE over
   eval_batches fixed-seed val windows.
 
 The samplers take the model as an argument (its `features`, `forward_features`, `config.context`);
-this module imports no model code, so the models' shared helpers (`TensorFeatures`, `estimate_loss`,
-`feature_batches`, `bits`) live here and reslm.models.base re-exports them.
+this module imports no model or training code: the features helpers it shares with the models are
+reslm.features, the state cache is reslm.run.states.
 """
 from __future__ import annotations
 
-import hashlib
 import math
-import sys
 import time
 from pathlib import Path
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from reslm.device import autocast, bf16_status, state_dtype, synchronize
+from reslm.device import bf16_status, state_dtype, synchronize
 from reslm.errors import ReslmError
-from reslm.files import atomic_write
+from reslm.features import bits, estimate_loss, feature_batches
 from reslm.progress import say
 from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
+from reslm.run.states import StateCache
 
 _EVAL_SEED = 0x5EED_E7A1
 SOLVERS = ("ridge", "lbfgs")   # optimizers that solve an rc readout in one step (reslm.train.SOLVERS)
-
-
-# --- features and their loss (the model contract's shared helpers, see reslm.models.base) -------------
-@dataclass
-class TensorFeatures:
-    """Precomputed per-sample inputs (e.g. reservoir states (M, N)) and their targets (M,).
-
-    With `chars` (M,) and `table` (V, k), a batch is each sample's input beside the table row of its
-    character, [inputs[i], table[chars[i]]] (M, N + k): a reservoir head that also reads the current
-    character's one-hot (table = I) or fixed embedding, without storing (M, N + k)."""
-
-    inputs: torch.Tensor
-    targets: torch.Tensor
-    chars: torch.Tensor | None = None
-    table: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return self.targets.numel()
-
-    def batch(self, index: torch.Tensor) -> torch.Tensor:
-        x = self.inputs.index_select(0, index)
-        if self.chars is None:
-            return x
-        return torch.cat([x, self.table.to(x.dtype).index_select(0, self.chars.index_select(0, index))], dim=1)
-
-
-
-LN2 = math.log(2)
-
-
-def bits(nats: float) -> float:
-    """Nats per symbol -> bits per symbol (bits per character for a character model)."""
-    return nats / LN2
-
-
-@torch.no_grad()
-def estimate_loss(model, batches, *, precision: str = "fp32") -> tuple[float, int]:
-    """(mean cross-entropy in nats, number of predictions) of `model.forward_features` over an
-    iterable of (x, targets) batches, in eval mode (the mode is restored afterwards)."""
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    try:
-        for x, y in batches:
-            with autocast(precision, y.device):
-                logits, _ = model.forward_features(x, None)
-            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
-                                     reduction="sum").item()
-            count += y.numel()
-    finally:
-        model.train(was_training)
-    return total / max(count, 1), count
-
-
-def feature_batches(feats, batch_size: int):
-    """(x, targets) batches over every sample of a Features, in order."""
-    n = len(feats)
-    device = feats.targets.device
-    for i0 in range(0, n, batch_size):
-        index = torch.arange(i0, min(n, i0 + batch_size), device=device)
-        yield feats.batch(index), feats.targets[index]
-
 
 
 # --- seeding ------------------------------------------------------------------------------------
@@ -150,82 +85,6 @@ def available_memory(device: torch.device) -> int | None:
     except OSError:
         pass
     return None
-
-
-def tensors_sha256(*tensors: torch.Tensor) -> str:
-    """sha256 over the dtype, shape and raw bytes of each tensor, read in 64 MiB pieces (a memory-mapped
-    tensor is streamed, not copied)."""
-    h = hashlib.sha256()
-    for t in tensors:
-        t = t.detach().contiguous()
-        h.update(f"{t.dtype} {tuple(t.shape)}\n".encode())
-        flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-        for a in range(0, flat.numel(), 1 << 26):
-            h.update(flat[a:a + (1 << 26)].numpy())
-    return h.hexdigest()
-
-
-def _cached_tensors(inputs, targets, chars, table) -> list[torch.Tensor]:
-    """What a state-cache file's checksum covers: the features, and the character ids and their
-    table when the head reads the current character too."""
-    return [inputs, targets] + [t for t in (chars, table) if isinstance(t, torch.Tensor)]
-
-
-class StateCache:
-    """Computed features kept on disk in the run folder (RUN/states/NAME.pt) so that a resumed run
-    reads them back instead of computing them again: window-mode states of a large reservoir take
-    hours per shard on a CPU, longer than the gaps between a laptop's or a session's interruptions.
-
-    Files are written atomically with a sha256 of the tensors inside (`tensors_sha256`) and read back
-    memory-mapped (torch.load(mmap=True)), their checksum checked. A file of another dtype or an
-    unreadable one is ignored (and recomputed); one whose checksum does not match (changed since it was
-    written: an edit, bit rot) or that has none (written before checksums) is recomputed with a
-    warning on stderr naming it, and replaced. Recomputing rather than refusing: the cache is derived
-    data, and a recomputation gives bitwise what an intact file holds, so nothing is lost and no one
-    has to delete RUN/states by hand. Only the current training shard's and the test states are kept;
-    train() removes the folder when the run is finished. The features are a fixed function of the run's
-    config (reservoir, embedding, measurement and its noise seeds)."""
-
-    def __init__(self, folder: Path):
-        self.folder = Path(folder)
-        for tmp in self.folder.glob(".*.tmp"):   # a killed writer's partial file (we hold the run's lock)
-            tmp.unlink(missing_ok=True)
-
-    def load(self, name: str, dtype: torch.dtype) -> "TensorFeatures | None":
-        path = self.folder / f"{name}.pt"
-        if not path.is_file():
-            return None
-        try:
-            d = torch.load(path, mmap=True, weights_only=True)
-            inputs, targets, chars, table = d["inputs"], d["targets"], d.get("chars"), d.get("table")
-        except Exception:   # noqa: BLE001 - a torn or foreign file is recomputed, never trusted
-            return None
-        if not (isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor)) \
-                or inputs.dtype != dtype or inputs.dim() != 2 or len(inputs) != len(targets):
-            return None
-        saved = d.get("sha256")
-        if saved != tensors_sha256(*_cached_tensors(inputs, targets, chars, table)):
-            why = "has no checksum (written by an older reslm)" if saved is None else \
-                "does not match its checksum (changed since it was written)"
-            print(f"reslm: warning: the cached reservoir states {path} {why}: computing them again",
-                  file=sys.stderr, flush=True)
-            return None
-        return TensorFeatures(inputs, targets, chars, table)
-
-    def store(self, name: str, feats, keep_prefix: str | None = None) -> None:
-        self.folder.mkdir(exist_ok=True)
-        if keep_prefix is not None:   # drop the previous training shard's file first (disk)
-            for old in self.folder.glob("*.pt"):
-                if old.stem != name and not old.name.startswith(keep_prefix):
-                    old.unlink(missing_ok=True)
-        try:
-            digest = tensors_sha256(*_cached_tensors(feats.inputs, feats.targets, feats.chars, feats.table))
-            atomic_write(self.folder / f"{name}.pt",
-                         lambda p: torch.save(dict(inputs=feats.inputs, targets=feats.targets, sha256=digest,
-                                                   **({} if feats.chars is None else
-                                                      dict(chars=feats.chars, table=feats.table))), p))
-        except ReslmError as e:   # e.g. disk full: training goes on, a resume computes them again
-            say(f"reslm: reservoir states not cached ({e})")
 
 
 class CharShards:

@@ -11,6 +11,7 @@ from reslm.models import build_model, check_frontier_config, make_config, preset
 from reslm.models.budget import FRONTIER_BUDGET, check_frontier
 from reslm.models.rc import RC
 import reslm.batches as rb
+import reslm.run.states as rs
 
 
 def test_presets_frontier_verdicts():
@@ -155,14 +156,14 @@ def test_headed_run_with_cached_states_resumes_bitwise(chars, tmp_path, monkeypa
     cut = tt.create_run(tmp_path / "cut", "rc", model, CHAR_TRAIN, chars)
     tt.train(cut, progress=False, stop_at=5, cache_states=True)
     assert any((cut / "states").glob("*.pt"))
-    real_load, hits = rb.StateCache.load, []
+    real_load, hits = rs.StateCache.load, []
 
     def load(self, name, dtype):          # the resumed run reads the cached (state, char id) features back
         feats = real_load(self, name, dtype)
         hits.append(feats is not None)
         return feats
 
-    monkeypatch.setattr(rb.StateCache, "load", load)
+    monkeypatch.setattr(rs.StateCache, "load", load)
     tt.train(cut, progress=False, cache_states=True)
     assert any(hits)
     a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]

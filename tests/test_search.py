@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import reslm.batches as rb
-import reslm.train as tt
 from reslm import search
 from reslm.cli import main
 from reslm.reservoir import RESERVOIRS, parse_options

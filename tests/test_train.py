@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 
 import reslm.batches as rb
+import reslm.run.states as rs
 import reslm.train as tt
 from reslm.models import build_model
 from reslm.models.base import bits, decay_groups
@@ -223,14 +224,14 @@ def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp
     assert cached == ["test-0.pt", "train-shard1-cycle0.pt"]       # shard 0's file went with shard 0
     torn = cut / tt.STATES / "test-0.pt"
     torn.write_bytes(torn.read_bytes()[:100])
-    real_load, hits = rb.StateCache.load, []
+    real_load, hits = rs.StateCache.load, []
 
     def load(self, name, dtype):
         feats = real_load(self, name, dtype)
         hits.append((name, feats is not None))
         return feats
 
-    monkeypatch.setattr(rb.StateCache, "load", load)
+    monkeypatch.setattr(rs.StateCache, "load", load)
     tt.train(cut, progress=False, cache_states=True)
     assert hits[:2] == [("train-shard1-cycle0", True), ("test-0", False)]   # shard 1 read back; the torn file not
     rows = read_metrics(cut)

@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reslm.batches import LN2, TensorFeatures, bits, estimate_loss, feature_batches  # noqa: F401 (the contract's helpers, beside the samplers)
+from reslm.features import LN2, TensorFeatures, bits, estimate_loss, feature_batches  # noqa: F401 (re-exported)
 from reslm.errors import ReslmError
 
 
