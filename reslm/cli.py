@@ -635,7 +635,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
           text FILE...  any local UTF-8 text files
           bpe           token-level data for the layered models: --corpus shakespeare|FILE... and
                         --tokenizer gpt2 (GPT-2's 50,257 tokens, offline) or bpe:K (trained on the
-                        training split); writes uint16 train.bin / val.bin + meta.json.
+                        training split); writes uint16 tokens.bin (train, then val) + meta.json.
                         --corpus openwebtext (= hf:Skylion007/openwebtext, needs internet) or
                         hf:NAME|FOLDER|FILE streams a Hugging Face `datasets` source (pip install
                         'reslm[hf]'); --max-docs limits it, every k-th document is validation"""),
@@ -649,7 +649,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     d.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that name")
     d.add_argument("--corpus", nargs="+", help="bpe: `shakespeare`, text files, `openwebtext` or hf:NAME|PATH")
     d.add_argument("--tokenizer", default="gpt2", help="bpe: gpt2 or bpe:K (default gpt2)")
-    d.add_argument("--val-fraction", type=float, default=0.01, help="bpe: share of the text for val.bin (default 0.01)")
+    d.add_argument("--val-fraction", type=float, default=0.01, help="bpe: share of the text for the val split (default 0.01)")
     d.add_argument("--max-docs", type=_int(*INT64), help="bpe from hf:/openwebtext: stop after this many documents")
     d.add_argument("--hf-config", help="bpe from hf: the dataset's config (subset) name")
     d.add_argument("--hf-split", default="train", help="bpe from hf: the split to read (default train)")

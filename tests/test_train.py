@@ -336,3 +336,18 @@ def test_min_train_loss_covers_every_logged_loss(chars, tmp_path):
     losses = [r["train_loss"] for r in rows if r["kind"] in ("step", "eval") and "train_loss" in r]
     assert summary["min_train_loss"] == min(losses)
     assert summary["min_train_loss"] <= summary["final_train_loss"]
+
+
+def test_samplers_carry_what_the_loop_and_the_cli_branched_on(chars, dataset):
+    """The one loop and the CLI ask the family's sampler (kind, default dataset, weights, rates) and the
+    TrainConfig field metadata (data_fields) instead of branching on the family's data kind."""
+    assert tt.data_fields("chars") == ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples",
+                                       "state_dtype")
+    assert tt.data_fields("tokens") == ("max_steps", "eval_every", "eval_batches")
+    assert set(tt.data_fields()) == set(tt.data_fields("chars")) | set(tt.data_fields("tokens"))
+    assert [tt.sampler_for(f) for f in ("rc", "aerc", "tf", "rnn", "laerc", "gpt")] == [rb.CharShards] * 4 + [
+        rb.TokenWindows] * 2
+    assert (rb.CharShards.kind, rb.TokenWindows.kind) == ("chars", "tokens")
+    micro = [(None, torch.zeros(3)), (None, torch.zeros(1))]
+    assert rb.CharShards.weights(micro) == ([0.75, 0.25], 4)      # by samples; the step weighs 4 in a segment
+    assert rb.TokenWindows.weights(micro) == ([0.5, 0.5], 1)      # equal windows; the step weighs 1
