@@ -560,5 +560,5 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
     return summary
 
 
-__all__ = ["TrainConfig", "train_config", "step_seed", "lr_at", "sampler_for", "data_fields", "make_run_config", "create_run", "ensure_run", "grow_cycles", "is_finished", "train",
-           "summarize", "bits"]
+__all__ = ["TrainConfig", "train_config", "step_seed", "lr_at", "sampler_for", "data_fields", "make_run_config",
+           "create_run", "ensure_run", "grow_cycles", "is_finished", "train", "summarize", "bits"]

@@ -49,8 +49,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from reslm.data.store import (
-    FINGERPRINT_VERSION, META, TOKENS, TokenFile, _json_sha256, building, check_name, check_shards, check_target,
-    commit_dataset, default_data_root, logger, read_meta, reslm_version, write_meta as write_meta_file,
+    FINGERPRINT_VERSION, META, TOKENS, TokenFile, _json_sha256, building, check_name, check_target,
+    commit_dataset, default_data_root, logger, read_meta, reslm_version, sample_blocks, write_meta as write_meta_file,
 )
 from reslm.data.tokenizer import (  # noqa: F401 (EOT, GPT2_*, BpeTokenizer, parse_spec, train_bpe: re-exported)
     EOT, GPT2_EOT_ID, GPT2_VOCAB_SIZE, MAX_VOCAB, BpeTokenizer, _gpt2_tokenizer, _import_tokenizers,
@@ -126,7 +126,7 @@ class TokenDataset(TokenFile):
                 if size != end:
                     raise ReslmError(f"{f} holds {size // _DTYPE.itemsize} tokens but {META} says "
                                      f"{ds.n_tokens[split]}; re-create the dataset")
-            sample = _sample(ds._map(split))
+            sample = sample_blocks(ds._map(split))
             if sample.size and int(sample.max()) >= ds.vocab_size:
                 raise ReslmError(f"{f} holds ids outside the vocabulary of size {ds.vocab_size}; "
                                  "re-create the dataset")
@@ -192,15 +192,6 @@ class TokenDataset(TokenFile):
                 f"train={self.n_tokens['train']}, val={self.n_tokens['val']})")
 
 
-def _sample(tokens: np.ndarray, block: int = 1 << 14, n_blocks: int = 16) -> np.ndarray:
-    """Head, tail and evenly spaced blocks of a token stream (a cheap range check)."""
-    n = tokens.shape[0]
-    if n <= block * (n_blocks + 2):
-        return np.asarray(tokens)
-    starts = np.linspace(0, n - block, n_blocks + 2).astype(np.int64)
-    return np.concatenate([np.asarray(tokens[s:s + block]) for s in starts.tolist()])
-
-
 def _check_meta(meta: Any, meta_path: Path) -> None:
     def bad(why: str) -> ReslmError:
         return ReslmError(f"invalid {meta_path}: {why}")
@@ -226,14 +217,10 @@ def _check_meta(meta: Any, meta_path: Path) -> None:
     if not (isinstance(counts, dict) and all(
             isinstance(counts.get(k), int) and counts[k] >= 0 for k in ("train", "val"))):
         raise bad("n_tokens must give non-negative integer 'train' and 'val' counts")
-    if "shards" in meta:   # format 2: the views must be the train then the val tokens
-        for key in ("train_shards", "test_shard"):
-            if key not in meta:
-                raise bad(f"missing {key!r}")
-        check_shards(meta, counts["train"] + counts["val"], bad)
-        if meta["shards"] != [[0, counts["train"]], [counts["train"], counts["train"] + counts["val"]]] \
-                or meta["train_shards"] != [0] or meta["test_shard"] != 1:
-            raise bad("shards must be the train view then the val view, as n_tokens counts them")
+    n = counts["train"]   # format 2: the two views must be the train then the val tokens
+    if "shards" in meta and (meta["shards"] != [[0, n], [n, n + counts["val"]]] or meta.get("train_shards") != [0]
+                             or meta.get("test_shard") != 1):
+        raise bad("shards must be the train view then the val view, as n_tokens counts them")
 
 
 # --- building a dataset -----------------------------------------------------------------
@@ -338,8 +325,8 @@ def _encode_docs(docs: Sequence[_Doc], split: dict[str, Any], tok: BpeTokenizer,
     counts = {"train": 0, "val": 0}
     rows = []
     total = sum(d.n_chars for d in docs)
-    with token_streams(folder) as (ftrain, fval), progress.bar(total=total, unit="char", unit_scale=True, enabled=verbose,
-                         desc="reslm data: encoding") as bar:
+    with token_streams(folder) as (ftrain, fval), \
+            progress.bar(total=total, unit="char", unit_scale=True, enabled=verbose, desc="reslm data: encoding") as bar:
         for i, d in enumerate(docs):
             text = d.text()
             if i < split["doc"]:

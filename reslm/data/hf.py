@@ -128,7 +128,8 @@ def prepare_bpe_hf(source: str, tokenizer: str, root: Path | None = None, name: 
 
         tok, tok_meta = make_tokenizer(tokenizer, train_texts, tmp, log, verbose)
         counts, chars, docs = {"train": 0, "val": 0}, {"train": 0, "val": 0}, {"train": 0, "val": 0}
-        with token_streams(tmp) as (ftrain, fval), progress.bar(total=max_docs, unit="doc", enabled=verbose, desc="reslm data: encoding") as bar:
+        with token_streams(tmp) as (ftrain, fval), \
+                progress.bar(total=max_docs, unit="doc", enabled=verbose, desc="reslm data: encoding") as bar:
             for i, text in _documents(stream, text_field, max_docs):
                 part, f = ("val", fval) if is_val(i) else ("train", ftrain)
                 counts[part] += _encode_text(text, tok, f) + _write_stream(f, [tok.eot_id])

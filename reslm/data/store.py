@@ -130,6 +130,15 @@ class TokenFile:
         return {name: file_digest(*r) for name, r in self.ranges().items()}
 
 
+def sample_blocks(tokens: np.ndarray, block: int = 1 << 14, n_blocks: int = 16) -> np.ndarray:
+    """Head, tail and evenly spaced blocks of a token stream (a cheap range check)."""
+    n = tokens.shape[0]
+    if n <= block * (n_blocks + 2):
+        return np.asarray(tokens)
+    starts = np.linspace(0, n - block, n_blocks + 2).astype(np.int64)
+    return np.concatenate([np.asarray(tokens[s:s + block]) for s in starts.tolist()])
+
+
 def check_shards(meta: dict[str, Any], n: Any, bad) -> None:
     """Raise bad(why) unless meta's shards are contiguous [start, end) views covering [0, n) and
     train_shards / test_shard are distinct indices into them."""
