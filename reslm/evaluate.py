@@ -1,7 +1,7 @@
 """Stage 6, evaluation of a trained run (`reslm eval`): test cross-entropy in nats and bits, a
 closed-loop sample, n-gram overlap, and timings with the reservoir's share apart.
 
-What `evaluate_run` measures, on the run's own data (the char runs' test shard, the token runs' val.bin):
+What `evaluate_run` measures, on the run's own data (the char runs' test shard, the token runs' val split):
   test_loss     CE (nats per position) on a fixed chunk: the first `score` positions after the first
                 `context` (chars for char runs, tokens for token runs; 0 = all of it, in pieces); token
                 runs score non-overlapping `context`-token windows and also give bits per character.

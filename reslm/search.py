@@ -50,7 +50,8 @@ from reslm.reservoir.nvar import nvar_size
 from reslm.report.search import train_command, write_outputs
 from reslm.reservoir.seeding import child_seed
 from reslm.ridge import fit_ridge
-from reslm.train import CharShards, TrainConfig, check_holdout, create_run, make_run_config, train
+from reslm.batches import CharShards, check_holdout
+from reslm.train import TrainConfig, create_run, make_run_config, train
 
 SEARCH_KEY = 200   # seeding key of the samplers (apart from the reservoir's and training's keys)
 FAMILIES = ("rc", "aerc")

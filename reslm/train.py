@@ -6,15 +6,11 @@
         Adam / AdamW step (clipping, fp16 loss scaling), non-finite loss or gradient -> stop
         at the source's evaluation points: evaluate, log, checkpoint (atomically)
 
-Batch sources:
-
-* `CharShards`, the paper's character protocol ("Training", "Dataset and Methodology"): for each
-  cycle, for each training shard, the model's features (reservoir states) are computed once, then
-  E shard-epochs of shuffled batches over them, each followed by the test cross-entropy on the test
-  shard (nats and bits per character). The shuffle of shard-epoch k is seeded by step_seed(seed, k).
-* `TokenWindows`, token level (Appendix A.3 and the authors' code, see TOKEN_TRAIN in
-  reslm.models): random windows of the model's context from train.bin, seeded per step; every
-  eval_every steps the mean CE over eval_batches fixed-seed val windows.
+The batch source is the family's sampler (reslm.batches: `CharShards`, the paper's shard-cyclic
+character protocol; `TokenWindows`, random token windows, Appendix A.3 and TOKEN_TRAIN in reslm.models).
+It gives the schedule, the micro-batches and their weights, and the held-out evaluation, so the loop
+has no branch on the kind of data. TrainConfig fields that only one kind uses carry it in their field
+metadata (`data_fields`), from which the CLI hides the other kind's flags.
 
 The rc family's readout can instead be solved in closed form (`optimizer="ridge"`, reslm.ridge; or to
 its cross-entropy optimum by full-batch L-BFGS, `optimizer="lbfgs"`, reslm.lbfgs): one
@@ -33,43 +29,43 @@ import hashlib
 import json
 import math
 import shutil
-import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import reslm
 from reslm import distributed as dist_
-from reslm.device import (PRECISIONS, autocast, bf16_status, grad_scaler, pick_device, resolve_precision,
-                          setup_cuda, state_dtype, synchronize)
+from reslm.batches import SAMPLERS, SOLVERS as _SOLVER_NAMES, CharShards, step_seed
+from reslm.device import (PRECISIONS, autocast, grad_scaler, pick_device, resolve_precision, setup_cuda, state_dtype,
+                          synchronize)
 from reslm.ema import EMA, checkpoint_weights
+from reslm.features import estimate_loss, feature_batches
 from reslm.errors import ReslmError
-from reslm.models import MODELS, complete_fields, family, make_config
+from reslm.models import complete_fields, family, make_config
 from reslm.models.budget import check_frontier
-from reslm.models.base import (TensorFeatures, bits, config_dict, count_params, decay_groups, estimate_loss,
-                               feature_batches)
+from reslm.models.base import bits, config_dict, count_params, decay_groups
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
-from reslm.models.reservoir_lm import ReservoirLM
 from reslm.progress import bar as progress_bar
 from reslm.progress import say
-from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
-from reslm.reservoir.seeding import child_seed
 from reslm.lbfgs import fit_lbfgs
 from reslm.ridge import fit_ridge
-from reslm.files import atomic_write, read_json, write_json
+from reslm.files import read_json, write_json
 from reslm.run import (CONFIG, SUMMARY, MetricsLog, check_same_run, create_run_dir, load_checkpoint, lock_run, read_config,
                        read_metrics, save_checkpoint)
 from reslm.run.load import check_dataset, describe_dataset, load_model, open_dataset
 
 OPTIMIZERS = ("adam", "adamw", "ridge", "lbfgs")
 SOLVERS = {"ridge": fit_ridge, "lbfgs": fit_lbfgs}   # rc readouts fitted in one solve on the training shards
+assert set(SOLVERS) == set(_SOLVER_NAMES)
 SCHEDULES = ("constant", "cosine")
-_EVAL_SEED = 0x5EED_E7A1
 CHECKPOINT_SECONDS = 600.0   # a checkpoint between evaluations after this much training (train())
 STATES = "states"            # RUN/states: train(cache_states=True)'s feature cache (StateCache)
+
+
+_CHARS = {"data": "chars"}     # field metadata: a training field that only this kind of data uses
+_TOKENS = {"data": "tokens"}
 
 
 @dataclass
@@ -89,12 +85,12 @@ class TrainConfig:
     batch_size: int = 1024          # samples (characters) or windows (tokens) per optimizer step
     grad_accum: int = 1             # micro-batches the step is split into (tokens: each batch_size windows)
     # character protocol (rc, aerc, tf)
-    epochs_per_shard: int = 5       # E: epochs on a shard before the next (paper)
-    cycles: int = 1                 # C: passes over the training shards
-    epoch_samples: int = 0          # samples per shard-epoch, a fresh random subset each time; 0 = all
-    shard_chars: int = 0            # use only the first K characters of each training shard; 0 = all
-    eval_samples: int = 0           # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
-    state_dtype: str = "float32"    # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)
+    epochs_per_shard: int = field(default=5, metadata=_CHARS)  # E: epochs on a shard before the next (paper)
+    cycles: int = field(default=1, metadata=_CHARS)  # C: passes over the training shards
+    epoch_samples: int = field(default=0, metadata=_CHARS)  # samples per shard-epoch, a fresh random subset each time; 0 = all
+    shard_chars: int = field(default=0, metadata=_CHARS)  # use only the first K characters of each training shard; 0 = all
+    eval_samples: int = field(default=0, metadata=_CHARS)  # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
+    state_dtype: str = field(default="float32", metadata=_CHARS)  # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)
     # closed-form readout (rc with optimizer ridge) and `reslm search`
     holdout: float = 0.1            # ridge, lbfgs and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it unless heldout_eval
     heldout_eval: bool = False      # characters, adam/adamw: train without the held-out tails (holdout) and evaluate on them, never reading the test shard (`reslm search`'s objective)
@@ -105,9 +101,9 @@ class TrainConfig:
     lbfgs_iters: int = 100          # lbfgs: L-BFGS iterations per L2 penalty
     lbfgs_l2: float = 0.0           # lbfgs: L2 penalty on W; 0 = the best of 1e-3..1e-6 on the held-out slice
     # token level (laerc, gpt)
-    max_steps: int = 1000           # optimizer steps in all
-    eval_every: int = 100           # steps between evaluations (+ checkpoints)
-    eval_batches: int = 20          # val batches of batch_size windows per evaluation
+    max_steps: int = field(default=1000, metadata=_TOKENS)  # optimizer steps in all
+    eval_every: int = field(default=100, metadata=_TOKENS)  # steps between evaluations (+ checkpoints)
+    eval_batches: int = field(default=20, metadata=_TOKENS)  # val batches of batch_size windows per evaluation
     # bookkeeping
     log_every: int = 100            # steps between "step" rows in metrics.jsonl
     seed: int = 0                   # shuffling, batch draws and dropout
@@ -163,6 +159,12 @@ class TrainConfig:
         return self
 
 
+def data_fields(kind: str | None = None) -> tuple[str, ...]:
+    """TrainConfig fields that only one kind of data uses (their metadata says which): those of
+    `kind`, or with kind None all of them. The CLI hides another kind's fields from a family's flags."""
+    return tuple(f.name for f in fields(TrainConfig) if f.metadata.get("data") and kind in (None, f.metadata["data"]))
+
+
 def train_config(family_name: str, **overrides) -> TrainConfig:
     """TrainConfig with the family's defaults, then `overrides`, validated."""
     unknown = sorted(set(overrides) - {f.name for f in fields(TrainConfig)})
@@ -188,14 +190,6 @@ def run_train_config(cfg: dict) -> TrainConfig:
     return TrainConfig(**cfg["train"]).validate()
 
 
-TRAIN_KEY = 100  # seeding key of training draws, apart from the reservoir's matrix keys (0, 1, 2, layers)
-
-
-def step_seed(seed: int, position: int) -> int:
-    """The seed of one schedule position (a step's draws and dropout, a shard-epoch's shuffle): a child of
-    the run seed in the one seeding scheme (reslm.reservoir.seeding)."""
-    return child_seed(seed, TRAIN_KEY, position)
-
 
 def lr_at(tc: TrainConfig, step: int, total: int) -> float:
     """Learning rate of optimizer step `step` (0-based) of `total`."""
@@ -211,391 +205,26 @@ def lr_at(tc: TrainConfig, step: int, total: int) -> float:
     return floor + (tc.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-# --- batch sources ---------------------------------------------------------------------------------
-def eval_slices(n_tokens: int, context: int, eval_samples: int, blocks: int = 8) -> list[slice]:
-    """Token slices of the test stream to evaluate on: all of it, or `blocks` evenly spread blocks
-    holding `eval_samples` samples in total (each block brings its own `context` tokens)."""
-    if eval_samples == 0 or eval_samples >= n_tokens - context:
-        return [slice(0, n_tokens)]
-    per = max(1, eval_samples // blocks)
-    span = n_tokens - (per + context)
-    return [slice(a, a + per + context) for a in (span * i // max(1, blocks - 1) for i in range(blocks))]
-
-
-def available_memory(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def tensors_sha256(*tensors: torch.Tensor) -> str:
-    """sha256 over the dtype, shape and raw bytes of each tensor, read in 64 MiB pieces (a memory-mapped
-    tensor is streamed, not copied)."""
-    h = hashlib.sha256()
-    for t in tensors:
-        t = t.detach().contiguous()
-        h.update(f"{t.dtype} {tuple(t.shape)}\n".encode())
-        flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-        for a in range(0, flat.numel(), 1 << 26):
-            h.update(flat[a:a + (1 << 26)].numpy())
-    return h.hexdigest()
-
-
-def _cached_tensors(inputs, targets, chars, table) -> list[torch.Tensor]:
-    """What a state-cache file's checksum covers: the features, and the character ids and their
-    table when the head reads the current character too."""
-    return [inputs, targets] + [t for t in (chars, table) if isinstance(t, torch.Tensor)]
-
-
-class StateCache:
-    """Computed features kept on disk in the run folder (RUN/states/NAME.pt) so that a resumed run
-    reads them back instead of computing them again: window-mode states of a large reservoir take
-    hours per shard on a CPU, longer than the gaps between a laptop's or a session's interruptions.
-
-    Files are written atomically with a sha256 of the tensors inside (`tensors_sha256`) and read back
-    memory-mapped (torch.load(mmap=True)), their checksum checked. A file of another dtype or an
-    unreadable one is ignored (and recomputed); one whose checksum does not match (changed since it was
-    written: an edit, bit rot) or that has none (written before checksums) is recomputed with a
-    warning on stderr naming it, and replaced. Recomputing rather than refusing: the cache is derived
-    data, and a recomputation gives bitwise what an intact file holds, so nothing is lost and no one
-    has to delete RUN/states by hand. Only the current training shard's and the test states are kept;
-    train() removes the folder when the run is finished. The features are a fixed function of the run's
-    config (reservoir, embedding, measurement and its noise seeds)."""
-
-    def __init__(self, folder: Path):
-        self.folder = Path(folder)
-        for tmp in self.folder.glob(".*.tmp"):   # a killed writer's partial file (we hold the run's lock)
-            tmp.unlink(missing_ok=True)
-
-    def load(self, name: str, dtype: torch.dtype) -> "TensorFeatures | None":
-        path = self.folder / f"{name}.pt"
-        if not path.is_file():
-            return None
-        try:
-            d = torch.load(path, mmap=True, weights_only=True)
-            inputs, targets, chars, table = d["inputs"], d["targets"], d.get("chars"), d.get("table")
-        except Exception:   # noqa: BLE001 - a torn or foreign file is recomputed, never trusted
-            return None
-        if not (isinstance(inputs, torch.Tensor) and isinstance(targets, torch.Tensor)) \
-                or inputs.dtype != dtype or inputs.dim() != 2 or len(inputs) != len(targets):
-            return None
-        saved = d.get("sha256")
-        if saved != tensors_sha256(*_cached_tensors(inputs, targets, chars, table)):
-            why = "has no checksum (written by an older reslm)" if saved is None else \
-                "does not match its checksum (changed since it was written)"
-            print(f"reslm: warning: the cached reservoir states {path} {why}: computing them again",
-                  file=sys.stderr, flush=True)
-            return None
-        return TensorFeatures(inputs, targets, chars, table)
-
-    def store(self, name: str, feats, keep_prefix: str | None = None) -> None:
-        self.folder.mkdir(exist_ok=True)
-        if keep_prefix is not None:   # drop the previous training shard's file first (disk)
-            for old in self.folder.glob("*.pt"):
-                if old.stem != name and not old.name.startswith(keep_prefix):
-                    old.unlink(missing_ok=True)
-        try:
-            digest = tensors_sha256(*_cached_tensors(feats.inputs, feats.targets, feats.chars, feats.table))
-            atomic_write(self.folder / f"{name}.pt",
-                         lambda p: torch.save(dict(inputs=feats.inputs, targets=feats.targets, sha256=digest,
-                                                   **({} if feats.chars is None else
-                                                      dict(chars=feats.chars, table=feats.table))), p))
-        except ReslmError as e:   # e.g. disk full: training goes on, a resume computes them again
-            say(f"reslm: reservoir states not cached ({e})")
-
-
-class CharShards:
-    """Shard-cyclic batches over precomputed features (the paper's protocol), see the module doc.
-
-    The schedule is a list of shard-epochs (cycle, shard, epoch); shard-epoch k has ceil(n_k / batch)
-    steps over a permutation seeded by step_seed(seed, k). Evaluation after every shard-epoch. A ridge
-    run's schedule is one step, the solve (reslm.ridge reads `train_features` / `heldout_features`).
-
-    holdout > 0 keeps the last fraction of each training shard's characters out of training: those
-    are `heldout_features` (ridge's alpha and temperature, `reslm search`'s objective), never the test
-    shard."""
-
-    eval_kind = "test"
-
-    def __init__(self, model, dataset, tc: TrainConfig, device: torch.device, log: MetricsLog | None,
-                 progress: bool, world: int = 1, holdout: float = 0.0, cache: Path | None = None):
-        if world > 1:
-            raise ReslmError("multi-process training (torchrun) is for the token families (laerc, gpt)")
-        self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
-        self.holdout = holdout
-        self.cache = StateCache(cache) if cache is not None and isinstance(model, ReservoirLM) else None
-        self.context = model.config.context
-        self.plan = [(c, s, e) for c in range(tc.cycles) for s in dataset.train_shards
-                     for e in range(tc.epochs_per_shard)]
-        self.samples = [self._n_samples(s) for _, s, _ in self.plan]
-        steps = [math.ceil(n / tc.batch_size) for n in self.samples]
-        self.ends = list(np.cumsum(steps))                  # the step after which shard-epoch k ends
-        self.eval_points = [int(e) for e in self.ends]
-        self.total = self.eval_points[-1] if self.eval_points else 0
-        if tc.optimizer in SOLVERS:
-            self.eval_points, self.total = [1], 1
-        self._feats, self._feats_shard, self._order_k, self._order = None, None, None, None
-        self._test = None
-        self.state_seconds = 0.0
-        self.logged_states = set()   # (cycle, shard, part) whose "states" row the log has (a resumed run)
-        self.dtype, compute = self._choose_dtypes()
-        self.kw = dict(dtype=self.dtype, **({"compute_dtype": compute} if isinstance(model, ReservoirLM) else {}))
-
-    def _span(self, shard: int, part: str = "train") -> tuple[int, int]:
-        """Token span of a shard's training part or ("heldout") of its held-out tail, which starts
-        `context` tokens early so that its first sample predicts the first held-out character."""
-        a, b = self.ds.shards[shard]
-        if shard == self.ds.test_shard:
-            return a, b
-        if self.tc.shard_chars:
-            b = min(b, a + self.tc.shard_chars)
-        if self.holdout:
-            cut = a + int((b - a) * (1 - self.holdout))
-            return (a, cut) if part == "train" else (cut - self.context, b)
-        return a, b
-
-    def _n_samples(self, shard: int) -> int:
-        a, b = self._span(shard)
-        n = b - a - self.context
-        return min(n, self.tc.epoch_samples) if self.tc.epoch_samples else n
-
-    def _tokens(self, shard: int, part: str = "train") -> torch.Tensor:
-        a, b = self._span(shard, part)
-        return torch.from_numpy(np.asarray(self.ds.tokens[a:b], dtype=np.int64)).to(self.device)
-
-    def _choose_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
-        """(storage, compute) dtypes of the reservoir states. A reservoir model holds one training
-        shard's states plus the test states: state_dtype "auto" stores them in float32 when that fits in
-        memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is computed in only
-        where it is fast (reslm.device.bf16_status); elsewhere the reservoir computes in float32."""
-        name = self.tc.state_dtype
-        if not isinstance(self.model, ReservoirLM):
-            return state_dtype("float32" if name == "auto" else name), None
-        longest = max(b - a for a, b in (self._span(s) for s in self.ds.train_shards))
-        ta, tb = self._span(self.ds.test_shard)
-        n_test = sum(s.stop - s.start - self.context
-                     for s in eval_slices(tb - ta, self.context, self.tc.eval_samples))
-        avail = available_memory(self.device)
-        need = lambda dtype: (longest + n_test) * self.model.reservoir.size * dtype.itemsize  # noqa: E731
-        if name == "auto":
-            fp32_fits = avail is None or need(torch.float32) <= 0.9 * avail
-            storage = torch.float32 if fp32_fits else torch.bfloat16
-            if not fp32_fits:
-                say(f"reslm: reservoir states stored in bfloat16: float32 would need {need(torch.float32) / 2**30:.1f} "
-                    f"GiB of the {avail / 2**30:.1f} GiB available")
-        else:
-            storage = state_dtype(name)
-        if avail is not None and need(storage) > 0.9 * avail:
-            row = self.model.reservoir.size * storage.itemsize
-            fits = int(0.9 * avail / row) - longest                          # test samples that would fit
-            hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
-            if storage != torch.bfloat16:
-                hint = f"--state-dtype bfloat16 or {hint}"
-            raise ReslmError(f"reservoir states need {need(storage) / 2**30:.1f} GiB (train shard + test states) but "
-                             f"{avail / 2**30:.1f} GiB is available: use {hint}")
-        compute = storage
-        if storage == torch.bfloat16:
-            fast, why = bf16_status(self.device)
-            if not fast:
-                compute = torch.float32
-                say(f"reslm: reservoir states computed in float32, not bfloat16 ({why})")
-        return storage, compute
-
-    def position(self, step: int) -> int:
-        """The shard-epoch that step `step` (0-based) belongs to."""
-        return int(np.searchsorted(self.ends, step, side="right"))
-
-    def segment(self, step: int) -> dict:
-        k = self.position(step)
-        cycle, shard, epoch = self.plan[k]
-        return dict(index=k, cycle=cycle, shard=shard, epoch=epoch)
-
-    def _compute(self, shard: int, cycle: int, part: str = "train"):
-        """The features of a shard's part, timed and logged as a "states" row (read back from the
-        state cache when an earlier process of this run left them there)."""
-        t0 = time.perf_counter()
-        a, _ = self._span(shard, part)   # noise rows are indexed by the position in the shard
-        name = f"{part}-shard{shard}-cycle{cycle}"
-        feats = self.cache.load(name, self.dtype) if self.cache else None
-        if feats is None:
-            feats = self.model.features(self._tokens(shard, part), position=a, progress=self.progress, **self.kw,
-                                        **noise_stream(self.model, train_key(cycle, shard),
-                                                       a - self.ds.shards[shard][0]))
-            if self.cache and part == "train":
-                self.cache.store(name, feats, keep_prefix="test-")   # this shard's and the test states
-            cached = False
-        else:
-            cached = True
-        synchronize(self.device)
-        dt = time.perf_counter() - t0
-        self.state_seconds += dt
-        # one row per shard and cycle, as in an uninterrupted run: a resumed run computing (or reading
-        # back) the states of the shard it stopped in does not log them again (the log is per run, not
-        # per attempt; the attempt's time is in its train seconds)
-        if self.log is not None and (cycle, shard, part if self.holdout else None) not in self.logged_states:
-            self.log.write(dict(kind="states", cycle=cycle, shard=shard, **({"part": part} if self.holdout else {}),
-                                **({"cached": True} if cached else {}),
-                                seconds=round(dt, 4), tokens_per_s=round(len(feats) / dt, 1)))
-        return feats
-
-    def _features(self, shard: int, cycle: int):
-        if self._feats_shard != shard:
-            self._feats = None  # free the previous shard's states first
-            self._feats = self._compute(shard, cycle)
-            self._feats_shard = shard
-        return self._feats
-
-    def train_features(self, shard: int):
-        """Features of a training shard's training part (all of it without holdout), cached until the next shard."""
-        return self._features(shard, 0)
-
-    def heldout_features(self, shard: int):
-        """Features of a training shard's held-out tail (needs holdout > 0); not cached."""
-        if not self.holdout or shard == self.ds.test_shard:
-            raise ReslmError("held-out features need holdout > 0 and a training shard")
-        return self._compute(shard, 0, "heldout")
-
-    def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The micro-batches of optimizer step `step`."""
-        k = self.position(step)
-        cycle, shard, _ = self.plan[k]
-        feats = self._features(shard, cycle)
-        if self._order_k != k:
-            order = torch.randperm(len(feats), generator=torch.Generator().manual_seed(step_seed(self.tc.seed, k)))
-            self._order, self._order_k = order[:self.samples[k]].to(self.device), k
-        first = self.ends[k - 1] if k else 0
-        index = self._order[(step - first) * self.tc.batch_size:(step - first + 1) * self.tc.batch_size]
-        return [(feats.batch(i), feats.targets[i]) for i in index.tensor_split(self.tc.grad_accum) if i.numel()]
-
-    def evaluate(self, model, precision: str) -> dict:
-        if self._test is None:
-            tokens, start = self._tokens(self.ds.test_shard), self._span(self.ds.test_shard)[0]
-            self._test = []
-            for i, s in enumerate(eval_slices(tokens.numel(), self.context, self.tc.eval_samples)):
-                feats = self.cache.load(f"test-{i}", self.dtype) if self.cache else None
-                if feats is None:
-                    feats = model.features(tokens[s], position=start + s.start, progress=self.progress, **self.kw,
-                                           **noise_stream(model, TEST_KEY, s.start))
-                    if self.cache:
-                        self.cache.store(f"test-{i}", feats)
-                self._test.append(feats)
-        total, count = 0.0, 0
-        for feats in self._test:
-            loss, n = estimate_loss(model, feature_batches(feats, self.tc.batch_size), precision=precision)
-            total, count = total + loss * n, count + n
-        loss = total / max(count, 1)
-        return dict(test_loss=loss, test_bpc=bits(loss))
-
-
-def token_batch(data, batch: int, context: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """`batch` random windows of context+1 tokens: x = chunk[:-1], y = chunk[1:], (batch, context) int64."""
-    n = len(data)
-    if n <= context:
-        raise ReslmError(f"context {context} is not shorter than the data ({n} tokens)")
-    offsets = torch.randint(0, n - context, (batch,), generator=generator).tolist()
-    chunks = torch.from_numpy(np.stack([np.asarray(data[o:o + context + 1], dtype=np.int64) for o in offsets]))
-    return chunks[:, :-1].contiguous(), chunks[:, 1:].contiguous()
-
-
-class TokenWindows:
-    """Random windows of the model's context from train.bin (memory-mapped), seeded per step; every
-    eval_every steps (and at the end) the mean CE over eval_batches fixed-seed val batches."""
-
-    eval_kind = "val"
-
-    def __init__(self, model, dataset, tc: TrainConfig, device: torch.device, log: MetricsLog | None,
-                 progress: bool, world: int = 1, rank: int = 0):
-        if tc.batch_size % world:
-            raise ReslmError(f"batch_size {tc.batch_size} is not divisible by the number of processes ({world})")
-        self.tc, self.device, self.ds = tc, device, dataset
-        self.context = model.config.context
-        self.rows = slice(rank * (tc.batch_size // world), (rank + 1) * (tc.batch_size // world))
-        self.world = world
-        self.total = tc.max_steps
-        self.eval_points = sorted({*range(tc.eval_every, tc.max_steps, tc.eval_every), tc.max_steps})
-        self.state_seconds = 0.0
-
-    def segment(self, step: int) -> dict:
-        return {}
-
-    def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        gen = torch.Generator().manual_seed(step_seed(self.tc.seed, step))
-        out = []
-        for _ in range(self.tc.grad_accum):
-            x, y = token_batch(self.ds.train, self.tc.batch_size, self.context, gen)  # the same draws on every rank
-            if self.world > 1:
-                x, y = x[self.rows], y[self.rows]
-            out.append((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)))
-        return out
-
-    def evaluate(self, model, precision: str) -> dict:
-        gen = torch.Generator().manual_seed(_EVAL_SEED + self.tc.seed)
-        batches = (tuple(t.to(self.device) for t in token_batch(self.ds.val, self.tc.batch_size, self.context, gen))
-                   for _ in range(self.tc.eval_batches))
-        loss, _ = estimate_loss(model, batches, precision=precision)
-        return dict(val_loss=loss, val_bits_per_token=bits(loss))
-
-
-SOURCES = {"chars": CharShards, "tokens": TokenWindows}
-
-
-def check_holdout(dataset, tc: TrainConfig, context: int) -> None:
-    """ReslmError unless every training shard split by tc.holdout keeps more than `context` characters
-    to train on and at least one held-out character."""
-    for shard in dataset.train_shards:
-        a, b = dataset.shards[shard]
-        n = min(b - a, tc.shard_chars or b - a)
-        keep = int(n * (1 - tc.holdout))
-        if keep <= context or keep >= n:
-            raise ReslmError(f"holdout {tc.holdout} of a {n}-character training shard leaves {keep} characters to "
-                             f"train on and {n - keep} held out (need more than the context {context}, and 1)")
+def sampler_for(family_name: str) -> type:
+    """The batch sampler class of a family (reslm.batches.SAMPLERS, by the kind of data it reads)."""
+    return SAMPLERS[family(family_name).data]
 
 
 # --- creating a run --------------------------------------------------------------------------------
 def make_run_config(family_name: str, model_overrides: dict, train_overrides: dict, dataset,
                     preset: str | None = None) -> dict:
     """Resolve and validate everything a run needs, before anything is written."""
-    fam = family(family_name)
+    sampler = sampler_for(family_name)
     data = describe_dataset(dataset)
-    if data["kind"] != fam.data:
-        raise ReslmError(f"family {family_name} trains on {fam.data} datasets; {dataset.name} holds {data['kind']} "
-                         f"(make one with `reslm data {'bpe' if fam.data == 'tokens' else 'shakespeare|text'}`)")
+    if data["kind"] != sampler.kind:
+        raise ReslmError(f"family {family_name} trains on {sampler.kind} datasets; {dataset.name} holds {data['kind']} "
+                         f"(make one with `{sampler.make_data}`)")
     vocab = dataset.vocab_size
     if model_overrides.get("vocab_size", vocab) != vocab:
         raise ReslmError(f"vocab_size {model_overrides['vocab_size']} does not match the dataset's {vocab}")
     model_cfg = make_config(family_name, **{**model_overrides, "vocab_size": vocab})
     tc = train_config(family_name, **train_overrides)
-    context = model_cfg.context
-    if fam.data == "chars":
-        shortest = min(e - s for s, e in dataset.shards)
-        if context >= shortest:
-            raise ReslmError(f"context {context} is not shorter than the smallest shard ({shortest} chars)")
-        if 0 < tc.shard_chars <= context:
-            raise ReslmError(f"shard_chars {tc.shard_chars} must exceed the context ({context})")
-        if tc.optimizer in SOLVERS:
-            if family_name != "rc":
-                raise ReslmError(f"optimizer {tc.optimizer} solves the linear readout of the rc family, not {family_name}")
-            if tc.optimizer == "ridge" and (model_cfg.head, model_cfg.head_input) != ("linear", "state"):
-                raise ReslmError("optimizer ridge solves a linear head on the state alone (--head linear, "
-                                 "--head-input state)")
-            if model_cfg.head != "linear":
-                raise ReslmError(f"optimizer {tc.optimizer} solves a linear head (--head linear), not {model_cfg.head}")
-            check_holdout(dataset, tc, context)
-        elif tc.heldout_eval:
-            check_holdout(dataset, tc, context)
-    else:
-        if tc.heldout_eval:
-            raise ReslmError("heldout_eval holds out the tails of character shards; token runs evaluate on val.bin")
-        for split, n in (("train", len(dataset.train)), ("val", len(dataset.val))):
-            if context >= n:
-                raise ReslmError(f"context {context} is not shorter than the {split} split ({n} tokens)")
+    sampler.check_run(family_name, dataset, model_cfg, tc)
     return dict(family=family_name, preset=preset, model=asdict(model_cfg), train=asdict(tc),
                 data=data,
                 versions=dict(reslm=reslm.__version__, torch=torch.__version__))
@@ -652,7 +281,7 @@ def grow_cycles(run_dir: Path, cycles: int) -> int:
         have = tc.get("cycles", 1)
         if not isinstance(cycles, int) or cycles <= have:
             return 0
-        if family(cfg["family"]).data != "chars":
+        if not sampler_for(cfg["family"]).has_cycles:
             raise ReslmError(f"{run_dir} is a token-level run: cycles do not apply (it trains for max_steps)")
         if tc.get("schedule", "constant") != "constant" or tc.get("optimizer", "adam") in SOLVERS:
             raise ReslmError(f"{run_dir} cannot be extended to {cycles} cycles: only a constant-lr, gradient-trained "
@@ -717,8 +346,13 @@ class HeldoutLoss:
         return dict(heldout_loss=loss, heldout_bpc=bits(loss))
 
 
+def _by_samples(micro) -> tuple[list[float], int]:
+    n = sum(y.numel() for _, y in micro)
+    return [y.numel() / n for _, y in micro], n
+
+
 def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: float, precision: str = "fp32",
-               device: torch.device | None = None, grad_clip: float = 0.0, by_targets: bool = True, ddp=None,
+               device: torch.device | None = None, grad_clip: float = 0.0, weights=None, ddp=None,
                ema: EMA | None = None, step: int = 0, params: list | None = None) -> tuple[torch.Tensor, int]:
     """One optimiser step, the only one in reslm (the training loop and the bench both call it):
     lr into every group (times its lr_mult), gradients of forward(x, y)'s loss summed over the
@@ -727,18 +361,18 @@ def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: 
     the EMA of the weights updated to step + 1. `params`: the parameters to clip and check, in the
     order whose norm the run has always summed (default: the optimiser's).
 
-    by_targets: weigh micro-batch i by y_i.numel() / sum of them (characters: every sample counts once)
-    instead of 1 / len(micro) (token windows). `ddp`: the DistributedDataParallel wrapper that
+    weights: micro -> (each micro-batch's share of the step's loss, the step's weight), a sampler's
+    `weights` (reslm.batches); default: shares by sample count, weight = samples (characters). `ddp`: the DistributedDataParallel wrapper that
     `forward` is, so that only the last micro-batch all-reduces its gradients. Returns the step's
-    loss (the weighted mean, a detached 0-dim tensor) and its weight (samples, or micro-batches)."""
+    loss (the weighted mean, a detached 0-dim tensor) and its weight."""
     device = device or torch.device("cpu")
     for g in opt.param_groups:
         g["lr"] = lr * g["lr_mult"]
     opt.zero_grad(set_to_none=True)
-    n_step = sum(y.numel() for _, y in micro) if by_targets else len(micro)
+    shares, n_step = (weights or _by_samples)(micro)
     step_loss = torch.zeros((), device=device)
     for i, (x, y) in enumerate(micro):
-        weight = y.numel() / n_step if by_targets else 1 / n_step
+        weight = shares[i]
         sync = contextlib.nullcontext() if ddp is None or i == len(micro) - 1 else ddp.no_sync()
         with sync:
             with autocast(precision, device):
@@ -785,7 +419,6 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
 def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float,
            cache_states: bool) -> dict:
     cfg = read_config(run_dir)
-    fam = family(cfg["family"])
     tc = run_train_config(cfg)
     rank, world, local_rank = dist_.init(tc.device)
     main = rank == 0
@@ -799,13 +432,13 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     precision = resolve_precision(tc.precision, device)
     setup_cuda()
     model = load_model(cfg, device)
-    if cache_states and not (fam.data == "chars" and isinstance(model, ReservoirLM)):
+    sampler = sampler_for(cfg["family"])
+    if cache_states and not sampler.caches(model):
         raise ReslmError(f"--cache-states keeps a character reservoir run's states; a {cfg['family']} run has none")
     log = MetricsLog(run_dir) if main else None
-    source = SOURCES[fam.data](model, dataset, tc, device, log, progress and main, world=world,
-                               **({"rank": rank} if fam.data == "tokens" else {}),
-                               **({"cache": run_dir / STATES} if cache_states and fam.data == "chars" else {}),
-                               **({"holdout": tc.holdout} if tc.optimizer in SOLVERS or tc.heldout_eval else {}))
+    source = sampler(model, dataset, tc, device, log, progress and main, world=world, rank=rank,
+                     cache=run_dir / STATES if cache_states else None,
+                     holdout=tc.holdout if tc.optimizer in SOLVERS or tc.heldout_eval else 0.0)
     if tc.optimizer in SOLVERS:
         return _train_ridge(run_dir, cfg, model, source, log, precision, progress)
     evaluate = HeldoutLoss(source) if tc.heldout_eval else source.evaluate
@@ -847,7 +480,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     end = source.total if stop_at is None else max(0, min(source.total, stop_at))
     evals = set(source.eval_points) | {end}
 
-    if ck is None and fam.data == "tokens":  # the untrained model's val loss, for reference (step 0)
+    if ck is None and source.eval_at_start:  # the untrained model's val loss, for reference (step 0)
         row = source.evaluate(model, precision)
         if main:
             log.write(dict(kind="eval", step=0, **row))
@@ -858,17 +491,17 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     win_loss, win_steps = segment["win_loss"], segment["win_steps"]
     t_log = t_saved = time.perf_counter()     # wall clock at the last step row / checkpoint
     t_seg = t_log - segment["seconds"]        # wall clock at the segment's start (last evaluation)
-    samples_per_step = tc.batch_size * (tc.grad_accum if fam.data == "tokens" else 1)
+    samples_per_step = source.samples_per_step
     while step < end:
         lr = lr_at(tc, step, source.total)
         micro = source.batches(step)
         torch.manual_seed(step_seed(tc.seed, step))  # dropout
         step_loss, n_step = train_step(forward, micro, opt, scaler, lr=lr, precision=precision, device=device,
-                                       grad_clip=tc.grad_clip, by_targets=fam.data == "chars", ddp=ddp, ema=ema,
+                                       grad_clip=tc.grad_clip, weights=source.weights, ddp=ddp, ema=ema,
                                        step=step, params=params)
         step += 1
         lv = dist_.all_reduce_mean(step_loss).item()
-        seg_loss, seg_n = seg_loss + lv * (n_step if fam.data == "chars" else 1), seg_n + (n_step if fam.data == "chars" else 1)
+        seg_loss, seg_n = seg_loss + lv * n_step, seg_n + n_step
         win_loss, win_steps = win_loss + lv, win_steps + 1
         bar.update(1)
         if step % tc.log_every == 0:
@@ -878,7 +511,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             if main:
                 log.write(dict(kind="step", step=step, **source.segment(step - 1), lr=lr,
                                train_loss=win_loss / win_steps, samples_per_s=round(rate, 1),
-                               **({"tokens_per_s": round(rate * source.context, 1)} if fam.data == "tokens" else {}),
+                               **source.rate_fields(rate),
                                wall=round(train_seconds + now - t_seg, 3)))
             bar.set_postfix(loss=f"{win_loss / win_steps:.3f}", lr=f"{lr:.2e}")
             win_loss, win_steps, t_log = 0.0, 0, now
@@ -974,15 +607,12 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
     # of the log and summary is the same. reservoir_seconds: the time of each shard's first computation
     summary["train_seconds"] = last.get("wall")
     summary["reservoir_seconds"] = round(sum(r["seconds"] for r in rows if r["kind"] == "states"), 3)
-    if cfg["family"] in MODELS and family(cfg["family"]).data == "tokens":
-        tc = cfg["train"]
-        summary["tokens_seen"] = summary["steps"] * tc["batch_size"] * tc["grad_accum"] * cfg["model"]["context"]
+    summary.update(source.summary_fields(cfg, summary["steps"]))
     summary.update(extra or {})
     write_json(Path(run_dir) / SUMMARY, summary)
     return summary
 
 
-__all__ = ["TrainConfig", "train_config", "step_seed", "lr_at", "CharShards", "TokenWindows", "SOURCES",
-           "check_holdout", "make_run_config", "create_run", "ensure_run", "grow_cycles", "is_finished",
-           "make_optimizer", "train_step", "train",
+__all__ = ["TrainConfig", "train_config", "step_seed", "lr_at", "sampler_for", "data_fields", "make_run_config",
+           "create_run", "ensure_run", "grow_cycles", "is_finished", "make_optimizer", "train_step", "train",
            "summarize", "bits"]

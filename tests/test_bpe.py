@@ -105,7 +105,7 @@ def test_prepare_gpt2_files(files: list[Path], tmp_path: Path) -> None:
     root = tmp_path / "data"
     ds = prepare_bpe(files, "gpt2", root, val_fraction=0.2, verbose=False)
     assert ds.path == root / "text-gpt2" and ds.vocab_size == 50257
-    assert sorted(p.name for p in ds.path.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+    assert sorted(p.name for p in ds.path.iterdir()) == ["meta.json", "tokens.bin"]
     assert isinstance(ds.train, np.memmap) and ds.train.dtype == np.uint16
     tok = ds.tokenizer()
     assert tok.decode(ds.train) + tok.decode(ds.val) == expected_stream(files)
@@ -133,7 +133,7 @@ def test_prepare_gpt2_files(files: list[Path], tmp_path: Path) -> None:
 def test_prepare_trained_bpe(files: list[Path], tmp_path: Path) -> None:
     root = tmp_path / "data"
     ds = prepare_bpe(files, "bpe:320", root, name="tiny", val_fraction=0.1, verbose=False)
-    assert sorted(p.name for p in ds.path.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+    assert sorted(p.name for p in ds.path.iterdir()) == ["meta.json", "tokenizer.json", "tokens.bin"]
     assert ds.vocab_size <= 320 and ds.meta["tokenizer"]["spec"] == "bpe:320"
     tok = load_tokenizer(str(ds.path))
     assert tok.vocab_size == ds.vocab_size and tok.eot_id == ds.vocab_size - 1
@@ -201,7 +201,7 @@ def test_load_rejects_damaged(tiny_ds: TokenDataset, tmp_path: Path) -> None:
         TokenDataset.load(tmp_path / "absent")
     with pytest.raises(ReslmError, match="no meta.json"):
         TokenDataset.load(tmp_path)
-    train = path / "train.bin"
+    train = path / "tokens.bin"
     data = train.read_bytes()
     train.write_bytes(data[:-1])  # truncated: odd size
     with pytest.raises(ReslmError, match="whole number"):
@@ -247,11 +247,11 @@ def test_fingerprint_changes_with_another_tokenizer_of_the_same_size(files: list
                                          r"train.bin size differs") as e:
         check_fingerprint(fp, again)
     assert "\n" not in str(e.value)
-    # Only the val tokens rewritten (same size): the sampled checksum sees it.
-    val = again.path / "val.bin"
-    data = bytearray(val.read_bytes())
-    data[:2] = data[2:4] if data[:2] != data[2:4] else bytes([data[0] ^ 1, data[1]])
-    val.write_bytes(bytes(data))
+    # Only the val tokens rewritten (same size): the checksum of the val view sees it.
+    tokens = again.path / "tokens.bin"
+    data, v = bytearray(tokens.read_bytes()), 2 * again.n_tokens["train"]
+    data[v:v + 2] = data[v + 2:v + 4] if data[v:v + 2] != data[v + 2:v + 4] else bytes([data[v] ^ 1, data[v + 1]])
+    tokens.write_bytes(bytes(data))
     with pytest.raises(ReslmError, match=r"no longer matches this run: val.bin contents differ$"):
         check_fingerprint(fp2, TokenDataset.load(again.path))
 

@@ -10,6 +10,8 @@ from reslm.cli import main
 from reslm.models import build_model, check_frontier_config, make_config, preset, preset_table
 from reslm.models.budget import FRONTIER_BUDGET, check_frontier
 from reslm.models.rc import RC
+import reslm.batches as rb
+import reslm.run.states as rs
 
 
 def test_presets_frontier_verdicts():
@@ -154,14 +156,14 @@ def test_headed_run_with_cached_states_resumes_bitwise(chars, tmp_path, monkeypa
     cut = tt.create_run(tmp_path / "cut", "rc", model, CHAR_TRAIN, chars)
     tt.train(cut, progress=False, stop_at=5, cache_states=True)
     assert any((cut / "states").glob("*.pt"))
-    real_load, hits = tt.StateCache.load, []
+    real_load, hits = rs.StateCache.load, []
 
     def load(self, name, dtype):          # the resumed run reads the cached (state, char id) features back
         feats = real_load(self, name, dtype)
         hits.append(feats is not None)
         return feats
 
-    monkeypatch.setattr(tt.StateCache, "load", load)
+    monkeypatch.setattr(rs.StateCache, "load", load)
     tt.train(cut, progress=False, cache_states=True)
     assert any(hits)
     a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
@@ -202,7 +204,7 @@ def test_ema_run_evaluates_the_shadow_and_resumes_bitwise(chars, tmp_path, monke
     assert set(ck) >= {"model", "raw"} and any(not torch.equal(ck["model"][k], ck["raw"][k]) for k in ck["raw"])
     # the logged test loss is the shadow's: the checkpoint's "model", which eval and generate load
     m, _, cfg = load_run(full, "cpu")
-    src = tt.CharShards(m, tt.open_dataset(cfg["data"]), tt.run_train_config(cfg), torch.device("cpu"), None, False)
+    src = rb.CharShards(m, tt.open_dataset(cfg["data"]), tt.run_train_config(cfg), torch.device("cpu"), None, False)
     assert src.evaluate(m, "fp32")["test_loss"] == pytest.approx(summary["final_test_loss"], abs=1e-7)
     # killed mid shard-epoch after a timed checkpoint and at an evaluation: the same run, bitwise
     real_save, saves = tt.save_checkpoint, []
@@ -299,7 +301,7 @@ def test_lbfgs_reaches_a_lower_training_ce_than_adam_steps(chars):
     import reslm.train as tt
     m = build_model("rc", size=32, streams=8, vocab_size=chars.vocab_size)
     tc = tt.train_config("rc", **LBFGS)
-    src = tt.CharShards(m, chars, tc, torch.device("cpu"), None, False, holdout=tc.holdout)
+    src = rb.CharShards(m, chars, tc, torch.device("cpu"), None, False, holdout=tc.holdout)
     X, y, Xh, yh, held = lb.gather(src, tc)
     assert len(y) == 2000 and len(yh) == held > 0
     V, D = chars.vocab_size, 32
@@ -328,10 +330,10 @@ def test_lbfgs_run_picks_l2_on_the_heldout_slice_and_never_reads_the_test_shard(
     import reslm.train as tt
     from reslm.run import read_metrics
     calls = []
-    tokens, evaluate = tt.CharShards._tokens, tt.CharShards.evaluate
-    monkeypatch.setattr(tt.CharShards, "_tokens", lambda self, shard, part="train": (
+    tokens, evaluate = rb.CharShards._tokens, rb.CharShards.evaluate
+    monkeypatch.setattr(rb.CharShards, "_tokens", lambda self, shard, part="train": (
         calls.append((shard, part)), tokens(self, shard, part))[1])
-    monkeypatch.setattr(tt.CharShards, "evaluate", lambda self, *a: (calls.append("evaluate"), evaluate(self, *a))[1])
+    monkeypatch.setattr(rb.CharShards, "evaluate", lambda self, *a: (calls.append("evaluate"), evaluate(self, *a))[1])
     model = dict(size=32, streams=8, head_input="state+onehot")
     out = tt.create_run(tmp_path / "r", "rc", model, LBFGS, chars)
     s = tt.train(out, progress=False)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import reslm.run.states as rs
 import reslm.train as tt
 from reslm.cli import main
 from reslm.data import chars as dchars
@@ -186,14 +187,14 @@ def _cut_run(chars, path: Path, monkeypatch) -> Path:
 def _count_cache_reads(monkeypatch) -> list:
     """(name, read back?) for every StateCache.load of the next training (a resumed run logs no second
     states row, so the cache's own reads say what was read back and what was computed again)."""
-    real_load, hits = tt.StateCache.load, []
+    real_load, hits = rs.StateCache.load, []
 
     def load(self, name, dtype):
         feats = real_load(self, name, dtype)
         hits.append((name, feats is not None))
         return feats
 
-    monkeypatch.setattr(tt.StateCache, "load", load)
+    monkeypatch.setattr(rs.StateCache, "load", load)
     return hits
 
 
@@ -207,7 +208,7 @@ def test_a_changed_state_cache_is_recomputed_with_a_warning(chars, tmp_path, mon
     cut = _cut_run(chars, tmp_path / "cut", monkeypatch)
     f = cut / tt.STATES / "train-shard1-cycle0.pt"
     d = torch.load(f, weights_only=True)
-    assert d["sha256"] == tt.tensors_sha256(d["inputs"], d["targets"])
+    assert d["sha256"] == rs.tensors_sha256(d["inputs"], d["targets"])
     d["inputs"] = d["inputs"] + 1e-3 * torch.randn(d["inputs"].shape, generator=torch.Generator().manual_seed(0))
     if how == "no checksum":
         del d["sha256"]
@@ -235,7 +236,7 @@ def test_an_intact_state_cache_is_read_back(chars, tmp_path, monkeypatch, capsys
     assert "warning" not in capsys.readouterr().err
     assert ("train-shard1-cycle0", True) in hits                  # read back, not computed again
     bf = torch.randn(3, 4).to(torch.bfloat16)
-    assert tt.tensors_sha256(bf, torch.arange(3)) != tt.tensors_sha256(bf.float(), torch.arange(3))
+    assert rs.tensors_sha256(bf, torch.arange(3)) != rs.tensors_sha256(bf.float(), torch.arange(3))
 
 
 # --- generate ------------------------------------------------------------------------------------------

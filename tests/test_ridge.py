@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import reslm.ridge as ridge
+import reslm.batches as rb
 import reslm.train as tt
 from reslm.cli import main
 from reslm.errors import ReslmError
@@ -68,10 +69,10 @@ def test_temperature_fit_lowers_heldout_ce():
 
 def test_ridge_run_never_reads_the_test_shard_while_fitting(chars, tmp_path, monkeypatch):
     calls = []
-    tokens, evaluate = tt.CharShards._tokens, tt.CharShards.evaluate
-    monkeypatch.setattr(tt.CharShards, "_tokens", lambda self, shard, part="train": (
+    tokens, evaluate = rb.CharShards._tokens, rb.CharShards.evaluate
+    monkeypatch.setattr(rb.CharShards, "_tokens", lambda self, shard, part="train": (
         calls.append((shard, part)), tokens(self, shard, part))[1])
-    monkeypatch.setattr(tt.CharShards, "evaluate", lambda self, *a: (calls.append("evaluate"), evaluate(self, *a))[1])
+    monkeypatch.setattr(rb.CharShards, "evaluate", lambda self, *a: (calls.append("evaluate"), evaluate(self, *a))[1])
     out = tt.create_run(tmp_path / "r", "rc", MODEL, RIDGE, chars)
     summary = tt.train(out, progress=False)
     fitting = calls[:calls.index("evaluate")]

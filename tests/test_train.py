@@ -4,6 +4,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+import reslm.batches as rb
+import reslm.run.states as rs
 import reslm.train as tt
 from reslm.models import build_model
 from reslm.models.base import bits, decay_groups
@@ -92,10 +94,10 @@ def test_schedule_and_batches(dataset):
     lrs = [tt.lr_at(tc, k, 115) for k in range(15, 115)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    x, y = tt.token_batch(dataset.train, 5, 16, g1)
+    x, y = rb.token_batch(dataset.train, 5, 16, g1)
     assert x.shape == y.shape == (5, 16) and x.dtype == y.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])
-    assert torch.equal(x, tt.token_batch(dataset.train, 5, 16, g2)[0])
+    assert torch.equal(x, rb.token_batch(dataset.train, 5, 16, g2)[0])
 
 
 def test_bad_configs(dataset, tmp_path):
@@ -124,7 +126,7 @@ def test_bad_configs(dataset, tmp_path):
             tt.create_run(tmp_path / f"r{i}", family, model, {**TRAIN, **train}, dataset)
         assert not (tmp_path / f"r{i}").exists()
     with pytest.raises(ReslmError, match="not shorter"):
-        tt.token_batch(np.zeros(10, dtype=np.uint16), 2, 10, torch.Generator())
+        rb.token_batch(np.zeros(10, dtype=np.uint16), 2, 10, torch.Generator())
 
 
 # --- character shards ------------------------------------------------------------------------------
@@ -223,14 +225,14 @@ def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp
     assert cached == ["test-0.pt", "train-shard1-cycle0.pt"]       # shard 0's file went with shard 0
     torn = cut / tt.STATES / "test-0.pt"
     torn.write_bytes(torn.read_bytes()[:100])
-    real_load, hits = tt.StateCache.load, []
+    real_load, hits = rs.StateCache.load, []
 
     def load(self, name, dtype):
         feats = real_load(self, name, dtype)
         hits.append((name, feats is not None))
         return feats
 
-    monkeypatch.setattr(tt.StateCache, "load", load)
+    monkeypatch.setattr(rs.StateCache, "load", load)
     tt.train(cut, progress=False, cache_states=True)
     assert hits[:2] == [("train-shard1-cycle0", True), ("test-0", False)]   # shard 1 read back; the torn file not
     rows = read_metrics(cut)
@@ -335,3 +337,18 @@ def test_min_train_loss_covers_every_logged_loss(chars, tmp_path):
     losses = [r["train_loss"] for r in rows if r["kind"] in ("step", "eval") and "train_loss" in r]
     assert summary["min_train_loss"] == min(losses)
     assert summary["min_train_loss"] <= summary["final_train_loss"]
+
+
+def test_samplers_carry_what_the_loop_and_the_cli_branched_on(chars, dataset):
+    """The one loop and the CLI ask the family's sampler (kind, default dataset, weights, rates) and the
+    TrainConfig field metadata (data_fields) instead of branching on the family's data kind."""
+    assert tt.data_fields("chars") == ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples",
+                                       "state_dtype")
+    assert tt.data_fields("tokens") == ("max_steps", "eval_every", "eval_batches")
+    assert set(tt.data_fields()) == set(tt.data_fields("chars")) | set(tt.data_fields("tokens"))
+    assert [tt.sampler_for(f) for f in ("rc", "aerc", "tf", "rnn", "laerc", "gpt")] == [rb.CharShards] * 4 + [
+        rb.TokenWindows] * 2
+    assert (rb.CharShards.kind, rb.TokenWindows.kind) == ("chars", "tokens")
+    micro = [(None, torch.zeros(3)), (None, torch.zeros(1))]
+    assert rb.CharShards.weights(micro) == ([0.75, 0.25], 4)      # by samples; the step weighs 4 in a segment
+    assert rb.TokenWindows.weights(micro) == ([0.5, 0.5], 1)      # equal windows; the step weighs 1

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from reslm.batches import TokenWindows
 from reslm.bench.timing import repeat
 from reslm.device import grad_scaler
 from reslm.models.base import count_params
@@ -77,7 +78,7 @@ def training_tokens_per_s(model, *, batch: int, context: int, device, steps: int
     def train():
         for _ in range(steps):
             train_step(model.forward_features, [(x[:, :-1], x[:, 1:])], opt, scaler, lr=tc.lr, device=device,
-                       grad_clip=tc.grad_clip, by_targets=False)
+                       grad_clip=tc.grad_clip, weights=TokenWindows.weights)
 
     t = repeat(dict(train=train), device, reps=reps, budget_s=math.inf)
     return batch * context * steps / min(t["train"])

@@ -19,7 +19,7 @@ from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_gri
 from reslm.experiments import run_demo, run_lab, run_sweep
 from reslm.experiments.reproduce import reproduce
 from reslm.generate import check_length, sample
-from reslm.models import MODELS, family, preset, preset_table
+from reslm.models import MODELS, preset, preset_table
 from reslm.publish import publish, unpacked
 from reslm.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
@@ -28,7 +28,7 @@ from reslm.run import CONFIG, lock_new_run
 from reslm.run.load import find_dataset, load_run
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
-from reslm.train import authors_variant, create_run, grow_cycles, train
+from reslm.train import authors_variant, create_run, grow_cycles, sampler_for, train
 
 
 def cmd_data(args):
@@ -113,9 +113,8 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
             raise ReslmError("give --preset NAME (see `reslm presets`) or --family {%s}" % ",".join(MODELS))
         if getattr(args, "authors_variant", False):
             model_over, train_over = authors_variant(model_over, train_over)
-        kind = family(name).data
-        dataset = find_dataset(args.data or ("shakespeare" if kind == "chars" else "shakespeare-gpt2"), kind,
-                               Path(args.root) if args.root else None)
+        sampler = sampler_for(name)
+        dataset = find_dataset(args.data or sampler.default_data, sampler.kind, Path(args.root) if args.root else None)
         create_run(out, name, {**over, **model_over}, train_over, dataset, preset=args.preset)
     with unpacked(out) if is_published(out) else contextlib.nullcontext():   # results/NAME: published again after
         summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,

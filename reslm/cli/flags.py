@@ -13,9 +13,6 @@ from reslm.models import MODELS, PRESETS, preset
 from reslm.run import CONFIG, read_config
 
 
-# Training fields that only one kind of data uses (the others are hidden from that family's flags).
-CHAR_ONLY = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples", "state_dtype", "heldout_eval")
-TOKEN_ONLY = ("max_steps", "eval_every", "eval_batches")
 RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.ridge)
               "lbfgs_samples", "lbfgs_iters", "lbfgs_l2")                # and the L-BFGS one (reslm.lbfgs)
 RC_ONLY = ("holdout", *RIDGE_ONLY)

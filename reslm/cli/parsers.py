@@ -10,14 +10,14 @@ from reslm.bench import SECTIONS
 from reslm.cli.commands import (cmd_bench, cmd_data, cmd_demo, cmd_eval, cmd_generate, cmd_lab, cmd_presets,
                                 cmd_publish, cmd_report, cmd_reproduce, cmd_search, cmd_substrate, cmd_sweep,
                                 cmd_train)
-from reslm.cli.flags import (CHAR_ONLY, COUNTS, INT64, RC_ONLY, RIDGE_ONLY, SEED, TOKEN_ONLY, Parser, add_flags,
+from reslm.cli.flags import (COUNTS, INT64, RC_ONLY, RIDGE_ONLY, SEED, Parser, add_flags,
                              int_range, int_for, peek_flag, shared, train_family)
 from reslm.experiments import ALL_FAMILIES, BUDGETS, LAB_BUDGETS, STATE_DTYPES, SUBSTRATES, SWEEPS
 from reslm.generate import MAX_LENGTH
 from reslm.models import MODELS
 from reslm.models.reservoir_lm import ReservoirLMConfig
 from reslm.search import FAMILIES as SEARCH_FAMILIES
-from reslm.train import CHECKPOINT_SECONDS, TrainConfig
+from reslm.train import CHECKPOINT_SECONDS, TrainConfig, data_fields, sampler_for
 
 
 def _train_parser(sub, fam_name: str | None):
@@ -55,9 +55,9 @@ def _train_parser(sub, fam_name: str | None):
         fam = MODELS[fam_name]
         model_fields = add_flags(t.add_argument_group(f"{fam_name} model options (override the preset)"),
                                   fam.config, {}, skip=("seed", "vocab_size"))
-        hidden = {"seed", "device", *(TOKEN_ONLY if fam.data == "chars" else CHAR_ONLY),
-                  *(RC_ONLY if fam_name != "rc" else ())}
-        train_fields = add_flags(t.add_argument_group(f"training options ({fam.data})"), TrainConfig, fam.train,
+        kind = sampler_for(fam_name).kind   # the other kind's fields are hidden
+        hidden = {"seed", "device", *(set(data_fields()) - set(data_fields(kind))), *(RC_ONLY if fam_name != "rc" else ())}
+        train_fields = add_flags(t.add_argument_group(f"training options ({kind})"), TrainConfig, fam.train,
                                   skip=hidden)
         if fam_name == "laerc":
             t.add_argument("--authors-variant", action="store_true",
@@ -103,7 +103,8 @@ def _search_parser(sub, fam_name: str):
     model_fields = add_flags(sp.add_argument_group(f"{fam_name} model options (fixed: not searched)"),
                               fam.config, {}, skip=("seed", "vocab_size"))
     train_fields = add_flags(sp.add_argument_group("training options (fixed)"), TrainConfig, fam.train,
-                              skip={"seed", "device", "optimizer", "heldout_eval", *TOKEN_ONLY, *(RIDGE_ONLY if fam_name != "rc" else ())})
+                              skip={"seed", "device", "optimizer", "heldout_eval", *data_fields("tokens"),
+                                    *(RIDGE_ONLY if fam_name != "rc" else ())})
     sp.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_search)
 
 
@@ -177,7 +178,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
           text FILE...  any local UTF-8 text files
           bpe           token-level data for the layered models: --corpus shakespeare|FILE... and
                         --tokenizer gpt2 (GPT-2's 50,257 tokens, offline) or bpe:K (trained on the
-                        training split); writes uint16 train.bin / val.bin + meta.json.
+                        training split); writes uint16 tokens.bin (train, then val) + meta.json.
                         --corpus openwebtext (= hf:Skylion007/openwebtext, needs internet) or
                         hf:NAME|FOLDER|FILE streams a Hugging Face `datasets` source (pip install
                         'reslm[hf]'); --max-docs limits it, every k-th document is validation"""),
@@ -191,7 +192,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     d.add_argument("--overwrite", action="store_true", help="replace an existing dataset of that name")
     d.add_argument("--corpus", nargs="+", help="bpe: `shakespeare`, text files, `openwebtext` or hf:NAME|PATH")
     d.add_argument("--tokenizer", default="gpt2", help="bpe: gpt2 or bpe:K (default gpt2)")
-    d.add_argument("--val-fraction", type=float, default=0.01, help="bpe: share of the text for val.bin (default 0.01)")
+    d.add_argument("--val-fraction", type=float, default=0.01, help="bpe: share of the text for the val split (default 0.01)")
     d.add_argument("--max-docs", type=int_range(*INT64), help="bpe from hf:/openwebtext: stop after this many documents")
     d.add_argument("--hf-config", help="bpe from hf: the dataset's config (subset) name")
     d.add_argument("--hf-split", default="train", help="bpe from hf: the split to read (default train)")

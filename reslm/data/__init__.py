@@ -1,7 +1,9 @@
-"""Stage 1, corpus -> tokens: obtaining text and turning it into character-level datasets.
+"""Stage 1, corpus -> tokens: obtaining text and turning it into datasets.
 
-See ``reslm.data.chars`` for the vocabulary, sharding and on-disk rules and
-``reslm.data.corpus`` for how the Shakespeare corpus is fetched and grouped.
+``reslm.data.store`` is the one on-disk format (tokens.bin + meta.json, shards as views) and its
+fingerprints; ``reslm.data.tokenizer`` the one tokenizer interface (characters and byte-level BPE);
+``reslm.data.chars`` the character datasets (vocabulary rule, sharding), ``reslm.data.bpe`` and
+``reslm.data.hf`` the BPE ones; ``reslm.data.corpus`` fetches and groups the Shakespeare corpus.
 """
 
 from reslm.data.chars import (

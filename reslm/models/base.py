@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reslm.device import autocast
+from reslm.features import LN2, TensorFeatures, bits, estimate_loss, feature_batches  # noqa: F401 (re-exported)
 from reslm.errors import ReslmError
 
 
@@ -50,29 +50,6 @@ class Features(Protocol):
     def batch(self, index: torch.Tensor) -> torch.Tensor:
         """Model inputs for the samples `index` (a 1-D long tensor)."""
         ...
-
-
-@dataclass
-class TensorFeatures:
-    """Precomputed per-sample inputs (e.g. reservoir states (M, N)) and their targets (M,).
-
-    With `chars` (M,) and `table` (V, k), a batch is each sample's input beside the table row of its
-    character, [inputs[i], table[chars[i]]] (M, N + k): a reservoir head that also reads the current
-    character's one-hot (table = I) or fixed embedding, without storing (M, N + k)."""
-
-    inputs: torch.Tensor
-    targets: torch.Tensor
-    chars: torch.Tensor | None = None
-    table: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return self.targets.numel()
-
-    def batch(self, index: torch.Tensor) -> torch.Tensor:
-        x = self.inputs.index_select(0, index)
-        if self.chars is None:
-            return x
-        return torch.cat([x, self.table.to(x.dtype).index_select(0, self.chars.index_select(0, index))], dim=1)
 
 
 @dataclass
@@ -101,48 +78,12 @@ def sample_count(n_tokens: int, context: int) -> int:
     return max(0, n_tokens - context)
 
 
-LN2 = math.log(2)
-
-
-def bits(nats: float) -> float:
-    """Nats per symbol -> bits per symbol (bits per character for a character model)."""
-    return nats / LN2
-
-
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
     """Mean cross-entropy in nats of logits (B,T,V) against targets (B,T) (or (B,) when T = 1),
     in float32 even under autocast; None without targets."""
     if targets is None:
         return None
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
-
-
-@torch.no_grad()
-def estimate_loss(model, batches, *, precision: str = "fp32") -> tuple[float, int]:
-    """(mean cross-entropy in nats, number of predictions) of `model.forward_features` over an
-    iterable of (x, targets) batches, in eval mode (the mode is restored afterwards)."""
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    try:
-        for x, y in batches:
-            with autocast(precision, y.device):
-                logits, _ = model.forward_features(x, None)
-            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
-                                     reduction="sum").item()
-            count += y.numel()
-    finally:
-        model.train(was_training)
-    return total / max(count, 1), count
-
-
-def feature_batches(feats, batch_size: int):
-    """(x, targets) batches over every sample of a Features, in order."""
-    n = len(feats)
-    device = feats.targets.device
-    for i0 in range(0, n, batch_size):
-        index = torch.arange(i0, min(n, i0 + batch_size), device=device)
-        yield feats.batch(index), feats.targets[index]
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Opening a run back: its dataset, its model with the checkpoint's weights, its codec.
+"""Opening a run back: its dataset, its model with the checkpoint's weights, its tokenizer.
 
 The reading side of the run folder (reslm.run) that needs the data and model layers; below
 training: train, evaluate, generate and the reports all open runs through these functions, and
@@ -9,7 +9,7 @@ registry of published runs, which load_run reads, can stand on reslm.run.)
     describe_dataset(ds)           the "data" section of a run config (kind, path, name, vocabulary)
     check_dataset(cfg, ds)         ReslmError when the dataset on disk no longer is the run's
     load_model(cfg, device)        the model a run config describes (weights not loaded)
-    load_run(run_dir, device)      (model with the last checkpoint's weights, codec, run config)
+    load_run(run_dir, device)      (model with the last checkpoint's weights, tokenizer, run config)
 """
 from __future__ import annotations
 
@@ -19,32 +19,15 @@ from pathlib import Path
 import torch
 
 from reslm.data.bpe import TokenDataset, prepare_bpe
-from reslm.data.chars import CharDataset, check_fingerprint, default_data_root, prepare_shakespeare, resolve_dataset
+from reslm.data.chars import CharDataset, prepare_shakespeare, resolve_dataset
+from reslm.data.store import check_fingerprint, default_data_root
+from reslm.data.tokenizer import CharTokenizer
 from reslm.device import bf16_status
 from reslm.errors import ReslmError
 from reslm.models import build_model, family, make_config
 from reslm.registry import is_published, load_published
 from reslm.run.checkpoint import load_checkpoint
 from reslm.run.folder import read_config
-
-
-class CharCodec:
-    """Text <-> ids for a character-level run (its vocabulary is saved in config.json)."""
-
-    def __init__(self, vocab: list[str]):
-        self.vocab = vocab
-        self.lookup = {c: i for i, c in enumerate(vocab)}
-        self.lowercase = all(c == c.lower() for c in vocab)
-
-    def encode(self, text: str) -> list[int]:
-        text = text.lower() if self.lowercase else text
-        bad = sorted({c for c in text if c not in self.lookup})
-        if bad:
-            raise ReslmError(f"prompt has characters outside the vocabulary: {''.join(bad)!r}")
-        return [self.lookup[c] for c in text]
-
-    def decode(self, ids) -> str:
-        return "".join(self.vocab[i] for i in ids)
 
 
 def describe_dataset(ds) -> dict:
@@ -132,14 +115,15 @@ def load_model(cfg: dict, device="cpu"):
 
 
 def codec_of(cfg: dict, ds=None):
-    """Text <-> ids for a run: its character vocabulary, or its BPE dataset's tokenizer."""
+    """The run's tokenizer (reslm.data.tokenizer): a character run's from the vocabulary its config
+    keeps (no dataset needed), a BPE run's from its dataset."""
     if data_kind(cfg["data"]) == "chars":
-        return CharCodec(cfg["data"]["vocab"])
+        return CharTokenizer(cfg["data"]["vocab"])
     return (ds or open_dataset(cfg["data"])).tokenizer()
 
 
 def load_run(run_dir: Path, device="cpu"):
-    """(model in eval mode with the last checkpoint's weights, codec with encode/decode, run config).
+    """(model in eval mode with the last checkpoint's weights, its tokenizer (encode/decode), run config).
     A published folder (reslm.registry) gives its weights.safetensors on the buffers its seed rebuilds."""
     cfg = read_config(run_dir)
     model = load_model(cfg, device)   # a damaged config.json is reported as such, before the checkpoint

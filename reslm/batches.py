@@ -1,0 +1,413 @@
+"""Stage 4, data -> batches: the two batch samplers the training loop draws from, and the features they batch.
+
+The loop (reslm.train) knows nothing of characters or tokens; it asks its sampler (`SAMPLERS[kind]`,
+kind = the family's data kind, "chars" or "tokens") for:
+
+    total, eval_points        optimizer steps in all, and the steps after which to evaluate
+    batches(step)             the micro-batches of one step, [(x, y), ...]
+    weights(micro)            each micro-batch's share of the step's loss, and the step's sample count
+    evaluate(model, prec)     the held-out loss row (CharShards: test shard, nats and bits per
+                              character; TokenWindows: val windows, nats and bits per token)
+    segment(step)             the schedule position logged beside a step (shard-epoch or nothing)
+    eval_at_start             whether the untrained model is evaluated at step 0 (tokens: a reference)
+    samples_per_step          samples (characters or windows) one optimizer step covers
+
+* `CharShards`, the paper's character protocol ("Training", "Dataset and Methodology"): for each
+  cycle, for each training shard, the model's features (reservoir states) are computed once, then
+  E shard-epochs of shuffled batches over them, each followed by the test cross-entropy on the test
+  shard (nats and bits per character). The shuffle of shard-epoch k is seeded by step_seed(seed, k).
+  `StateCache` (reslm.run.states) keeps computed states in the run folder for a resumed run.
+* `TokenWindows`, token level (Appendix A.3 and the authors' code): random windows of the model's
+  context from the dataset's train view, seeded per step; every eval_every steps the mean CE over
+  eval_batches fixed-seed val windows.
+
+The samplers take the model as an argument (its `features`, `forward_features`, `config.context`);
+this module imports no model or training code: the features helpers it shares with the models are
+reslm.features, the state cache is reslm.run.states.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from reslm.device import bf16_status, state_dtype, synchronize
+from reslm.errors import ReslmError
+from reslm.features import bits, estimate_loss, feature_batches
+from reslm.progress import say
+from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
+from reslm.reservoir.seeding import child_seed
+from reslm.run.states import StateCache
+
+_EVAL_SEED = 0x5EED_E7A1
+SOLVERS = ("ridge", "lbfgs")   # optimizers that solve an rc readout in one step (reslm.train.SOLVERS)
+
+
+# --- seeding ------------------------------------------------------------------------------------
+TRAIN_KEY = 100  # seeding key of training draws, apart from the reservoir's matrix keys (0, 1, 2, layers)
+
+
+def step_seed(seed: int, position: int) -> int:
+    """The seed of one schedule position (a step's draws and dropout, a shard-epoch's shuffle): a child of
+    the run seed in the one seeding scheme (reslm.reservoir.seeding)."""
+    return child_seed(seed, TRAIN_KEY, position)
+
+
+
+# --- the samplers ---------------------------------------------------------------------------------
+def has_reservoir(model) -> bool:
+    """Whether `model` is a character reservoir model (its features are reservoir states: they may be
+    cached, stored in bfloat16, and computed in their own dtype)."""
+    return isinstance(getattr(model, "reservoir", None), torch.nn.Module)
+
+
+def eval_slices(n_tokens: int, context: int, eval_samples: int, blocks: int = 8) -> list[slice]:
+    """Token slices of the test stream to evaluate on: all of it, or `blocks` evenly spread blocks
+    holding `eval_samples` samples in total (each block brings its own `context` tokens)."""
+    if eval_samples == 0 or eval_samples >= n_tokens - context:
+        return [slice(0, n_tokens)]
+    per = max(1, eval_samples // blocks)
+    span = n_tokens - (per + context)
+    return [slice(a, a + per + context) for a in (span * i // max(1, blocks - 1) for i in range(blocks))]
+
+
+def available_memory(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class CharShards:
+    """Shard-cyclic batches over precomputed features (the paper's protocol), see the module doc.
+
+    The schedule is a list of shard-epochs (cycle, shard, epoch); shard-epoch k has ceil(n_k / batch)
+    steps over a permutation seeded by step_seed(seed, k). Evaluation after every shard-epoch. A ridge
+    run's schedule is one step, the solve (reslm.ridge reads `train_features` / `heldout_features`).
+
+    holdout > 0 keeps the last fraction of each training shard's characters out of training: those
+    are `heldout_features` (ridge's alpha and temperature, `reslm search`'s objective), never the test
+    shard."""
+
+    kind = "chars"                  # the dataset kind it reads (a family's `data`)
+    default_data = "shakespeare"    # the dataset `reslm train` uses when none is given
+    make_data = "reslm data shakespeare|text"
+    eval_kind = "test"
+    eval_at_start = False           # no evaluation of the untrained model
+    has_cycles = True               # grows by passes over the training shards (reslm.train.grow_cycles)
+
+    def __init__(self, model, dataset, tc, device: torch.device, log, progress: bool, world: int = 1,
+                 rank: int = 0, holdout: float = 0.0, cache: Path | None = None):
+        if world > 1:
+            raise ReslmError("multi-process training (torchrun) is for the token families (laerc, gpt)")
+        self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
+        self.holdout = holdout
+        self.cache = StateCache(cache) if cache is not None and has_reservoir(model) else None
+        self.context = model.config.context
+        self.plan = [(c, s, e) for c in range(tc.cycles) for s in dataset.train_shards
+                     for e in range(tc.epochs_per_shard)]
+        self.samples = [self._n_samples(s) for _, s, _ in self.plan]
+        steps = [math.ceil(n / tc.batch_size) for n in self.samples]
+        self.ends = list(np.cumsum(steps))                  # the step after which shard-epoch k ends
+        self.eval_points = [int(e) for e in self.ends]
+        self.total = self.eval_points[-1] if self.eval_points else 0
+        if tc.optimizer in SOLVERS:
+            self.eval_points, self.total = [1], 1
+        self._feats, self._feats_shard, self._order_k, self._order = None, None, None, None
+        self._test = None
+        self.state_seconds = 0.0
+        self.logged_states = set()   # (cycle, shard, part) whose "states" row the log has (a resumed run)
+        self.dtype, compute = self._choose_dtypes()
+        self.kw = dict(dtype=self.dtype, **({"compute_dtype": compute} if has_reservoir(model) else {}))
+        self.samples_per_step = tc.batch_size
+
+    @staticmethod
+    def caches(model) -> bool:
+        """Whether `cache` (RUN/states) applies: the features of a reservoir model are worth keeping."""
+        return has_reservoir(model)
+
+    @staticmethod
+    def check_run(family_name: str, dataset, model_cfg, tc) -> None:
+        """ReslmError when a run of `family_name` with these configs cannot train on `dataset`."""
+        context = model_cfg.context
+        shortest = min(e - s for s, e in dataset.shards)
+        if context >= shortest:
+            raise ReslmError(f"context {context} is not shorter than the smallest shard ({shortest} chars)")
+        if 0 < tc.shard_chars <= context:
+            raise ReslmError(f"shard_chars {tc.shard_chars} must exceed the context ({context})")
+        if tc.optimizer in SOLVERS:
+            if family_name != "rc":
+                raise ReslmError(f"optimizer {tc.optimizer} solves the linear readout of the rc family, not {family_name}")
+            if tc.optimizer == "ridge" and (model_cfg.head, model_cfg.head_input) != ("linear", "state"):
+                raise ReslmError("optimizer ridge solves a linear head on the state alone (--head linear, "
+                                 "--head-input state)")
+            if model_cfg.head != "linear":
+                raise ReslmError(f"optimizer {tc.optimizer} solves a linear head (--head linear), not {model_cfg.head}")
+            check_holdout(dataset, tc, context)
+        elif tc.heldout_eval:
+            check_holdout(dataset, tc, context)
+
+    @staticmethod
+    def weights(micro) -> tuple[list[float], int]:
+        """Each micro-batch's share of the step's mean loss (by its sample count), and the step's
+        sample count, which weighs the step in a segment's mean train loss."""
+        n = sum(y.numel() for _, y in micro)
+        return [y.numel() / n for _, y in micro], n
+
+    def rate_fields(self, samples_per_s: float) -> dict:
+        """Throughput figures of a "step" row beyond samples per second: none for characters."""
+        return {}
+
+    def summary_fields(self, cfg: dict, steps: int) -> dict:
+        return {}
+
+    def _span(self, shard: int, part: str = "train") -> tuple[int, int]:
+        """Token span of a shard's training part or ("heldout") of its held-out tail, which starts
+        `context` tokens early so that its first sample predicts the first held-out character."""
+        a, b = self.ds.shards[shard]
+        if shard == self.ds.test_shard:
+            return a, b
+        if self.tc.shard_chars:
+            b = min(b, a + self.tc.shard_chars)
+        if self.holdout:
+            cut = a + int((b - a) * (1 - self.holdout))
+            return (a, cut) if part == "train" else (cut - self.context, b)
+        return a, b
+
+    def _n_samples(self, shard: int) -> int:
+        a, b = self._span(shard)
+        n = b - a - self.context
+        return min(n, self.tc.epoch_samples) if self.tc.epoch_samples else n
+
+    def _tokens(self, shard: int, part: str = "train") -> torch.Tensor:
+        a, b = self._span(shard, part)
+        return torch.from_numpy(np.asarray(self.ds.tokens[a:b], dtype=np.int64)).to(self.device)
+
+    def _choose_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        """(storage, compute) dtypes of the reservoir states. A reservoir model holds one training
+        shard's states plus the test states: state_dtype "auto" stores them in float32 when that fits in
+        memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is computed in only
+        where it is fast (reslm.device.bf16_status); elsewhere the reservoir computes in float32."""
+        name = self.tc.state_dtype
+        if not has_reservoir(self.model):
+            return state_dtype("float32" if name == "auto" else name), None
+        longest = max(b - a for a, b in (self._span(s) for s in self.ds.train_shards))
+        ta, tb = self._span(self.ds.test_shard)
+        n_test = sum(s.stop - s.start - self.context
+                     for s in eval_slices(tb - ta, self.context, self.tc.eval_samples))
+        avail = available_memory(self.device)
+        need = lambda dtype: (longest + n_test) * self.model.reservoir.size * dtype.itemsize  # noqa: E731
+        if name == "auto":
+            fp32_fits = avail is None or need(torch.float32) <= 0.9 * avail
+            storage = torch.float32 if fp32_fits else torch.bfloat16
+            if not fp32_fits:
+                say(f"reslm: reservoir states stored in bfloat16: float32 would need {need(torch.float32) / 2**30:.1f} "
+                    f"GiB of the {avail / 2**30:.1f} GiB available")
+        else:
+            storage = state_dtype(name)
+        if avail is not None and need(storage) > 0.9 * avail:
+            row = self.model.reservoir.size * storage.itemsize
+            fits = int(0.9 * avail / row) - longest                          # test samples that would fit
+            hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
+            if storage != torch.bfloat16:
+                hint = f"--state-dtype bfloat16 or {hint}"
+            raise ReslmError(f"reservoir states need {need(storage) / 2**30:.1f} GiB (train shard + test states) but "
+                             f"{avail / 2**30:.1f} GiB is available: use {hint}")
+        compute = storage
+        if storage == torch.bfloat16:
+            fast, why = bf16_status(self.device)
+            if not fast:
+                compute = torch.float32
+                say(f"reslm: reservoir states computed in float32, not bfloat16 ({why})")
+        return storage, compute
+
+    def position(self, step: int) -> int:
+        """The shard-epoch that step `step` (0-based) belongs to."""
+        return int(np.searchsorted(self.ends, step, side="right"))
+
+    def segment(self, step: int) -> dict:
+        k = self.position(step)
+        cycle, shard, epoch = self.plan[k]
+        return dict(index=k, cycle=cycle, shard=shard, epoch=epoch)
+
+    def _compute(self, shard: int, cycle: int, part: str = "train"):
+        """The features of a shard's part, timed and logged as a "states" row (read back from the
+        state cache when an earlier process of this run left them there)."""
+        t0 = time.perf_counter()
+        a, _ = self._span(shard, part)   # noise rows are indexed by the position in the shard
+        name = f"{part}-shard{shard}-cycle{cycle}"
+        feats = self.cache.load(name, self.dtype) if self.cache else None
+        if feats is None:
+            feats = self.model.features(self._tokens(shard, part), position=a, progress=self.progress, **self.kw,
+                                        **noise_stream(self.model, train_key(cycle, shard),
+                                                       a - self.ds.shards[shard][0]))
+            if self.cache and part == "train":
+                self.cache.store(name, feats, keep_prefix="test-")   # this shard's and the test states
+            cached = False
+        else:
+            cached = True
+        synchronize(self.device)
+        dt = time.perf_counter() - t0
+        self.state_seconds += dt
+        # one row per shard and cycle, as in an uninterrupted run: a resumed run computing (or reading
+        # back) the states of the shard it stopped in does not log them again (the log is per run, not
+        # per attempt; the attempt's time is in its train seconds)
+        if self.log is not None and (cycle, shard, part if self.holdout else None) not in self.logged_states:
+            self.log.write(dict(kind="states", cycle=cycle, shard=shard, **({"part": part} if self.holdout else {}),
+                                **({"cached": True} if cached else {}),
+                                seconds=round(dt, 4), tokens_per_s=round(len(feats) / dt, 1)))
+        return feats
+
+    def _features(self, shard: int, cycle: int):
+        if self._feats_shard != shard:
+            self._feats = None  # free the previous shard's states first
+            self._feats = self._compute(shard, cycle)
+            self._feats_shard = shard
+        return self._feats
+
+    def train_features(self, shard: int):
+        """Features of a training shard's training part (all of it without holdout), cached until the next shard."""
+        return self._features(shard, 0)
+
+    def heldout_features(self, shard: int):
+        """Features of a training shard's held-out tail (needs holdout > 0); not cached."""
+        if not self.holdout or shard == self.ds.test_shard:
+            raise ReslmError("held-out features need holdout > 0 and a training shard")
+        return self._compute(shard, 0, "heldout")
+
+    def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The micro-batches of optimizer step `step`."""
+        k = self.position(step)
+        cycle, shard, _ = self.plan[k]
+        feats = self._features(shard, cycle)
+        if self._order_k != k:
+            order = torch.randperm(len(feats), generator=torch.Generator().manual_seed(step_seed(self.tc.seed, k)))
+            self._order, self._order_k = order[:self.samples[k]].to(self.device), k
+        first = self.ends[k - 1] if k else 0
+        index = self._order[(step - first) * self.tc.batch_size:(step - first + 1) * self.tc.batch_size]
+        return [(feats.batch(i), feats.targets[i]) for i in index.tensor_split(self.tc.grad_accum) if i.numel()]
+
+    def evaluate(self, model, precision: str) -> dict:
+        if self._test is None:
+            tokens, start = self._tokens(self.ds.test_shard), self._span(self.ds.test_shard)[0]
+            self._test = []
+            for i, s in enumerate(eval_slices(tokens.numel(), self.context, self.tc.eval_samples)):
+                feats = self.cache.load(f"test-{i}", self.dtype) if self.cache else None
+                if feats is None:
+                    feats = model.features(tokens[s], position=start + s.start, progress=self.progress, **self.kw,
+                                           **noise_stream(model, TEST_KEY, s.start))
+                    if self.cache:
+                        self.cache.store(f"test-{i}", feats)
+                self._test.append(feats)
+        total, count = 0.0, 0
+        for feats in self._test:
+            loss, n = estimate_loss(model, feature_batches(feats, self.tc.batch_size), precision=precision)
+            total, count = total + loss * n, count + n
+        loss = total / max(count, 1)
+        return dict(test_loss=loss, test_bpc=bits(loss))
+
+
+def token_batch(data, batch: int, context: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch` random windows of context+1 tokens: x = chunk[:-1], y = chunk[1:], (batch, context) int64."""
+    n = len(data)
+    if n <= context:
+        raise ReslmError(f"context {context} is not shorter than the data ({n} tokens)")
+    offsets = torch.randint(0, n - context, (batch,), generator=generator).tolist()
+    chunks = torch.from_numpy(np.stack([np.asarray(data[o:o + context + 1], dtype=np.int64) for o in offsets]))
+    return chunks[:, :-1].contiguous(), chunks[:, 1:].contiguous()
+
+
+class TokenWindows:
+    """Random windows of the model's context from the train view (memory-mapped), seeded per step; every
+    eval_every steps (and at the end) the mean CE over eval_batches fixed-seed val batches."""
+
+    kind = "tokens"
+    default_data = "shakespeare-gpt2"
+    make_data = "reslm data bpe"
+    eval_kind = "val"
+    eval_at_start = True            # the untrained model's val loss, for reference (step 0)
+    has_cycles = False              # trains for max_steps
+
+    def __init__(self, model, dataset, tc, device: torch.device, log, progress: bool, world: int = 1,
+                 rank: int = 0, holdout: float = 0.0, cache: Path | None = None):
+        if tc.batch_size % world:
+            raise ReslmError(f"batch_size {tc.batch_size} is not divisible by the number of processes ({world})")
+        self.tc, self.device, self.ds = tc, device, dataset
+        self.context = model.config.context
+        self.rows = slice(rank * (tc.batch_size // world), (rank + 1) * (tc.batch_size // world))
+        self.world = world
+        self.total = tc.max_steps
+        self.eval_points = sorted({*range(tc.eval_every, tc.max_steps, tc.eval_every), tc.max_steps})
+        self.state_seconds = 0.0
+        self.samples_per_step = tc.batch_size * tc.grad_accum
+
+    @staticmethod
+    def caches(model) -> bool:
+        return False
+
+    @staticmethod
+    def check_run(family_name: str, dataset, model_cfg, tc) -> None:
+        context = model_cfg.context
+        if tc.heldout_eval:
+            raise ReslmError("heldout_eval holds out the tails of character shards; token runs evaluate on val.bin")
+        for split, n in (("train", len(dataset.train)), ("val", len(dataset.val))):
+            if context >= n:
+                raise ReslmError(f"context {context} is not shorter than the {split} split ({n} tokens)")
+
+    @staticmethod
+    def weights(micro) -> tuple[list[float], int]:
+        """Equal shares of the step's loss (every micro-batch holds batch_size windows); a step counts
+        once in a segment's mean train loss."""
+        return [1 / len(micro)] * len(micro), 1
+
+    def rate_fields(self, samples_per_s: float) -> dict:
+        return {"tokens_per_s": round(samples_per_s * self.context, 1)}
+
+    def summary_fields(self, cfg: dict, steps: int) -> dict:
+        tc = cfg["train"]
+        return {"tokens_seen": steps * tc["batch_size"] * tc["grad_accum"] * cfg["model"]["context"]}
+
+    def segment(self, step: int) -> dict:
+        return {}
+
+    def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        gen = torch.Generator().manual_seed(step_seed(self.tc.seed, step))
+        out = []
+        for _ in range(self.tc.grad_accum):
+            x, y = token_batch(self.ds.train, self.tc.batch_size, self.context, gen)  # the same draws on every rank
+            if self.world > 1:
+                x, y = x[self.rows], y[self.rows]
+            out.append((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)))
+        return out
+
+    def evaluate(self, model, precision: str) -> dict:
+        gen = torch.Generator().manual_seed(_EVAL_SEED + self.tc.seed)
+        batches = (tuple(t.to(self.device) for t in token_batch(self.ds.val, self.tc.batch_size, self.context, gen))
+                   for _ in range(self.tc.eval_batches))
+        loss, _ = estimate_loss(model, batches, precision=precision)
+        return dict(val_loss=loss, val_bits_per_token=bits(loss))
+
+
+SAMPLERS = {"chars": CharShards, "tokens": TokenWindows}   # a family's data kind -> its sampler
+
+
+def check_holdout(dataset, tc, context: int) -> None:
+    """ReslmError unless every training shard split by tc.holdout keeps more than `context` characters
+    to train on and at least one held-out character."""
+    for shard in dataset.train_shards:
+        a, b = dataset.shards[shard]
+        n = min(b - a, tc.shard_chars or b - a)
+        keep = int(n * (1 - tc.holdout))
+        if keep <= context or keep >= n:
+            raise ReslmError(f"holdout {tc.holdout} of a {n}-character training shard leaves {keep} characters to "
+                             f"train on and {n - keep} held out (need more than the context {context}, and 1)")
+

@@ -1,0 +1,78 @@
+"""Features and their loss: what a model's fixed part computes once and its trained part reads.
+
+A model turns a token stream into *features* once (reservoir states, or windows; reslm.models.base
+describes the contract), and training, evaluation and the closed-form readouts draw batches from
+them. These helpers stand below the models and the batch samplers (reslm.batches) alike, so neither
+imports the other for them; reslm.models.base re-exports them.
+
+`estimate_loss` is the one cross-entropy estimator: training's evaluations and `reslm eval` both use it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from reslm.device import autocast
+
+
+@dataclass
+class TensorFeatures:
+    """Precomputed per-sample inputs (e.g. reservoir states (M, N)) and their targets (M,).
+
+    With `chars` (M,) and `table` (V, k), a batch is each sample's input beside the table row of its
+    character, [inputs[i], table[chars[i]]] (M, N + k): a reservoir head that also reads the current
+    character's one-hot (table = I) or fixed embedding, without storing (M, N + k)."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    chars: torch.Tensor | None = None
+    table: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.targets.numel()
+
+    def batch(self, index: torch.Tensor) -> torch.Tensor:
+        x = self.inputs.index_select(0, index)
+        if self.chars is None:
+            return x
+        return torch.cat([x, self.table.to(x.dtype).index_select(0, self.chars.index_select(0, index))], dim=1)
+
+
+
+LN2 = math.log(2)
+
+
+def bits(nats: float) -> float:
+    """Nats per symbol -> bits per symbol (bits per character for a character model)."""
+    return nats / LN2
+
+
+@torch.no_grad()
+def estimate_loss(model, batches, *, precision: str = "fp32") -> tuple[float, int]:
+    """(mean cross-entropy in nats, number of predictions) of `model.forward_features` over an
+    iterable of (x, targets) batches, in eval mode (the mode is restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for x, y in batches:
+            with autocast(precision, y.device):
+                logits, _ = model.forward_features(x, None)
+            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
+                                     reduction="sum").item()
+            count += y.numel()
+    finally:
+        model.train(was_training)
+    return total / max(count, 1), count
+
+
+def feature_batches(feats, batch_size: int):
+    """(x, targets) batches over every sample of a Features, in order."""
+    n = len(feats)
+    device = feats.targets.device
+    for i0 in range(0, n, batch_size):
+        index = torch.arange(i0, min(n, i0 + batch_size), device=device)
+        yield feats.batch(index), feats.targets[index]
