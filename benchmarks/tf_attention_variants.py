@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import reslm.models.transformer as T
-from reslm.device import grad_scaler
+from reslm.core.device import grad_scaler
 from reslm.models import PRESETS, build_model
 from reslm.train import make_optimizer, train_config, train_step
 

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from reslm.device import cpu_name, grad_scaler
+from reslm.core.device import cpu_name, grad_scaler
 from reslm.models import PRESETS, build_model
 from reslm.bench.fused import draw_seeds, fused_forward
 from reslm.bench.reference import ReferenceTransformer

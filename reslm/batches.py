@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reslm.device import bf16_status, state_dtype, synchronize
-from reslm.errors import ReslmError
+from reslm.core.device import bf16_status, state_dtype, synchronize
+from reslm.core.errors import ReslmError
 from reslm.features import bits, estimate_loss, feature_batches
-from reslm.progress import say
+from reslm.core.progress import say
 from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
 from reslm.run.states import StateCache
@@ -196,7 +196,7 @@ class CharShards:
         """(storage, compute) dtypes of the reservoir states. A reservoir model holds one training
         shard's states plus the test states: state_dtype "auto" stores them in float32 when that fits in
         memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is computed in only
-        where it is fast (reslm.device.bf16_status); elsewhere the reservoir computes in float32."""
+        where it is fast (reslm.core.device.bf16_status); elsewhere the reservoir computes in float32."""
         name = self.tc.state_dtype
         if not has_reservoir(self.model):
             return state_dtype("float32" if name == "auto" else name), None

@@ -19,7 +19,7 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 
 class EMA:

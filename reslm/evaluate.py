@@ -39,19 +39,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reslm.device import pick_device, synchronize
-from reslm.errors import ReslmError
+from reslm.core.device import pick_device, synchronize
+from reslm.core.errors import ReslmError
 from reslm.generate import check_length, sample
 from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
 from reslm.models.reservoir_lm import ReservoirLM
 from reslm.ngram import NgramReference, distinct_n
 from reslm.reservoir.base import Reservoir
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
-from reslm.registry import is_published, record_file
+from reslm.run.registry import is_published, record_file
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
-from reslm.files import atomic_write, write_json
+from reslm.core.files import atomic_write, write_json
 from reslm.run import lock_run
-from reslm.run.load import check_dataset, data_kind, load_run, open_dataset
+from reslm.models.load import check_dataset, data_kind, load_run, open_dataset
 
 EVAL_FILE = "eval.json"
 GRID_FILE = "eval-physical"   # .json and .csv

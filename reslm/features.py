@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from reslm.device import autocast
+from reslm.core.device import autocast
 
 
 @dataclass

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 # The longest sample `sample` makes: generation is one Python-level step per symbol, so a million
 # symbols already take minutes to hours; a larger count (a typo, 1e20) would run for ever.

@@ -23,8 +23,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from reslm.errors import ReslmError
-from reslm.progress import say
+from reslm.core.errors import ReslmError
+from reslm.core.progress import say
 from reslm.ridge import _spread
 from reslm.reservoir.seeding import child_seed
 

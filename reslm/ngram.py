@@ -44,7 +44,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.generate import pick
 
 _INT64_LIMIT = 2**63

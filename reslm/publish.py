@@ -1,7 +1,7 @@
 """Stage 5, publishing a run into the results registry (`reslm publish RUN results/NAME`), and
 continuing a published, unfinished run on any machine (`reslm train --out results/NAME --resume`).
 
-publish(run_dir, dest) writes the folder format of reslm.registry from the run's last checkpoint:
+publish(run_dir, dest) writes the folder format of reslm.run.registry from the run's last checkpoint:
 config.json, metrics.jsonl up to that checkpoint, summary.json (when it describes that checkpoint),
 eval.json, the trainable weights as weights.safetensors, provenance.json and manifest.json. Before
 anything is written it checks that the run's fixed tensors (reservoir, embedding) are what its config
@@ -31,15 +31,15 @@ import torch
 from safetensors.torch import save_file
 
 import reslm
-from reslm.device import cpu_name
-from reslm.errors import ReslmError
-from reslm.files import atomic_write, read_json, sha256_file, write_json
+from reslm.core.device import cpu_name
+from reslm.core.errors import ReslmError
+from reslm.core.files import atomic_write, read_json, sha256_file, write_json
 from reslm.models import make_config, preset
-from reslm.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, fixed_fingerprints, is_published,
+from reslm.run.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, fixed_fingerprints, is_published,
                             load_published, read_manifest, same_tensor, split_state)
 from reslm.run import (CHECKPOINT, CONFIG, METRICS, SUMMARY, load_checkpoint, lock_run, read_config, read_metrics,
                        save_checkpoint)
-from reslm.run.load import load_model
+from reslm.models.load import load_model
 from reslm.train import is_finished, train_config
 
 TIMING = ("wall", "samples_per_s", "seconds", "tokens_per_s")   # metrics fields that differ run to run

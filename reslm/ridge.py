@@ -29,8 +29,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from reslm.errors import ReslmError
-from reslm.progress import say
+from reslm.core.errors import ReslmError
+from reslm.core.progress import say
 
 ALPHAS = tuple(10.0 ** k for k in range(-8, 1))   # the log grid alpha is chosen from (ridge_alpha = 0)
 CHUNK_ELEMS = 2 ** 24                             # rows x (N+1) of a float64 chunk (128 MiB)

@@ -40,11 +40,11 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
-from reslm.device import pick_device
-from reslm.errors import ReslmError
+from reslm.core.device import pick_device
+from reslm.core.errors import ReslmError
 from reslm.models import build_model, make_config
 from reslm.models import family as family_of
-from reslm.progress import say
+from reslm.core.progress import say
 from reslm.reservoir import RESERVOIRS, parse_options
 from reslm.reservoir.nvar import nvar_size
 from reslm.report.search import train_command, write_outputs

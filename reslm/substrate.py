@@ -1,4 +1,4 @@
-"""Stage 4 (beside reslm.run.load), the files a physical reservoir exchanges with reslm: `reslm substrate
+"""Stage 4 (beside reslm.models.load), the files a physical reservoir exchanges with reslm: `reslm substrate
 export | simulate | import`.
 
 A device in place of the digital reservoir is driven outside reslm. The round trip:
@@ -10,7 +10,7 @@ A device in place of the digital reservoir is driven outside reslm. The round tr
                     seeded with `seed` (reslm.models.reservoir_lm.fixed_embedding), to check the drive
      tokens.npy     int32 (S,): the token ids; tokens_sha256 = sha256 of these bytes (ids as <i4)
      manifest.json  format "reslm-drive", version, rows S, input_dim d, seed, dtype, files, tokens_sha256,
-                    the dataset (reslm.run.load.describe_dataset: name, vocabulary, shards, fingerprint)
+                    the dataset (reslm.models.load.describe_dataset: name, vocabulary, shards, fingerprint)
                     and the protocol below
 2. the device plays it. Protocol: shard by shard (manifest "shards", [start, end) rows of the stream),
    the device starts each shard from its rest state and then reads the rows one after another without
@@ -46,16 +46,16 @@ import numpy as np
 import torch
 
 from reslm.data.chars import CharDataset, file_fingerprint
-from reslm.errors import ReslmError, writing
+from reslm.core.errors import ReslmError, writing
 from reslm.models.base import build_config
 from reslm.models.reservoir_lm import ReservoirLMConfig, fixed_embedding
-from reslm.progress import bar
+from reslm.core.progress import bar
 from reslm.reservoir import RESERVOIRS, shard_states
 from reslm.reservoir.recorded import (MANIFEST, SUBSTRATE_FORMAT, SUBSTRATE_VERSION, TOKENS_FILE, StateFile,
                                       load_tokens, read_json_file, tokens_sha256)
 from reslm.reservoir.seeding import generator
-from reslm.files import atomic_write, fsync_dir, fsync_tree, make_temp_dir, write_json
-from reslm.run.load import describe_dataset
+from reslm.core.files import atomic_write, fsync_dir, fsync_tree, make_temp_dir, write_json
+from reslm.models.load import describe_dataset
 
 DRIVE_FORMAT, DRIVE_VERSION = "reslm-drive", 1
 DRIVE_FILE, EMBEDDING_FILE = "drive.npy", "embedding.npy"

@@ -36,25 +36,25 @@ from pathlib import Path
 import torch
 
 import reslm
-from reslm import distributed as dist_
+from reslm.core import distributed as dist_
 from reslm.batches import SAMPLERS, SOLVERS as _SOLVER_NAMES, CharShards, step_seed
-from reslm.device import (PRECISIONS, autocast, grad_scaler, pick_device, resolve_precision, setup_cuda, state_dtype,
+from reslm.core.device import (PRECISIONS, autocast, grad_scaler, pick_device, resolve_precision, setup_cuda, state_dtype,
                           synchronize)
 from reslm.ema import EMA, checkpoint_weights
 from reslm.features import estimate_loss, feature_batches
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models import complete_fields, family, make_config
 from reslm.models.budget import check_frontier
 from reslm.models.base import bits, config_dict, count_params, decay_groups
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
-from reslm.progress import bar as progress_bar
-from reslm.progress import say
+from reslm.core.progress import bar as progress_bar
+from reslm.core.progress import say
 from reslm.lbfgs import fit_lbfgs
 from reslm.ridge import fit_ridge
-from reslm.files import read_json, write_json
+from reslm.core.files import read_json, write_json
 from reslm.run import (CONFIG, SUMMARY, MetricsLog, check_same_run, create_run_dir, load_checkpoint, lock_run, read_config,
                        read_metrics, save_checkpoint)
-from reslm.run.load import check_dataset, describe_dataset, load_model, open_dataset
+from reslm.models.load import check_dataset, describe_dataset, load_model, open_dataset
 
 OPTIMIZERS = ("adam", "adamw", "ridge", "lbfgs")
 SOLVERS = {"ridge": fit_ridge, "lbfgs": fit_lbfgs}   # rc readouts fitted in one solve on the training shards

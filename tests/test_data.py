@@ -22,7 +22,7 @@ from reslm.data import (
     resolve_dataset,
 )
 from reslm.data import chars, corpus
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 
 def write(path: Path, text: str) -> Path:

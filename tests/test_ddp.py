@@ -11,8 +11,8 @@ import torch.distributed
 
 import reslm.train as tt
 from reslm.models import MODELS
-from reslm import distributed
-from reslm.errors import ReslmError
+from reslm.core import distributed
+from reslm.core.errors import ReslmError
 from reslm.run import read_metrics
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
@@ -24,7 +24,7 @@ TRAIN = dict(batch_size=4, grad_accum=2, max_steps=6, warmup_steps=2, eval_every
 SCRIPT = textwrap.dedent("""
     import sys
     import reslm.train as tt
-    from reslm import distributed
+    from reslm.core import distributed
     stop = int(sys.argv[2]) if len(sys.argv) > 2 else None
     tt.train(sys.argv[1], progress=False, stop_at=stop)
     distributed.cleanup()

@@ -3,9 +3,9 @@ monkeypatching the CPU probe, so that the tests hold on any CPU (with or without
 import pytest
 import torch
 
-from reslm import device
-from reslm.device import bf16_fast, bf16_status, resolve_dtype, resolve_precision
-from reslm.errors import ReslmError
+from reslm.core import device
+from reslm.core.device import bf16_fast, bf16_status, resolve_dtype, resolve_precision
+from reslm.core.errors import ReslmError
 
 CPU = torch.device("cpu")
 SLOW = (False, "AVX2 without bf16 instructions")
@@ -122,8 +122,8 @@ def test_env_var_forces_bf16_even_on_a_slow_cpu(monkeypatch):
 
 def test_bf16_reservoir_refused_where_bf16_is_slow(monkeypatch):
     """An explicit bfloat16 reservoir on a CPU without fast bf16 is one clear error, not a 400x crawl."""
-    from reslm.run.load import load_model
-    from reslm.errors import ReslmError
+    from reslm.models.load import load_model
+    from reslm.core.errors import ReslmError
     cfg = dict(family="laerc", model=dict(vocab_size=11, dim=8, n_layers=1, context=8, r_mult=2,
                                           reservoir_dtype="bfloat16"))
     monkeypatch.setenv("RESLM_BF16", "0")

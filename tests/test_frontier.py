@@ -63,7 +63,7 @@ def test_summary_says_whether_the_run_qualifies(chars, tmp_path, family, model, 
 
 
 # --- readout heads ----------------------------------------------------------------------------------
-from reslm.errors import ReslmError  # noqa: E402
+from reslm.core.errors import ReslmError  # noqa: E402
 from reslm.models.heads import head_params, widest_hidden  # noqa: E402
 
 V = 13
@@ -194,7 +194,7 @@ def test_ema_update_follows_the_formula_and_applied_restores():
                                           ("tf", dict(ff_dim=16, n_heads=2, n_layers=1))])
 def test_ema_run_evaluates_the_shadow_and_resumes_bitwise(chars, tmp_path, monkeypatch, family, model):
     import reslm.train as tt
-    from reslm.run.load import load_run
+    from reslm.models.load import load_run
     from reslm.models.base import estimate_loss, feature_batches
     from reslm.run import read_metrics
     train = {**CHAR_TRAIN, "ema": 0.9}

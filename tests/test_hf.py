@@ -14,7 +14,7 @@ pytest.importorskip("datasets")
 from reslm.cli import main  # noqa: E402
 from reslm.data.bpe import EOT, TokenDataset  # noqa: E402
 from reslm.data.hf import prepare_bpe_hf, resolve_source  # noqa: E402
-from reslm.errors import ReslmError  # noqa: E402
+from reslm.core.errors import ReslmError  # noqa: E402
 
 
 def docs(n: int) -> list[str]:

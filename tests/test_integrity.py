@@ -18,7 +18,7 @@ import reslm.train as tt
 from reslm.cli import main
 from reslm.data import chars as dchars
 from reslm.data import check_fingerprint, prepare_text
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.run import CONFIG, read_metrics
 
 RC = ["--family", "rc", "--size", "16", "--epoch-samples", "64", "--epochs-per-shard", "1", "--batch-size", "32",

@@ -8,7 +8,7 @@ import torch
 
 from reslm.cli import main
 from reslm.data.chars import prepare_text
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.experiments import plans
 from reslm.experiments import run_lab as measure
 from reslm.experiments.plans import SUBSTRATES, model_overrides

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import reslm.errors
+import reslm.core.errors
 from reslm.cli import main
-from reslm.errors import MAX_LINE, ReslmError, describe, write_error
+from reslm.core.errors import MAX_LINE, ReslmError, describe, write_error
 from reslm.reservoir.recorded import StateFile, load_npy
 
 
@@ -61,7 +61,7 @@ def file_size_limit(n: int):
 @pytest.fixture
 def full_disk(monkeypatch):
     """The file system reads as full (statvfs), as it is when a write stops short for want of space."""
-    monkeypatch.setattr(reslm.errors, "_low_on_space", lambda folder: True)
+    monkeypatch.setattr(reslm.core.errors, "_low_on_space", lambda folder: True)
 
 
 def test_a_full_disk_in_data_prepare_names_the_file(tmp_path, capsys, full_disk):
@@ -99,7 +99,7 @@ def test_short_writes_read_as_what_they_are(tmp_path, monkeypatch):
     assert str(write_error(f, OSError(errno.ENOSPC, "No space left on device"))) == \
         f"could not write {f}: no space left on device"
     assert write_error(f, ValueError("not a write")) is None
-    monkeypatch.setattr(reslm.errors, "_low_on_space", lambda folder: True)
+    monkeypatch.setattr(reslm.core.errors, "_low_on_space", lambda folder: True)
     assert str(write_error(f, e.value)) == f"could not write {f}: no space left on device"
     assert str(write_error(f, torch_error)) == f"could not write {f}: no space left on device"
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models import MODELS, build_model, families, make_config, preset, preset_table
 from reslm.models.aerc import AERC, AERCConfig
 from reslm.models.base import count_params

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.ngram import (
     KneserNey,
     NgramReference,

@@ -8,14 +8,14 @@ import torch.nn.functional as F
 
 import reslm.train as tt
 from reslm.cli import main
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.evaluate import EVAL_FILE, _physical, evaluate_run, physical_grid
 from reslm.models import build_model
 from reslm.reservoir import RESERVOIRS, shard_states
 from reslm.reservoir.nvar import nvar_size
 from reslm.reservoir.physical import (BLOCK, OTHER_KEY, TEST_KEY, Physical, PhysicalConfig, quantize,
                                       train_key)
-from reslm.files import write_json
+from reslm.core.files import write_json
 from reslm.run import read_config
 
 V = 11

@@ -1,4 +1,4 @@
-"""The results registry (reslm.registry, reslm.publish): publish a run, eval / generate it from the folder
+"""The results registry (reslm.run.registry, reslm.publish): publish a run, eval / generate it from the folder
 alone on a dataset found by name elsewhere, continue an unfinished published run after moving it, and
 every bad folder the issue lists (one line on stderr, exit 2)."""
 import json
@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 import reslm.train as tt
 from reslm.cli import main
 from reslm.publish import TIMING, publish, train_command
-from reslm.registry import MANIFEST, WEIGHTS, read_manifest
+from reslm.run.registry import MANIFEST, WEIGHTS, read_manifest
 from reslm.run import read_metrics
 
 MODEL = dict(size=32)

@@ -13,7 +13,7 @@ pytest.importorskip("tokenizers")
 
 from reslm.cli import main  # noqa: E402
 from reslm.data.chars import prepare_text  # noqa: E402
-from reslm.errors import ReslmError  # noqa: E402
+from reslm.core.errors import ReslmError  # noqa: E402
 from reslm.models import PRESETS  # noqa: E402
 from reslm.experiments import plans, runner  # noqa: E402
 from reslm.experiments.reproduce import reproduce as measure  # noqa: E402

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.reservoir import ESN, RESERVOIRS, ESNConfig, child_seed, generator, shard_states, spectral_radius
 from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.reservoir.matrices import largest_singular_value

@@ -11,7 +11,7 @@ import reslm.ridge as ridge
 import reslm.batches as rb
 import reslm.train as tt
 from reslm.cli import main
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.evaluate import evaluate_run
 from reslm.run import CONFIG, read_metrics
 

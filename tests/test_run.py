@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import reslm.errors
-from reslm import files
+import reslm.core.errors
+from reslm.core import files
 from reslm import run as R
 from reslm.run import lock as run_lock
-from reslm.errors import ReslmError, RunInUse, describe
+from reslm.core.errors import ReslmError, RunInUse, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = dict(family="rc", preset=None, model=dict(reservoir=8), train=dict(lr=1e-3), data=dict(path="/x"))
@@ -262,7 +262,7 @@ def test_save_checkpoint_disk_full_keeps_previous(tmp_path, monkeypatch):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
     monkeypatch.setattr(torch, "save", torch_full)
-    monkeypatch.setattr(reslm.errors, "_low_on_space", lambda folder: True)
+    monkeypatch.setattr(reslm.core.errors, "_low_on_space", lambda folder: True)
     with pytest.raises(ReslmError) as e:
         R.save_checkpoint(tmp_path, dict(step=2))
     assert one_line(e) == f"could not write {tmp_path / R.CHECKPOINT}: no space left on device"

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models import build_model
 from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.models.reservoir_lm import ReservoirLMConfig

@@ -10,7 +10,7 @@ from reslm.train import create_run
 from reslm.train import train as train_run
 
 from reslm.data.bpe import prepare_bpe
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.experiments import SWEEPS, Sweep, param_table, plans, run_sweep
 from reslm.report import fit_log10, write_scaling
 

@@ -9,7 +9,7 @@ import reslm.run.states as rs
 import reslm.train as tt
 from reslm.models import build_model
 from reslm.models.base import bits, decay_groups
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.run import read_config, read_metrics, save_checkpoint
 
 MODELS = {"laerc": dict(dim=16, n_layers=2, context=32, r_mult=2),

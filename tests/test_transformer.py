@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models.base import WindowFeatures, count_params
 from reslm.bench.fused import DROPOUT_SITES, HashedDropout, draw_seeds, fused_forward, hashed_drop_mask
 from reslm.bench.reference import ReferenceTransformer, copy_weights

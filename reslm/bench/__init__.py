@@ -5,7 +5,7 @@ with fp32 weights and states unless a figure says otherwise, through `reslm.benc
 repetitions, best repetition). Measured figures are in the README, with the command.
 
 What is measured (keys of the returned dict; `_bf16` keys hold the bfloat16 runs, which are skipped,
-with a note under `bf16`, where bf16 is slow: see `reslm.device.bf16_fast`):
+with a note under `bf16`, where bf16 is slow: see `reslm.core.device.bf16_fast`):
 
 1. Recurrence vs GEMM (`reservoir_gflops`, `gemm_gflops`, `reservoir_vs_gemm`; detail in
    `recurrence[dtype][N]`). `ESN.forward(u (B,T,d), s0)` over B = 1024 streams and T steps, counted

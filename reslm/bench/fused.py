@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models.transformer import CharTransformer
 
 DROPOUT_SITES = 4   # dropout calls per layer (attention weights, attention out, ff hidden, ff out)

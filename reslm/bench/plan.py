@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models import PRESETS
 
 # Figures the issue quotes for the authors' code (2 threads, batch 1024, fp32), samples/s.

@@ -15,7 +15,7 @@ from reslm.bench.plan import (AUTHORS_QUOTED, AUTHORS_QUOTED_CONDITIONS, MODES, 
                               _spec, parse_sections)
 from reslm.bench.timing import contention_probe, loadavg, sig
 from reslm.bench.training import training_rows
-from reslm.device import bf16_status, cpu_name, pick_device
+from reslm.core.device import bf16_status, cpu_name, pick_device
 from reslm.models import MODELS, make_config
 from reslm.models.reservoir_lm import ReservoirLM
 
@@ -145,7 +145,7 @@ def method(plan: BenchPlan) -> dict:
             "and the count are in the details (best_s, median_s, reps)")
     return dict(
         repetitions=reps,
-        clock="time.perf_counter around each repetition, reslm.device.synchronize before reading it",
+        clock="time.perf_counter around each repetition, reslm.core.device.synchronize before reading it",
         reservoir_gflops=("ESN.forward(u (B,T,d), s0), its default backend (recurrence[dtype][N]['backend']; "
                           "on a CPU 'sigmoid', tanh as 2 sigmoid(2z) - 1 in float32; loop_gflops: the plain loop "
                           "with torch.tanh, blocked_gflops: that loop in row blocks), B=batch_size streams and T steps "

@@ -1,6 +1,6 @@
 """Benchmarks: the clock every `reslm bench` figure goes through, and models quick to build for timing.
 
-Every timed region ends with `reslm.device.synchronize`; each measurement is warmed up first,
+Every timed region ends with `reslm.core.device.synchronize`; each measurement is warmed up first,
 repeated, and the BEST repetition is the figure (the one least disturbed by other processes; the
 median is kept next to it). `contention_probe` tells whether other processes were competing for the
 cores while the figures were taken.
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from reslm.device import synchronize
+from reslm.core.device import synchronize
 from reslm.models import MODELS, build_model, make_config
 from reslm.models.reservoir_lm import ReservoirLM
 from reslm.reservoir import ESN, ESNConfig

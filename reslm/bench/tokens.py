@@ -17,7 +17,7 @@ import torch
 
 from reslm.batches import TokenWindows
 from reslm.bench.timing import repeat
-from reslm.device import grad_scaler
+from reslm.core.device import grad_scaler
 from reslm.models.base import count_params
 from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from reslm.bench.plan import AUTHORS_QUOTED, MODES, BenchPlan, _spec
 from reslm.bench.reference import ReferenceTransformer, authors_logits, authors_window_states
 from reslm.bench.timing import repeat, sig, stats, timing_model
-from reslm.device import bf16_status, grad_scaler
+from reslm.core.device import bf16_status, grad_scaler
 from reslm.models import MODELS, make_config
 from reslm.models.base import TensorFeatures
 from reslm.models.reservoir_lm import ReservoirLM

@@ -15,7 +15,7 @@ import sys
 
 from reslm.cli.flags import check_preset, check_resume
 from reslm.cli.parsers import build_parser
-from reslm.errors import ReslmError, describe
+from reslm.core.errors import ReslmError, describe
 
 
 def main(argv=None) -> int:

@@ -13,19 +13,19 @@ from reslm.bench import format_summary, run_bench
 from reslm.cli.flags import given
 from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
-from reslm.device import pick_device
-from reslm.errors import ReslmError
+from reslm.core.device import pick_device
+from reslm.core.errors import ReslmError
 from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
 from reslm.experiments import run_demo, run_lab, run_sweep
 from reslm.experiments.reproduce import reproduce
 from reslm.generate import check_length, sample
 from reslm.models import MODELS, preset, preset_table
 from reslm.publish import publish, unpacked
-from reslm.registry import is_published
+from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
 from reslm.run import CONFIG, lock_new_run
-from reslm.run.load import find_dataset, load_run
+from reslm.models.load import find_dataset, load_run
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.train import authors_variant, create_run, grow_cycles, sampler_for, train

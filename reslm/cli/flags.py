@@ -8,7 +8,7 @@ import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models import MODELS, PRESETS, preset
 from reslm.run import CONFIG, read_config
 

@@ -66,9 +66,9 @@ from reslm.data.corpus import (
     read_text_file,
     shakespeare_files,
 )
-from reslm import progress
-from reslm.errors import ReslmError, writing
-from reslm.files import sha256_file
+from reslm.core import progress
+from reslm.core.errors import ReslmError, writing
+from reslm.core.files import sha256_file
 
 FORMAT_VERSION = 2   # 1: train.bin + val.bin (still read); 2: tokens.bin with the two views as shards
 _TRAIN = "train.bin"   # the train view's name in fingerprints (and the file of a format-1 folder)

@@ -65,7 +65,7 @@ from reslm.data.store import (  # noqa: F401 (check_fingerprint, file_*, sample_
     file_fingerprint, file_sha256, logger, read_meta, reslm_version, sample_sha256, write_meta,
 )
 from reslm.data.tokenizer import CharTokenizer, codepoints
-from reslm.errors import ReslmError, writing
+from reslm.core.errors import ReslmError, writing
 
 FORMAT_VERSION = 1
 DEFAULT_N_SHARDS = 6

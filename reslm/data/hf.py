@@ -33,13 +33,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from reslm import progress
+from reslm.core import progress
 from reslm.data.bpe import (
     TokenDataset, _default_name, _encode_text, _import_tokenizers, _write_stream, gpt2_data_files,
     make_tokenizer, parse_spec, text_chunks, token_streams, write_meta,
 )
 from reslm.data.store import building, check_name, check_target, commit_dataset, default_data_root, logger
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 ALIASES = {"openwebtext": "Skylion007/openwebtext"}
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}

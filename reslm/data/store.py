@@ -45,8 +45,8 @@ from typing import Any, Iterator
 import numpy as np
 
 import reslm
-from reslm.errors import ReslmError, writing
-from reslm.files import fsync_dir, fsync_tree, make_temp_dir
+from reslm.core.errors import ReslmError, writing
+from reslm.core.files import fsync_dir, fsync_tree, make_temp_dir
 
 FINGERPRINT_VERSION = 2  # 1: sampled token-file checksums; 2: whole-file sha256
 SAMPLE_BLOCKS = 64

@@ -19,7 +19,7 @@ from pathlib import Path
 from reslm.experiments.plans import DEMO_PRESETS, DEMO_PROMPT, demo_plan
 from reslm.experiments.runner import run_plan
 from reslm.generate import sample
-from reslm.run.load import find_dataset, load_run
+from reslm.models.load import find_dataset, load_run
 
 
 def run_demo(out: Path, data_root: Path | None = None, progress: bool = True, dataset: str = "shakespeare",

@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.evaluate import physical_grid
 from reslm.experiments.plans import (BITS_GRID, BUDGETS, LAB_BUDGETS, LAB_FAMILIES, NOISE_GRID, SUBSTRATES,
                                      lab_plan, parse_names)
 from reslm.experiments.runner import run_plan, stamped_folder, validate
-from reslm.files import write_json
-from reslm.run.load import find_dataset
+from reslm.core.files import write_json
+from reslm.models.load import find_dataset
 
 
 def _log(msg: str) -> None:

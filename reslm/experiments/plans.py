@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models import PRESETS, families, preset
 from reslm.models.gpt import GPTConfig, gpt_param_count
 from reslm.models.laerc import LAERCConfig, laerc_param_count

@@ -29,17 +29,17 @@ import numpy as np
 import torch
 
 import reslm
-from reslm.device import cpu_name, pick_device, resolve_precision
-from reslm.errors import ReslmError
+from reslm.core.device import cpu_name, pick_device, resolve_precision
+from reslm.core.errors import ReslmError
 from reslm.experiments.plans import (ALL_FAMILIES, BUDGETS, CHAR_FAMILIES, STATE_DTYPES, TOKEN_FAMILIES, Budget,
                                      char_plan, parse_names, parse_presets, sweep_plan, sweep_rows)
 from reslm.experiments.runner import Clock, evaluate_once, run_plan, stamped_folder
-from reslm.files import read_json, write_json
+from reslm.core.files import read_json, write_json
 from reslm.models.base import bits
 from reslm.ngram import KneserNey, NgramReference, distinct_n, select_order
 from reslm.paper import PAPER
 from reslm.run import CONFIG, SUMMARY
-from reslm.run.load import find_dataset
+from reslm.models.load import find_dataset
 
 
 def _log(msg: str) -> None:

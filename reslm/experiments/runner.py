@@ -13,10 +13,10 @@ import contextlib
 import time
 from pathlib import Path
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.experiments.plans import Run
-from reslm.files import read_json, write_json
+from reslm.core.files import read_json, write_json
 from reslm.run import CHECKPOINT, SUMMARY, check_output_folder, lock_run
 from reslm.train import ensure_run, make_run_config, train
 

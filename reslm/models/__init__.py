@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models.aerc import AERC, AERCConfig
 from reslm.models.base import build_config, config_dict, count_params
 from reslm.models.budget import Frontier, check_frontier

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models.reservoir_lm import ReservoirLM, ReservoirLMConfig
 
 

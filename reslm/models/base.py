@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from reslm.features import LN2, TensorFeatures, bits, estimate_loss, feature_batches  # noqa: F401 (re-exported)
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 
 class Features(Protocol):

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models.base import TokenLM, check_positive, next_token_loss
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 HEADS = ("linear", "mlp", "glu")
 

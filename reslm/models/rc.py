@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models.heads import HEADS, make_readout
 from reslm.models.reservoir_lm import ReservoirLM, ReservoirLMConfig
 

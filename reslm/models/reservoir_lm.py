@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models.base import TensorFeatures, next_token_loss
 from reslm.reservoir import CONTEXT_MODES, RESERVOIRS, parse_options, shard_states
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.models.base import WindowFeatures, check_positive, next_token_loss
 
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}

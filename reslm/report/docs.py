@@ -1,7 +1,7 @@
 """The repository's results as documents (`reslm report`): every results table and figure, from data only.
 
 Reads (paths relative to the repository root):
-    results/NAME/         published runs (reslm.registry): config, metrics, summary, manifest, provenance
+    results/NAME/         published runs (reslm.run.registry): config, metrics, summary, manifest, provenance
     results/legacy.csv    runs measured before the registry whose folders are gone: one row per run and
                           cycle (wall times, CPU, threads), its per-shard-epoch curve in the docs/ CSV it
                           names; shown as "weights not published" until a published run replaces it
@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reslm.errors import ReslmError
-from reslm.files import atomic_write, read_json
+from reslm.core.errors import ReslmError
+from reslm.core.files import atomic_write, read_json
 from reslm.models.budget import FRONTIER_BUDGET
 from reslm.report import figures, plots
 from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, frontier_md, frontier_points

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reslm.errors import ReslmError, writing
+from reslm.core.errors import ReslmError, writing
 
 FAMILY_ORDER = ("tf", "rc", "aerc", "laerc", "gpt")
 FAMILY_LABELS = {"tf": "Transformer", "rc": "Reservoir", "aerc": "AERC", "laerc": "LAERC",

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reslm.files import read_json
+from reslm.core.files import read_json
 from reslm.models import PRESETS, check_frontier_config, make_config
 from reslm.models.budget import FRONTIER_BUDGET
 from reslm.models.base import LN2
 from reslm.paper import LARGEST, TEST_CE
-from reslm.registry import is_published, read_manifest
+from reslm.run.registry import is_published, read_manifest
 from reslm.report.rows import NOT_PUBLISHED, _variant
 from reslm.run import CONFIG, read_metrics
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from reslm.errors import ReslmError
-from reslm.files import atomic_write, read_json, write_json
+from reslm.core.errors import ReslmError
+from reslm.core.files import atomic_write, read_json, write_json
 from reslm.paper import TEST_CE
 from reslm.report.plots import plot_physical, plot_substrates
 from reslm.run import lock_run

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.report.figures import FAMILY_COLORS, _families, _finish, _label, _log_params_axis, _need, _pyplot, _write_csv
 
 

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from reslm.errors import ReslmError
-from reslm.files import atomic_write, read_json, write_json
+from reslm.core.errors import ReslmError
+from reslm.core.files import atomic_write, read_json, write_json
 from reslm.models import families
 from reslm.paper import LARGEST, PAPER
 from reslm.report import figures

@@ -8,12 +8,12 @@ import csv
 import math
 from pathlib import Path
 
-from reslm.errors import ReslmError
-from reslm.files import read_json
+from reslm.core.errors import ReslmError
+from reslm.core.files import read_json
 from reslm.models import PRESETS, make_config
 from reslm.models.base import LN2, config_dict
 from reslm.paper import LARGEST, TEST_CE
-from reslm.registry import PROVENANCE, is_published, read_manifest
+from reslm.run.registry import PROVENANCE, is_published, read_manifest
 from reslm.run import CONFIG, SUMMARY, read_metrics
 
 LEGACY = "results/legacy.csv"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reslm.errors import ReslmError, writing
-from reslm.files import write_json
+from reslm.core.errors import ReslmError, writing
+from reslm.core.files import write_json
 from reslm.paper import SLOPES
 from reslm.report.figures import _pyplot
 

@@ -14,9 +14,9 @@ import json
 import shlex
 from pathlib import Path
 
-from reslm.errors import ReslmError
-from reslm.files import atomic_write, write_json
-from reslm.progress import say
+from reslm.core.errors import ReslmError
+from reslm.core.files import atomic_write, write_json
+from reslm.core.progress import say
 from reslm.report.figures import _pyplot
 
 

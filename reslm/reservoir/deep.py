@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 import torch.nn as nn
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.reservoir.base import Reservoir
 from reslm.reservoir.esn import ESN, ESNConfig
 from reslm.reservoir.seeding import child_seed

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.reservoir.seeding import generator
 

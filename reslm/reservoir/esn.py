@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.reservoir.matrices import (DISTRIBUTIONS, RADIUS_NORMS, random_sparse, scale_radius,
                                       scale_spectral_radius, spectral_radius)

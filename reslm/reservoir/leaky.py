@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.reservoir.esn import ESN, ESNConfig
 from reslm.reservoir.seeding import generator
 

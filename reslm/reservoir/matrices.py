@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 DISTRIBUTIONS = ("uniform", "normal")
 

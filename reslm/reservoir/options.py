@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, fields
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.reservoir.seeding import generator
 
 PHYSICAL_KEY = 200          # seeding key of the measurement draws, apart from the matrices' (0-3) and training's (100)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from reslm.data.chars import file_fingerprint
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.reservoir.base import Reservoir, ReservoirConfig
 
 SUBSTRATE_FORMAT, SUBSTRATE_VERSION = "reslm-recorded", 1

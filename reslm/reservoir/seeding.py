@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 
 def child_seed(seed: int, *key: int) -> int:

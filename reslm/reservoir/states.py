@@ -35,9 +35,9 @@ from typing import Callable
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.reservoir.base import CONTEXT_MODES
-from reslm.progress import bar
+from reslm.core.progress import bar
 
 SHARE_MIN_SIZE = 500   # window states share prefixes from this reservoir size on (module doc)
 
@@ -51,7 +51,7 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
 
     dtype is how the states are stored, compute_dtype (default: dtype) what the reservoir computes in:
     bfloat16 storage halves the memory on any machine, bfloat16 compute pays only where the hardware
-    has fast bf16 (the caller decides: reslm.device.bf16_fast).
+    has fast bf16 (the caller decides: reslm.core.device.bf16_fast).
     reservoir: forward(u (B,T,d), s0) -> (states (B,T,N), s_T) and attribute `size`.
     embed: token ids (...,) -> input vectors (..., d).
     chunk_elems bounds the working buffer (time-chunk x batch x N elements); 2^22 (16 MiB in fp32)

@@ -10,14 +10,17 @@
 
 One package writes and reads these files, side by side, by job:
 
-    reslm.files              (below it) atomic writes, fsync, strict JSON: every file here goes through them
+    reslm.core.files         (below it) atomic writes, fsync, strict JSON: every file here goes through them
     reslm.run.folder         the file names, config.json (create_run_dir, read_config), metrics.jsonl
                              (MetricsLog, read_metrics), check_same_run
     reslm.run.lock           lock_run, lock_new_run (a failed command's run folder undone), stale temp files,
                              check_output_folder
     reslm.run.checkpoint     save_checkpoint, load_checkpoint, run_identity
-    reslm.run.load           open a run back: its dataset, its model with the checkpoint's weights, its codec
-                             (imported by name: it stands on the data and model layers, this package does not)
+    reslm.run.states         StateCache: a character run's reservoir states kept on disk for --resume
+    reslm.run.registry       published runs (results/NAME): manifest.json, weights.safetensors, checks
+
+Opening a run back as a model (its dataset, its model with the checkpoint's weights) is
+reslm.models.load: it stands on the data and model layers, which this package stays below.
 
 Files are written atomically and durably, so a kill or a power cut leaves the last complete
 checkpoint, never a half-written one; a failed write (disk full) raises ReslmError "could not write

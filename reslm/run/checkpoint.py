@@ -5,7 +5,7 @@ torch.load(..., weights_only=True) reads it), the identity of its run (run_ident
 model and training fields, seed and dataset fingerprint of config.json) and a sha256 checksum over
 all of it: load_checkpoint refuses one copied from another run or one whose bytes changed on disk
 with a one-line ReslmError. A checkpoint written before identities existed is read with a warning.
-It is written atomically (reslm.files.atomic_write): a kill leaves the last complete checkpoint.
+It is written atomically (reslm.core.files.atomic_write): a kill leaves the last complete checkpoint.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from reslm.errors import ReslmError, describe
-from reslm.files import atomic_write
+from reslm.core.errors import ReslmError, describe
+from reslm.core.files import atomic_write
 from reslm.run.folder import CHECKPOINT, CONFIG, read_config
 
 def _torch_save(state: dict, path: Path) -> None:

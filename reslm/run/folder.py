@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from reslm.errors import ReslmError, describe
-from reslm.files import (atomic_write, fsync_dir, fsync_file, missing_parents, non_finite, reason, remove_empty_dirs,
+from reslm.core.errors import ReslmError, describe
+from reslm.core.files import (atomic_write, fsync_dir, fsync_file, missing_parents, non_finite, reason, remove_empty_dirs,
                          strict_dumps)
 
 CONFIG, METRICS, CHECKPOINT, SUMMARY, LOCK = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json", ".lock"

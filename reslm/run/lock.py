@@ -26,8 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-from reslm.errors import ReslmError, RunInUse
-from reslm.files import missing_parents, reason, remove_empty_dirs
+from reslm.core.errors import ReslmError, RunInUse
+from reslm.core.files import missing_parents, reason, remove_empty_dirs
 from reslm.run.folder import CHECKPOINT, CONFIG, LOCK, shown
 
 _TEMP_DIR = re.compile(r"^\..+\.tmp-[a-z0-9_]{8}$")  # create_run_dir's tempfile.mkdtemp folders

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 from reslm.features import TensorFeatures
-from reslm.files import atomic_write
-from reslm.progress import say
+from reslm.core.files import atomic_write
+from reslm.core.progress import say
 
 
 def tensors_sha256(*tensors: torch.Tensor) -> str:

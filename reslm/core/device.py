@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from reslm.errors import ReslmError
+from reslm.core.errors import ReslmError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,

@@ -21,7 +21,7 @@ bytes differ but whose sum and sum of squares agree to 1e-5 is the same matrix r
 (an eigenvalue routine of another CPU or BLAS scales the reservoir): accepted with a warning. Anything
 else (a missing or altered weight file, another reservoir, a format newer than FORMAT) is a one-line
 ReslmError. Publishing (reslm.publish) writes these files; this module only reads and checks them,
-so that reslm.run.load can open a published folder like a run.
+so that reslm.models.load can open a published folder like a run.
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from reslm.errors import ReslmError
-from reslm.files import sha256_file, write_json
-from reslm.run import CONFIG
+from reslm.core.errors import ReslmError
+from reslm.core.files import sha256_file, write_json
+from reslm.run.folder import CONFIG
 
 FORMAT = 1                       # manifest.json "format"; a folder with a larger one is refused
 MANIFEST, WEIGHTS, PROVENANCE = "manifest.json", "weights.safetensors", "provenance.json"

@@ -22,7 +22,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from reslm.errors import ReslmError, describe, write_error
+from reslm.core.errors import ReslmError, describe, write_error
 
 
 def reason(e: OSError) -> str:

@@ -22,10 +22,10 @@ from reslm.data.bpe import TokenDataset, prepare_bpe
 from reslm.data.chars import CharDataset, prepare_shakespeare, resolve_dataset
 from reslm.data.store import check_fingerprint, default_data_root
 from reslm.data.tokenizer import CharTokenizer
-from reslm.device import bf16_status
-from reslm.errors import ReslmError
+from reslm.core.device import bf16_status
+from reslm.core.errors import ReslmError
 from reslm.models import build_model, family, make_config
-from reslm.registry import is_published, load_published
+from reslm.run.registry import is_published, load_published
 from reslm.run.checkpoint import load_checkpoint
 from reslm.run.folder import read_config
 
@@ -124,7 +124,7 @@ def codec_of(cfg: dict, ds=None):
 
 def load_run(run_dir: Path, device="cpu"):
     """(model in eval mode with the last checkpoint's weights, its tokenizer (encode/decode), run config).
-    A published folder (reslm.registry) gives its weights.safetensors on the buffers its seed rebuilds."""
+    A published folder (reslm.run.registry) gives its weights.safetensors on the buffers its seed rebuilds."""
     cfg = read_config(run_dir)
     model = load_model(cfg, device)   # a damaged config.json is reported as such, before the checkpoint
     if is_published(run_dir):
