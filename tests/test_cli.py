@@ -71,7 +71,7 @@ def test_same_seed_same_losses(corpus, tmp_path, capsys):
 
 def test_resume_equals_uninterrupted(corpus, tmp_path, capsys, monkeypatch):
     assert train(corpus, tmp_path / "full", "--preset", "aerc-75-13") == 0
-    real_save, calls = reslm.train.save_checkpoint, []
+    real_save, calls = reslm.train.loop.save_checkpoint, []
 
     def save_then_die(*a, **k):             # the process is killed right after its 2nd checkpoint
         real_save(*a, **k)
@@ -79,9 +79,9 @@ def test_resume_equals_uninterrupted(corpus, tmp_path, capsys, monkeypatch):
         if len(calls) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(reslm.train, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(reslm.train.loop, "save_checkpoint", save_then_die)
     assert train(corpus, tmp_path / "cut", "--preset", "aerc-75-13") == 130
-    monkeypatch.setattr(reslm.train, "save_checkpoint", real_save)
+    monkeypatch.setattr(reslm.train.loop, "save_checkpoint", real_save)
     assert len([r for r in read_metrics(tmp_path / "cut") if r["kind"] == "eval"]) == 2
     assert train(corpus, tmp_path / "cut", "--resume") == 0
     full, cut = (read_metrics(tmp_path / n) for n in ("full", "cut"))

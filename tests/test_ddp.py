@@ -106,6 +106,6 @@ def test_single_process_defaults(monkeypatch):
 
 def test_indivisible_micro_batch(dataset, tmp_path, monkeypatch):
     run_dir = tt.create_run(tmp_path / "odd", "gpt", MODEL, {**TRAIN, "batch_size": 3}, dataset)
-    monkeypatch.setattr(tt.dist_, "init", lambda device="auto": (0, 2, 0))
+    monkeypatch.setattr(tt.loop.dist_, "init", lambda device="auto": (0, 2, 0))
     with pytest.raises(ReslmError, match="not divisible"):
         tt.train(run_dir, progress=False)

@@ -101,12 +101,12 @@ def resume(out: Path, *extra) -> int:
 
 
 class Checkpoints:
-    """Wraps reslm.train.save_checkpoint: keeps the bytes of every checkpoint written, and raises
+    """Wraps reslm.train.loop.save_checkpoint: keeps the bytes of every checkpoint written, and raises
     KeyboardInterrupt (a kill) right after the `kill_after`-th one."""
 
     def __init__(self, monkeypatch, kill_after: int | None = None):
-        self.real, self.saved, self.kill_after = reslm.train.save_checkpoint, [], kill_after
-        monkeypatch.setattr(reslm.train, "save_checkpoint", self)
+        self.real, self.saved, self.kill_after = reslm.train.loop.save_checkpoint, [], kill_after
+        monkeypatch.setattr(reslm.train.loop, "save_checkpoint", self)
 
     def __call__(self, run_dir, state):
         self.real(run_dir, state)
@@ -177,7 +177,7 @@ def poison_training_loss(monkeypatch, first_step: int):
     a non-finite gradient at step 5 on an Intel Xeon and at step 3 on an AMD EPYC)."""
     import reslm.models.gpt as gpt
     seen = {"step": 0}
-    real_seed, real_forward = reslm.train.step_seed, gpt.GPT.forward
+    real_seed, real_forward = reslm.train.loop.step_seed, gpt.GPT.forward
 
     def step_seed(seed, position):
         seen["step"] = position + 1
@@ -189,7 +189,7 @@ def poison_training_loss(monkeypatch, first_step: int):
             loss = loss * float("nan")
         return logits, loss
 
-    monkeypatch.setattr(reslm.train, "step_seed", step_seed)
+    monkeypatch.setattr(reslm.train.loop, "step_seed", step_seed)
     monkeypatch.setattr(gpt.GPT, "forward", forward)
 
 
@@ -237,7 +237,7 @@ def _fork_trainer(argv: list[str], gate: Path, log: Path) -> int:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         sys.stdout = sys.stderr = open(fd, "w", buffering=1)
-        real = reslm.train.save_checkpoint
+        real = reslm.train.loop.save_checkpoint
 
         def gated(*a, **k):
             real(*a, **k)
@@ -245,7 +245,7 @@ def _fork_trainer(argv: list[str], gate: Path, log: Path) -> int:
             while not gate.exists() and time.time() - t0 < 300:
                 time.sleep(0.02)
 
-        reslm.train.save_checkpoint = gated
+        reslm.train.loop.save_checkpoint = gated
         code = main(argv)
     except BaseException:
         import traceback

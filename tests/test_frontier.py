@@ -204,10 +204,10 @@ def test_ema_run_evaluates_the_shadow_and_resumes_bitwise(chars, tmp_path, monke
     assert set(ck) >= {"model", "raw"} and any(not torch.equal(ck["model"][k], ck["raw"][k]) for k in ck["raw"])
     # the logged test loss is the shadow's: the checkpoint's "model", which eval and generate load
     m, _, cfg = load_run(full, "cpu")
-    src = rb.CharShards(m, tt.open_dataset(cfg["data"]), tt.run_train_config(cfg), torch.device("cpu"), None, False)
+    src = rb.CharShards(m, tt.loop.open_dataset(cfg["data"]), tt.run_train_config(cfg), torch.device("cpu"), None, False)
     assert src.evaluate(m, "fp32")["test_loss"] == pytest.approx(summary["final_test_loss"], abs=1e-7)
     # killed mid shard-epoch after a timed checkpoint and at an evaluation: the same run, bitwise
-    real_save, saves = tt.save_checkpoint, []
+    real_save, saves = tt.loop.save_checkpoint, []
 
     def save_then_die(run_dir, state):
         real_save(run_dir, state)
@@ -215,11 +215,11 @@ def test_ema_run_evaluates_the_shadow_and_resumes_bitwise(chars, tmp_path, monke
         if len(saves) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", save_then_die)
     cut = tt.create_run(tmp_path / "cut", family, model, train, chars)
     with pytest.raises(KeyboardInterrupt):
         tt.train(cut, progress=False, checkpoint_seconds=0)
-    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", real_save)
     tt.train(cut, progress=False, stop_at=6)
     tt.train(cut, progress=False)
     timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")

@@ -168,7 +168,7 @@ CACHE_TRAIN = dict(batch_size=64, epochs_per_shard=1, epoch_samples=256, lr=3e-3
 def _cut_run(chars, path: Path, monkeypatch) -> Path:
     """An rc run with cache_states killed at its 6th checkpoint (shard-epoch 2: shard 1's and the test
     states are in RUN/states)."""
-    real_save, saves = tt.save_checkpoint, []
+    real_save, saves = tt.loop.save_checkpoint, []
 
     def save_then_die(run_dir, state):
         real_save(run_dir, state)
@@ -177,10 +177,10 @@ def _cut_run(chars, path: Path, monkeypatch) -> Path:
             raise KeyboardInterrupt
 
     cut = tt.create_run(path, "rc", dict(size=32), CACHE_TRAIN, chars)
-    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         tt.train(cut, progress=False, checkpoint_seconds=0, cache_states=True)
-    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", real_save)
     return cut
 
 

@@ -48,17 +48,17 @@ def test_training_reduces_val_loss(family, dataset, tmp_path):
 
 def test_resume_equals_uninterrupted(dataset, tmp_path, monkeypatch):
     full, _ = run(tmp_path, dataset, "full", "gpt", max_steps=20, eval_every=5, log_every=3)
-    real_save, calls = tt.save_checkpoint, []
+    real_save, calls = tt.loop.save_checkpoint, []
 
     def save_then_die(*a, **k):
         real_save(*a, **k)
         calls.append(1)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, dataset, "cut", "gpt", max_steps=20, eval_every=5, log_every=3)
-    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", real_save)
     cut = tmp_path / "cut"
     assert len(calls) == 1 and [r["step"] for r in read_metrics(cut) if r["kind"] == "eval"] == [0, 5]
     with open(cut / "metrics.jsonl", "a") as f:  # rows written after the checkpoint are dropped on resume
@@ -178,7 +178,7 @@ def test_killed_between_evaluations_resumes_from_the_timed_checkpoint(request, t
              else {**TRAIN, "max_steps": 12, "eval_every": 6, "log_every": 4})
     full = tt.create_run(tmp_path / "full", family, model, train, ds)
     tt.train(full, progress=False)
-    real_save, saves = tt.save_checkpoint, []
+    real_save, saves = tt.loop.save_checkpoint, []
 
     def save_then_die(run_dir, state):
         real_save(run_dir, state)
@@ -186,12 +186,12 @@ def test_killed_between_evaluations_resumes_from_the_timed_checkpoint(request, t
         if len(saves) == 5:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", save_then_die)
     cut = tt.create_run(tmp_path / "cut", family, model, train, ds)
     with pytest.raises(KeyboardInterrupt):
         tt.train(cut, progress=False, checkpoint_seconds=0)
     assert "segment" in saves[-1] and saves[-1]["segment"]["n"] > 0     # died between two evaluations
-    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", real_save)
     tt.train(cut, progress=False)
     timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
     key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
@@ -208,7 +208,7 @@ def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp
     model, train = dict(size=32), {**CHAR_TRAIN, "epoch_samples": 256, "epochs_per_shard": 1}
     full = tt.create_run(tmp_path / "full", "rc", model, train, chars)
     tt.train(full, progress=False)
-    real_save, saves = tt.save_checkpoint, []
+    real_save, saves = tt.loop.save_checkpoint, []
 
     def save_then_die(run_dir, state):
         real_save(run_dir, state)
@@ -216,11 +216,11 @@ def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp
         if len(saves) == 6:                  # step 6: shard-epoch 2, after the test states exist
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", save_then_die)
     cut = tt.create_run(tmp_path / "cut", "rc", model, train, chars)
     with pytest.raises(KeyboardInterrupt):
         tt.train(cut, progress=False, checkpoint_seconds=0, cache_states=True)
-    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", real_save)
     cached = sorted(p.name for p in (cut / tt.STATES).glob("*.pt"))
     assert cached == ["test-0.pt", "train-shard1-cycle0.pt"]       # shard 0's file went with shard 0
     torn = cut / tt.STATES / "test-0.pt"
@@ -302,17 +302,17 @@ def test_resumed_run_logs_exactly_what_an_uninterrupted_one_does(chars, tmp_path
     s_full = tt.train(full, progress=False)
     cut = tt.create_run(tmp_path / "cut", "rc", model, train, chars)
     tt.train(cut, progress=False, stop_at=6)      # shard 1, between its two epochs
-    real_save = tt.save_checkpoint
+    real_save = tt.loop.save_checkpoint
 
     def save_then_die(run_dir, state):
         real_save(run_dir, state)
         if state["step"] == 11:                   # shard 2, mid-epoch: a timed checkpoint
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(tt, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         tt.train(cut, progress=False, checkpoint_seconds=0)
-    monkeypatch.setattr(tt, "save_checkpoint", real_save)
+    monkeypatch.setattr(tt.loop, "save_checkpoint", real_save)
     s_cut = tt.train(cut, progress=False)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
     a, b = read_metrics(full), read_metrics(cut)
