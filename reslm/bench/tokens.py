@@ -23,7 +23,7 @@ from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.train import make_optimizer, train_config, train_step
 
-# matched pair (trainable parameters within ~3% at V = 4096; see reslm.sweep's cpu sweep)
+# matched pair (trainable parameters within ~3% at V = 4096; see the "cpu" sweep in reslm.experiments.plans)
 PAIR = {"laerc": dict(dim=64, n_layers=4), "gpt": dict(dim=88, n_layers=4, n_heads=4)}
 TARGETS = dict(growth_long_vs_short_max=1.2, speedup_vs_rerun_at_longest_min=20.0)
 
