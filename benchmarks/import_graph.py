@@ -124,17 +124,26 @@ def layer_edges(edges: dict[str, set[str]], root: Path) -> dict[str, set[str]]:
     return out
 
 
-def print_layers(edges: dict[str, set[str]], root: Path) -> None:
-    layers = layer_edges(edges, root)
-    floor, via = floors(layers)
-    top = max(floor, key=lambda m: (floor[m], m))
-    chain, v = [], top
+def longest_chain(floor: dict[str, int], via: dict[str, str | None]) -> list[str]:
+    """The chain of imports down from the highest module (ties: the last name)."""
+    chain, v = [], max(floor, key=lambda m: (floor[m], m))
     while v is not None:
         chain.append(v)
         v = via[v]
-    cycles = [c for c in sccs(layers) if len(c) > 1]
-    print(f"layers: {len(layers)}, floors: {floor[top]}  longest chain: {' -> '.join(chain)}")
-    print(f"layer cycles: {len(cycles)}" + "".join(f"\n  {' <-> '.join(sorted(c))}" for c in cycles))
+    return chain
+
+
+def print_graph(what: str, edges: dict[str, set[str]], extra: str = "") -> dict[str, int]:
+    """One line of floors with the longest chain, one of cycles; returns the floors."""
+    floor, via = floors(edges)
+    chain = longest_chain(floor, via)
+    cycles = [c for c in sccs(edges) if len(c) > 1]
+    print(f"{what}: {len(edges)}{extra}, floors: {floor[chain[0]]}  longest chain: {' -> '.join(chain)}")
+    print(f"{what} cycles: {len(cycles)}" + "".join(f"\n  {' <-> '.join(sorted(c))}" for c in cycles))
+    return floor
+
+
+def print_by_floor(floor: dict[str, int]) -> None:
     by_floor: dict[int, list[str]] = {}
     for m, h in floor.items():
         by_floor.setdefault(h, []).append(m)
@@ -144,17 +153,9 @@ def print_layers(edges: dict[str, set[str]], root: Path) -> None:
 
 def main(root: Path) -> None:
     files, edges, local = read_package(root)
-    print_layers(edges, root)
-    floor, via = floors(edges)
-    top = max(floor, key=lambda m: (floor[m], m))
-    chain, v = [], top
-    while v is not None:
-        chain.append(v)
-        v = via[v]
-    print(f"modules: {len(files)}, lines: {sum(len(p.read_text().splitlines()) for p in files.values())}")
-    print(f"floors: {floor[top]}  longest chain: {' -> '.join(chain)}")
-    cycles = [c for c in sccs(edges) if len(c) > 1]
-    print(f"cycles: {len(cycles)}" + "".join(f"\n  {' <-> '.join(sorted(c))}" for c in cycles))
+    print_by_floor(print_graph("layers", layer_edges(edges, root)))
+    lines = sum(len(p.read_text().splitlines()) for p in files.values())
+    floor = print_graph("modules", edges, f" ({lines} lines)")
     outside = [x for x in local if not (x[0] == f"{root.name}.cli" or x[0].startswith(f"{root.name}.cli."))]
     print(f"function-local package imports: {len(local)}, outside the cli: {len(outside)}")
     for mod, line, t in outside:
@@ -162,12 +163,8 @@ def main(root: Path) -> None:
     print("largest files (lines):")
     for p in sorted(files.values(), key=lambda p: -len(p.read_text().splitlines()))[:8]:
         print(f"  {len(p.read_text().splitlines()):5d}  {p.relative_to(root.parent)}")
-    by_floor: dict[int, list[str]] = {}
-    for m, h in floor.items():
-        by_floor.setdefault(h, []).append(m)
     print("modules by floor:")
-    for h in sorted(by_floor):
-        print(f"  {h:2d}: {', '.join(sorted(by_floor[h]))}")
+    print_by_floor(floor)
 
 
 if __name__ == "__main__":
