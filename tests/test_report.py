@@ -105,3 +105,16 @@ def test_report_refuses_a_folder_without_results(tmp_path, capsys):
     assert main(["report", "--repo", str(tmp_path / "nowhere")]) == 2
     assert "has no results/ folder" in capsys.readouterr().err
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_published_solver_run_is_on_the_frontier(repo, chars, tmp_path):
+    """A ridge (or lbfgs) run logs one evaluation with no cycle or shard: the frontier lists it as one
+    pass over the shards instead of failing on the missing keys."""
+    run = tt.create_run(tmp_path / "runs" / "ridge", "rc", dict(size=24, context_mode="stream"),
+                        dict(PAPER, optimizer="ridge"), chars)
+    tt.train(run, progress=False)
+    publish(run, repo / "results" / "rc-24-ridge", date="2026-01-01T00:00:00+00:00")
+    assert main(["report", "--repo", str(repo)]) == 0
+    row = next(line for line in (repo / "docs" / "frontier.md").read_text().splitlines()
+               if line.startswith("| rc-24-ridge |"))
+    assert "| yes |" in row and "optimizer=ridge" in row and "| 1 |" in row

@@ -46,7 +46,7 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
                         test_loss=rows[-1]["test_loss"], strict=verdict.ok, published=True,
                         source="lab" if route else "paper", route=route, finished=read_manifest(folder).get("finished"),
-                        cycle=rows[-1]["cycle"] + 1, folder=f"results/{folder.name}"))
+                        cycle=rows[-1].get("cycle", 0) + 1, folder=f"results/{folder.name}"))   # a solve: one pass
     for r in paper:
         done = [v for v in r["shards"] if v is not None]
         if r["weights"] or not done or r["partial"]:
