@@ -65,9 +65,11 @@ def make_optimizer(model, tc: TrainConfig, device: torch.device) -> torch.optim.
 
 
 def _finite(loss: torch.Tensor, params) -> bool:
-    if not torch.isfinite(loss).all():
-        return False
-    return all(p.grad is None or torch.isfinite(p.grad).all() for p in params)
+    """Whether the loss and every gradient element are finite, read back with one device sync (the
+    max-abs norm of each gradient, a multi-tensor kernel: NaN and inf propagate, nothing overflows)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norms = torch._foreach_norm(grads, float("inf")) if grads else []
+    return bool(torch.isfinite(torch.stack([loss.float().reshape(()), *[n.float() for n in norms]])).all())
 
 
 class HeldoutLoss:
