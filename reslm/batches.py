@@ -16,6 +16,10 @@ kind = the family's data kind, "chars" or "tokens") for:
   cycle, for each training shard, the model's features (reservoir states) are computed once, then
   E shard-epochs of shuffled batches over them, each followed by the test cross-entropy on the test
   shard (nats and bits per character). The shuffle of shard-epoch k is seeded by step_seed(seed, k).
+  A model whose `all_positions` says "chunks" (a causal transformer) or "streams" (a recurrent model in
+  stream mode) trains on every position of `context`-character chunks instead (ChunkFeatures): the
+  batch and the epoch still count targets, so a step of batch_size 1024 is 32 chunks of 32 targets,
+  and the test CE is still each test character's prediction from its `context` characters.
   `StateCache` (reslm.run.states) keeps computed states in the run folder for a resumed run.
 * `TokenWindows`, token level (Appendix A.3 and the authors' code): random windows of the model's
   context from the dataset's train view, seeded per step; every eval_every steps the mean CE over
@@ -36,7 +40,7 @@ import torch
 
 from reslm.core.device import bf16_status, state_dtype, synchronize
 from reslm.core.errors import ReslmError
-from reslm.features import bits, estimate_loss, feature_batches
+from reslm.features import ChunkFeatures, bits, estimate_loss, feature_batches
 from reslm.core.progress import say
 from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
@@ -113,16 +117,21 @@ class CharShards:
         self.holdout = holdout
         self.cache = StateCache(cache) if cache is not None and has_reservoir(model) else None
         self.context = model.config.context
+        # all-position training ("chunks" | "streams"): a sample is a chunk of `context` targets
+        self.layout = getattr(model, "all_positions", None)
+        self.per_sample = self.context if self.layout else 1       # targets per sample
+        self.batch_samples = tc.batch_size // self.per_sample       # samples per step
         self.plan = [(c, s, e) for c in range(tc.cycles) for s in dataset.train_shards
                      for e in range(tc.epochs_per_shard)]
         self.samples = [self._n_samples(s) for _, s, _ in self.plan]
-        steps = [math.ceil(n / tc.batch_size) for n in self.samples]
+        steps = [math.ceil(n / self.batch_samples) for n in self.samples]
         self.ends = list(np.cumsum(steps))                  # the step after which shard-epoch k ends
         self.eval_points = [int(e) for e in self.ends]
         self.total = self.eval_points[-1] if self.eval_points else 0
         if tc.optimizer in SOLVERS:
             self.eval_points, self.total = [1], 1
         self._feats, self._feats_shard, self._order_k, self._order = None, None, None, None
+        self._epoch_feats = None     # the chunks of the current shard-epoch (all-position training)
         self._test = None
         self.state_seconds = 0.0
         self.logged_states = set()   # (cycle, shard, part) whose "states" row the log has (a resumed run)
@@ -144,6 +153,15 @@ class CharShards:
             raise ReslmError(f"context {context} is not shorter than the smallest shard ({shortest} chars)")
         if 0 < tc.shard_chars <= context:
             raise ReslmError(f"shard_chars {tc.shard_chars} must exceed the context ({context})")
+        if getattr(model_cfg, "all_positions", None):
+            mode = model_cfg.context_mode
+            if tc.batch_size % context:
+                raise ReslmError(f"{mode} mode counts the batch in targets, {context} per chunk: batch_size "
+                                 f"{tc.batch_size} is not a multiple of the context {context}")
+            if mode == "stream" and tc.grad_accum > 1:
+                raise ReslmError("stream mode carries the state from one batch to the next: grad_accum must be 1")
+            if tc.optimizer in SOLVERS:
+                raise ReslmError(f"optimizer {tc.optimizer} solves a reservoir readout, not a {mode}-mode model")
         if tc.optimizer in SOLVERS:
             if family_name != "rc":
                 raise ReslmError(f"optimizer {tc.optimizer} solves the linear readout of the rc family, not {family_name}")
@@ -168,7 +186,11 @@ class CharShards:
         return {}
 
     def summary_fields(self, cfg: dict, steps: int) -> dict:
-        return {}
+        """Which context the test CE gives each character: its `context` preceding characters read
+        from a zero state (window; the paper's metric, also for causal and stream-mode training), or
+        the reservoir state carried through the test text (a stream-mode reservoir)."""
+        carried = has_reservoir(self.model) and cfg["model"].get("context_mode") == "stream"
+        return {"test_metric": "stream" if carried else f"window-{self.context}"}
 
     def _span(self, shard: int, part: str = "train") -> tuple[int, int]:
         """Token span of a shard's training part or ("heldout") of its held-out tail, which starts
@@ -184,9 +206,17 @@ class CharShards:
         return a, b
 
     def _n_samples(self, shard: int) -> int:
+        """Samples of one shard-epoch: windows (one target each) or, for all-position training, chunks
+        (epoch_samples counts targets in both)."""
         a, b = self._span(shard)
-        n = b - a - self.context
-        return min(n, self.tc.epoch_samples) if self.tc.epoch_samples else n
+        if not self.layout:
+            n = b - a - self.context
+            return min(n, self.tc.epoch_samples) if self.tc.epoch_samples else n
+        streams = self.batch_samples if self.layout == "streams" else 0
+        n = ChunkFeatures.count(b - a, self.context, streams)
+        if self.tc.epoch_samples:
+            n = min(n, max(1, self.tc.epoch_samples // self.context))
+        return n // streams * streams if streams else n   # whole steps: every piece moves on together
 
     def _tokens(self, shard: int, part: str = "train") -> torch.Tensor:
         a, b = self._span(shard, part)
@@ -284,17 +314,44 @@ class CharShards:
             raise ReslmError("held-out features need holdout > 0 and a training shard")
         return self._compute(shard, 0, "heldout")
 
+    def _chunks(self, shard: int, k: int) -> ChunkFeatures:
+        """All-position samples of shard-epoch k: contiguous chunks at a phase drawn for the epoch (so
+        that a character is not always at the same place in its chunk), or the shard's pieces side by
+        side (streams)."""
+        if self.layout == "streams":
+            return ChunkFeatures(self._tokens(shard), self.context, streams=self.batch_samples)
+        phase = step_seed(self.tc.seed, k) % self.context
+        return ChunkFeatures(self._tokens(shard), self.context, phase=phase)
+
     def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The micro-batches of optimizer step `step`."""
         k = self.position(step)
         cycle, shard, _ = self.plan[k]
-        feats = self._features(shard, cycle)
-        if self._order_k != k:
-            order = torch.randperm(len(feats), generator=torch.Generator().manual_seed(step_seed(self.tc.seed, k)))
-            self._order, self._order_k = order[:self.samples[k]].to(self.device), k
         first = self.ends[k - 1] if k else 0
-        index = self._order[(step - first) * self.tc.batch_size:(step - first + 1) * self.tc.batch_size]
+        if self.layout:
+            feats = self._epoch_feats if self._order_k == k else self._chunks(shard, k)
+            if self.layout == "streams" and step == first:
+                self.model.reset_carry()   # every piece starts from the zero state
+        else:
+            feats = self._features(shard, cycle)
+        if self._order_k != k:
+            if self.layout == "streams":
+                order = torch.arange(len(feats))   # in order: batch j continues batch j - 1
+            else:
+                order = torch.randperm(len(feats), generator=torch.Generator().manual_seed(step_seed(self.tc.seed, k)))
+            self._order, self._order_k, self._epoch_feats = order[:self.samples[k]].to(self.device), k, feats
+        bs = self.batch_samples
+        index = self._order[(step - first) * bs:(step - first + 1) * bs]
         return [(feats.batch(i), feats.targets[i]) for i in index.tensor_split(self.tc.grad_accum) if i.numel()]
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs besides the weights to continue exactly: a stream-mode model's
+        carried state."""
+        return {"carry": self.model.carry} if self.layout == "streams" else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.layout == "streams":
+            self.model.carry = state.get("carry")
 
     def evaluate(self, model, precision: str) -> dict:
         if self._test is None:
@@ -313,7 +370,12 @@ class CharShards:
             loss, n = estimate_loss(model, feature_batches(feats, self.tc.batch_size), precision=precision)
             total, count = total + loss * n, count + n
         loss = total / max(count, 1)
-        return dict(test_loss=loss, test_bpc=bits(loss))
+        row = dict(test_loss=loss, test_bpc=bits(loss))
+        if self.layout == "streams":   # the state carried through the test text, beside the window CE
+            tokens = self._tokens(self.ds.test_shard)
+            stream, _ = model.stream_loss(tokens[:self.tc.eval_samples + 1] if self.tc.eval_samples else tokens)
+            row.update(test_stream_loss=stream, test_stream_bpc=bits(stream))
+        return row
 
 
 def token_batch(data, batch: int, context: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

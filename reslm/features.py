@@ -42,6 +42,51 @@ class TensorFeatures:
 
 
 
+@dataclass
+class ChunkFeatures:
+    """All-position training samples over a token stream (S,): sample i is a chunk of `context` tokens
+    and its targets are the same chunk shifted by one, (M, context) each, so every position of the
+    chunk is a target (the tokens after each of its prefixes). Views of the stream, no copies.
+
+    streams = 0: contiguous chunks starting at `phase` (0 <= phase < context), tokens[phase + i T :
+    phase + (i + 1) T]; the sampler shuffles them (a causal transformer: each chunk is read alone).
+    streams = K: the stream cut into K equal pieces read side by side, chunk j of piece s being sample
+    j K + s, in order (`sequential`): consecutive batches of K samples continue each other, so a
+    recurrent model can carry its state from one chunk of a piece to the next (truncated BPTT)."""
+
+    tokens: torch.Tensor  # (S,) long
+    context: int
+    streams: int = 0
+    phase: int = 0
+
+    def __post_init__(self):
+        T, K = self.context, self.streams
+        if K:
+            L = (self.tokens.numel() - 1) // K // T * T            # tokens per piece, whole chunks
+            n = K * L
+            piece = lambda t: t[:n].view(K, L // T, T).transpose(0, 1).reshape(-1, T)  # noqa: E731
+            self.inputs, self.targets = piece(self.tokens), piece(self.tokens[1:])
+        else:
+            M = self.count(self.tokens.numel(), T)
+            a = self.phase
+            self.inputs = self.tokens[a:a + M * T].view(M, T)
+            self.targets = self.tokens[a + 1:a + 1 + M * T].view(M, T)
+        self.sequential = bool(K)
+
+    @staticmethod
+    def count(n_tokens: int, context: int, streams: int = 0) -> int:
+        """Samples (chunks) in a stream of n_tokens, for every phase of the contiguous layout."""
+        if streams:
+            return streams * ((n_tokens - 1) // streams // context)
+        return max(0, (n_tokens - context) // context)
+
+    def __len__(self) -> int:
+        return self.targets.shape[0]
+
+    def batch(self, index: torch.Tensor) -> torch.Tensor:
+        return self.inputs.index_select(0, index)  # (B, context)
+
+
 LN2 = math.log(2)
 
 

@@ -147,7 +147,12 @@ def test_char_schedule_steps_and_eval_points(chars, tmp_path):
     assert summary["final_test_loss"] == evals[-1]["test_loss"] < np.log(chars.vocab_size)
 
 
-@pytest.mark.parametrize("family,model", [("rc", dict(size=32)), ("tf", dict(ff_dim=16, n_heads=2, n_layers=1))])
+CAUSAL_TF = dict(ff_dim=16, n_heads=2, n_layers=1, context_mode="causal")
+STREAM_RNN = dict(cell="gru", embed_dim=8, hidden=16, context_mode="stream")
+
+
+@pytest.mark.parametrize("family,model", [("rc", dict(size=32)), ("tf", dict(ff_dim=16, n_heads=2, n_layers=1)),
+                                          ("tf", CAUSAL_TF), ("rnn", STREAM_RNN)])
 def test_char_resume_is_bitwise(chars, tmp_path, monkeypatch, family, model):
     train = {**CHAR_TRAIN, "epoch_samples": 128, "epochs_per_shard": 1}
     full = tt.create_run(tmp_path / "full", family, model, train, chars)
@@ -168,6 +173,7 @@ def test_char_resume_is_bitwise(chars, tmp_path, monkeypatch, family, model):
 
 
 @pytest.mark.parametrize("family,model,data", [("tf", dict(ff_dim=16, n_heads=2, n_layers=1), "chars"),
+                                                ("tf", CAUSAL_TF, "chars"), ("rnn", STREAM_RNN, "chars"),
                                                 ("rc", dict(size=32), "chars"), ("gpt", MODELS["gpt"], "dataset")])
 def test_killed_between_evaluations_resumes_from_the_timed_checkpoint(request, tmp_path, monkeypatch, family, model,
                                                                        data):

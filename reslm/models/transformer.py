@@ -6,13 +6,21 @@ The model maps a window of `context` (= 32) character ids to logits for the next
     x_l   = EncoderLayer_l(x_{l-1}),  l = 1..L    non-causal self-attention over the whole window
     logit = W_out x_L[:, -1] + b_out              prediction from the LAST position only, W_out: (V, d)
 
+Context modes (`context_mode`): "window", the paper's, as above: one target per window, so a training
+step of 1,024 targets reads 1,024 windows. "causal": the same layers with a causal mask (position t
+attends to positions <= t), trained on every position of a 32-character chunk at once (targets (B, T),
+logits (B, T, V)), so a step of 1,024 targets reads 32 chunks: 1/32 of the window step's work. Its
+score is the same as the window model's: a test character predicted from the last position of the
+window of its 32 preceding characters (targets (B,) -> the last position only). The weights and the
+trainable-parameter count are the same in both modes.
+
 Each encoder layer is torch's `nn.TransformerEncoderLayer` with its defaults (post-LN, ReLU, dropout p):
 
     a   = softmax(Q K^T / sqrt(d/h))              per head, Q, K, V = x W_in^T + b_in (fused in-projection)
     x'  = LayerNorm1(x  + drop(Out(drop(a) V)))   dropout on the attention weights and on the block output
     x'' = LayerNorm2(x' + drop(W_2 drop(relu(W_1 x' + b_1)) + b_2))
 
-Trainable parameters: 944 (embedding) + 1003 (head) + L * (1168 + 33 * ff_dim), e.g. 45 083 for
+Trainable parameters (both modes): 944 (embedding) + 1003 (head) + L * (1168 + 33 * ff_dim), e.g. 45 083 for
 (ff_dim, n_heads, n_layers) = (128, 8, 8). There is no final LayerNorm and the positional encoding is a
 buffer, not a parameter; the embedding is not scaled by sqrt(d) and there is no dropout on the input.
 
@@ -20,9 +28,10 @@ The arithmetic is the same as torch's layer; how it is computed differs, for spe
 (training is dominated by the (B, h, T, T) attention tensor, which is far larger than anything else
 at d = 16):
 
-* Last-layer shortcut. Only the last position feeds the head, so the last layer computes queries,
-  attention rows, the feed-forward block and both LayerNorms for that position only (keys and values
-  still come from every position). Exact: in eval mode the logits equal the full computation.
+* Last-layer shortcut. When only the last position feeds the head (window mode, and every scoring),
+  the last layer computes queries, attention rows, the feed-forward block and both LayerNorms for that
+  position only (keys and values still come from every position). Exact: in eval mode the logits equal
+  the full computation (with the causal mask too: the last query sees every position).
 * Dropout masks come from 16-bit random integers (four per `random_()` draw of 64 bits) instead of
   `bernoulli_`, which is several times slower on CPU; an element is dropped with probability
   round(p * 65536) / 65536 (|error| <= 7.7e-6), via one `torch.where` pass. The 1/(1-p) rescaling
@@ -52,6 +61,9 @@ from reslm.core.errors import ReslmError
 from reslm.models.base import WindowFeatures, check_positive, next_token_loss
 
 
+CONTEXT_MODES = ("window", "causal")
+
+
 @dataclass
 class TransformerConfig:
     vocab_size: int = 59
@@ -61,7 +73,14 @@ class TransformerConfig:
     n_layers: int = 8
     dropout: float = 0.1
     context: int = 32
+    context_mode: str = "window"   # window (paper: one target per window) | causal (every position of a chunk)
     seed: int = 0  # initial weights are a function of this seed only
+
+    @property
+    def all_positions(self) -> str | None:
+        """How training reads the text (reslm.batches): "chunks" (causal: every position of a chunk
+        is a target), or None (window: one target per window)."""
+        return "chunks" if self.context_mode == "causal" else None
 
     def validate(self) -> "TransformerConfig":
         check_positive(vocab_size=self.vocab_size, embed_dim=self.embed_dim, ff_dim=self.ff_dim,
@@ -73,6 +92,8 @@ class TransformerConfig:
             raise ReslmError(f"embed_dim ({self.embed_dim}) must be divisible by n_heads ({self.n_heads})")
         if self.embed_dim % 2:
             raise ReslmError(f"embed_dim must be even for the sinusoidal encoding, got {self.embed_dim}")
+        if self.context_mode not in CONTEXT_MODES:
+            raise ReslmError(f"context_mode must be one of {', '.join(CONTEXT_MODES)}, got {self.context_mode!r}")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ReslmError(f"dropout must be in [0, 1), got {self.dropout!r}")
         return self
@@ -138,9 +159,11 @@ class SelfAttention(nn.Module):
         self.in_proj_bias = nn.Parameter(torch.empty(3 * dim))
         self.out_proj = nn.utils.skip_init(nn.Linear, dim, dim)
 
-    def forward(self, x: torch.Tensor, last_only: bool, drop=dropout, pointwise: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, last_only: bool, drop=dropout, pointwise: bool = False,
+                causal: bool = False) -> torch.Tensor:
         """x (B, T, d) -> concatenated heads (B, T, d), or (B, 1, d) for the last query only; the
         out-projection is applied by EncoderLayer (which folds the next dropout's rescaling into it).
+        `causal`: query t attends to keys <= t only (the last query, which sees them all, needs no mask).
 
         `drop` is the dropout function (`dropout`, or `reslm.bench.fused.HashedDropout` on the
         compiled path that the bench keeps for the next attempt; training uses `dropout`).
@@ -162,13 +185,22 @@ class SelfAttention(nn.Module):
             k, v = F.linear(x, w[d:], b[d:]).view(B, T, 2, h, hd).unbind(2)
         else:
             q, k, v = F.linear(x, w, b).view(B, T, 3, h, hd).unbind(2)
+        mask = None
+        if causal and not last_only:   # True above the diagonal: a future position, never attended to
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         if pointwise:
-            a = drop((q.unsqueeze(2) * k.unsqueeze(1)).sum(-1).softmax(2), self.dropout, train)  # (B, Tq, T, h)
+            scores = (q.unsqueeze(2) * k.unsqueeze(1)).sum(-1)                    # (B, Tq, T, h)
+            if mask is not None:
+                scores = scores.masked_fill(mask[:, :, None], float("-inf"))
+            a = drop(scores.softmax(2), self.dropout, train)
             return (a.unsqueeze(-1) * v.unsqueeze(1)).sum(2).reshape(B, q.shape[1], d)  # heads concatenated
         q = q.transpose(1, 2)                                         # (B, h, Tq, hd)
         k = k.permute(0, 2, 3, 1)                                     # (B, h, hd, T)
         v = v.transpose(1, 2)                                         # (B, h, T, hd)
-        a = drop(torch.matmul(q, k).softmax(-1), self.dropout, train)   # (B, h, Tq, T)
+        scores = torch.matmul(q, k)                                   # (B, h, Tq, T)
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        a = drop(scores.softmax(-1), self.dropout, train)
         return torch.matmul(a, v).transpose(1, 2).reshape(B, q.shape[2], d)  # heads concatenated
 
 
@@ -184,11 +216,12 @@ class EncoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.norm2 = nn.LayerNorm(dim)
 
-    def forward(self, x: torch.Tensor, last_only: bool = False, drop=dropout, pointwise: bool = False) -> torch.Tensor:
-        """`drop` and `pointwise`: see SelfAttention.forward."""
+    def forward(self, x: torch.Tensor, last_only: bool = False, drop=dropout, pointwise: bool = False,
+                causal: bool = False) -> torch.Tensor:
+        """`drop`, `pointwise` and `causal`: see SelfAttention.forward."""
         p, train = self.dropout, self.training and self.dropout > 0
         keep = 1.0 / (1.0 - p) if train else 1.0  # inverted-dropout factor, folded into the weights
-        o = self.self_attn(x, last_only, drop, pointwise)
+        o = self.self_attn(x, last_only, drop, pointwise, causal)
         out = self.self_attn.out_proj
         a = F.linear(o, out.weight * keep, out.bias * keep)
         x = self.norm1((x[:, -1:] if last_only else x) + drop(a, p, train))
@@ -209,6 +242,7 @@ class CharTransformer(nn.Module):
         super().__init__()
         cfg = (cfg or TransformerConfig()).validate()
         self.config = cfg
+        self.all_positions = cfg.all_positions   # how training reads the text (reslm.batches)
         d = cfg.embed_dim
         self.embed = nn.utils.skip_init(nn.Embedding, cfg.vocab_size, d)
         self.register_buffer("pe", sinusoidal_encoding(cfg.context, d), persistent=False)
@@ -255,11 +289,13 @@ class CharTransformer(nn.Module):
         return self._forward(x, targets, dropout, False)
 
     def _forward(self, x, targets, drop, pointwise: bool):
+        causal = self.config.context_mode == "causal"
+        every = causal and targets is not None and targets.dim() == 2   # all-position training
         h = self.embed(x) + self.pe[:x.shape[1]]
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = layer(h, i == last, drop, pointwise)
-        logits = self.head(h[:, -1:])                   # (B, 1, V): the next character only
+            h = layer(h, i == last and not every, drop, pointwise, causal)
+        logits = self.head(h if every else h[:, -1:])   # (B, T, V) every position, or (B, 1, V) the next character
         return logits, next_token_loss(logits, targets)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):

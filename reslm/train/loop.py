@@ -93,6 +93,11 @@ class HeldoutLoss:
         return dict(heldout_loss=loss, heldout_bpc=bits(loss))
 
 
+def _sampler_state(source) -> dict:
+    """What the batch source needs kept in a checkpoint besides the weights (CharShards.state_dict)."""
+    return source.state_dict() if hasattr(source, "state_dict") else {}
+
+
 def _by_samples(micro) -> tuple[list[float], int]:
     n = sum(y.numel() for _, y in micro)
     return [y.numel() / n for _, y in micro], n
@@ -207,6 +212,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             scaler.load_state_dict(ck["scaler"])
             step, train_seconds = int(ck["step"]), float(ck["train_seconds"])
             segment = {**segment, "start": step, **ck.get("segment", {})}
+            if hasattr(source, "load_state_dict"):   # e.g. a stream-mode model's carried state
+                source.load_state_dict(ck.get("sampler", {}))
         except (RuntimeError, KeyError, ValueError, TypeError) as e:
             raise ReslmError(f"the checkpoint in {run_dir} does not fit its config: "
                              f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
@@ -279,7 +286,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                     f"({bits(row[first]):.3f} bits)", enabled=progress)
                 save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
                                               scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
-                                              metrics_rows=log.rows))
+                                              metrics_rows=log.rows, sampler=_sampler_state(source)))
             dist_.barrier()
             # windows restart at every checkpoint, so a resumed run logs exactly what an uninterrupted one does
             seg_loss, seg_n, seg_start, win_loss, win_steps = 0.0, 0, step, 0.0, 0
@@ -288,7 +295,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             now = time.perf_counter()
             save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
                                           scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
-                                          metrics_rows=log.rows,
+                                          metrics_rows=log.rows, sampler=_sampler_state(source),
                                           segment=dict(loss=seg_loss, n=seg_n, start=seg_start, seconds=now - t_seg,
                                                        win_loss=win_loss, win_steps=win_steps)))
             t_saved = time.perf_counter()

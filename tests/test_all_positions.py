@@ -1,0 +1,137 @@
+"""All-position training of the trained character families: the causal transformer (every position of
+a chunk a target, a causal mask) and the recurrent model's stream mode (truncated BPTT, the state
+carried from chunk to chunk), against the window protocol they stand beside."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import reslm.models.rnn as rnn_mod
+from reslm import train as tt
+from reslm.batches import CharShards
+from reslm.core.errors import ReslmError
+from reslm.features import ChunkFeatures
+from reslm.models import build_model
+from reslm.run import read_metrics
+
+TINY = dict(batch_size=64, epochs_per_shard=1, epoch_samples=256, lr=3e-3, log_every=4, device="cpu",
+            precision="fp32")
+
+
+def test_chunks_cover_the_stream_with_every_position_a_target():
+    t = torch.arange(100)
+    f = ChunkFeatures(t, 4, phase=3)
+    assert len(f) == ChunkFeatures.count(100, 4) == 24
+    assert f.inputs[0].tolist() == [3, 4, 5, 6] and f.targets[0].tolist() == [4, 5, 6, 7]
+    assert torch.equal(f.targets[:, :-1], f.inputs[:, 1:])            # a chunk's targets are its next tokens
+    assert torch.equal(f.inputs.reshape(-1), t[3:3 + 24 * 4])         # contiguous, no overlap
+    for phase in range(4):                                           # the count holds at every phase
+        assert len(ChunkFeatures(t, 4, phase=phase)) == 24
+
+
+def test_streams_are_pieces_side_by_side_in_order():
+    t = torch.arange(100)
+    f = ChunkFeatures(t, 4, streams=3)
+    assert f.sequential and len(f) == ChunkFeatures.count(100, 4, 3) == 24
+    # batch j (samples 3j..3j+2) is chunk j of each of the 3 pieces of 32 tokens
+    assert f.inputs[:3, 0].tolist() == [0, 32, 64] and f.inputs[3:6, 0].tolist() == [4, 36, 68]
+    assert torch.equal(f.targets, f.inputs + 1)
+
+
+def test_causal_transformer_scores_each_position_from_its_prefix():
+    m = build_model("tf", ff_dim=16, n_heads=2, n_layers=2, dropout=0.0, context_mode="causal").eval()
+    x = torch.randint(0, 59, (3, 32))
+    every, loss = m(x, torch.randint(0, 59, (3, 32)))
+    last, _ = m(x)                                  # scoring: the last position of the window
+    assert every.shape == (3, 32, 59) and last.shape == (3, 1, 59) and loss.dim() == 0
+    assert torch.allclose(every[:, -1], last[:, 0], atol=1e-5)
+    for t in (0, 7, 20):                            # position t sees exactly the t + 1 characters up to it
+        prefix, _ = m(x[:, :t + 1])
+        assert torch.allclose(every[:, t], prefix[:, 0], atol=1e-5)
+    x2 = x.clone()
+    x2[:, 16:] = (x2[:, 16:] + 1) % 59              # the future never changes the past
+    assert torch.equal(m(x2, torch.zeros(3, 32, dtype=torch.long))[0][:, :16], every[:, :16])
+
+
+def test_window_and_causal_transformers_have_the_same_weights():
+    a = build_model("tf", ff_dim=16, n_heads=2, n_layers=2)
+    b = build_model("tf", ff_dim=16, n_heads=2, n_layers=2, context_mode="causal")
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_stream_loss_equals_one_pass_through_the_text(cell, monkeypatch):
+    m = build_model("rnn", cell=cell, embed_dim=8, hidden=16, context_mode="stream")
+    t = torch.randint(0, 59, (3000,))
+    with torch.no_grad():
+        out, _ = m.rnn(m.embed(t[None, :-1]))
+        one = F.cross_entropy(m.head(out)[0], t[1:]).item()
+    monkeypatch.setattr(rnn_mod, "STREAM_PIECES", 1)
+    assert m.stream_loss(t) == (pytest.approx(one, rel=1e-6), 2999)
+    # pieces side by side, each warmed up on the text before it: the same up to the state's memory
+    monkeypatch.setattr(rnn_mod, "STREAM_PIECES", 6)
+    monkeypatch.setattr(rnn_mod, "STREAM_WARMUP", 400)
+    loss, n = m.stream_loss(t)
+    assert n == 2999 and loss == pytest.approx(one, abs=1e-4)
+
+
+def test_stream_rnn_steps_as_it_reads():
+    m = build_model("rnn", cell="lstm", embed_dim=8, hidden=16, context_mode="stream")
+    assert m.stateful and not build_model("rnn", cell="lstm", embed_dim=8, hidden=16).stateful
+    t = torch.randint(0, 59, (12,))
+    state, outs = m.init_state(1), []
+    for i in range(12):
+        logits, state = m.step(t[i:i + 1], state)
+        outs.append(logits)
+    with torch.no_grad():
+        out, _ = m.rnn(m.embed(t[None]))
+    assert torch.allclose(torch.cat(outs), m.head(out[0]), atol=1e-6)
+
+
+def test_stream_training_carries_the_state_from_batch_to_batch(chars):
+    m = build_model("rnn", cell="gru", embed_dim=8, hidden=16, context_mode="stream", vocab_size=chars.vocab_size)
+    tc = tt.train_config("rnn", **TINY)
+    src = CharShards(m, chars, tc, torch.device("cpu"), None, False)
+    (x0, y0), = src.batches(0)
+    assert x0.shape == y0.shape == (2, 32)          # batch 64 targets = 2 pieces x 32 characters
+    m.forward_features(x0, y0)
+    carried = m.carry.clone()
+    (x1, _), = src.batches(1)
+    assert torch.equal(x1[:, 0], y0[:, -1])          # batch 1 continues batch 0 in each piece
+    assert src.state_dict()["carry"] is m.carry and torch.equal(m.carry, carried)
+    first_of_next = src.ends[0]
+    src.batches(first_of_next)                       # a new shard-epoch: every piece from zero
+    assert m.carry is None
+
+
+@pytest.mark.parametrize("family,model,window", [
+    ("tf", dict(ff_dim=16, n_heads=2, n_layers=1), dict(context_mode="causal")),
+    ("rnn", dict(cell="gru", embed_dim=8, hidden=16), dict(context_mode="stream"))])
+def test_all_position_runs_count_steps_and_targets_as_the_window_protocol(chars, tmp_path, family, model, window):
+    """The batch counts targets in both modes: a step of 64 targets is 64 windows or 2 chunks of 32, so
+    a shard-epoch has the same number of steps (up to a chunk's rounding); the test CE is the window CE."""
+    runs = {}
+    for name, extra in (("window", {}), ("all", window)):
+        out = tt.create_run(tmp_path / name, family, {**model, **extra}, {**TINY, "epoch_samples": 0,
+                                                                          "shard_chars": 640}, chars)
+        runs[name] = (tt.train(out, progress=False), read_metrics(out))
+    (sw, mw), (sa, ma) = runs["window"], runs["all"]
+    chunks = 19 if family == "tf" else 18            # (640 - 32) // 32 chunks; 2 pieces of (639 // 2) // 32
+    assert sw["steps"] == 5 * math.ceil((640 - 32) / 64) == 50 and sa["steps"] == 5 * math.ceil(chunks / 2)
+    assert sw["test_metric"] == sa["test_metric"] == "window-32"
+    evals = [r for r in ma if r["kind"] == "eval"]
+    assert all(r["test_loss"] < math.log(chars.vocab_size) for r in evals)
+    if family == "rnn":                              # stream mode also scores the state carried through
+        assert all("test_stream_loss" in r for r in evals) and "final_test_stream_loss" in sa
+
+
+@pytest.mark.parametrize("family,model,train,msg", [
+    ("tf", dict(context_mode="causal"), dict(batch_size=100), "not a multiple of the context"),
+    ("rnn", dict(context_mode="stream"), dict(grad_accum=2), "grad_accum must be 1"),
+    ("tf", dict(context_mode="stream"), {}, "context_mode must be one of window, causal"),
+    ("rnn", dict(context_mode="causal"), {}, "context_mode must be one of window, stream")])
+def test_all_position_modes_refuse_what_they_cannot_do(chars, tmp_path, family, model, train, msg):
+    with pytest.raises(ReslmError, match=msg):
+        tt.create_run(tmp_path / "r", family, model, {**TINY, **train}, chars)
+    assert not (tmp_path / "r").exists()
