@@ -6,7 +6,7 @@ kind = the family's data kind, "chars" or "tokens") for:
     total, eval_points        optimizer steps in all, and the steps after which to evaluate
     batches(step)             the micro-batches of one step, [(x, y), ...]
     weights(micro)            each micro-batch's share of the step's loss, and the step's sample count
-    evaluate(model, prec)     the held-out loss row (CharShards: test shard, nats and bits per
+    evaluate(model, prec, final)  the held-out loss row (CharShards: test shard, nats and bits per
                               character; TokenWindows: val windows, nats and bits per token)
     segment(step)             the schedule position logged beside a step (shard-epoch or nothing)
     eval_at_start             whether the untrained model is evaluated at step 0 (tokens: a reference)
@@ -232,8 +232,8 @@ class CharShards:
             return state_dtype("float32" if name == "auto" else name), None
         longest = max(b - a for a, b in (self._span(s) for s in self.ds.train_shards))
         ta, tb = self._span(self.ds.test_shard)
-        n_test = sum(s.stop - s.start - self.context
-                     for s in eval_slices(tb - ta, self.context, self.tc.eval_samples))
+        n_test = max(sum(s.stop - s.start - self.context for s in eval_slices(tb - ta, self.context, n))
+                     for n in {self.tc.eval_samples, self._final_samples()})
         avail = available_memory(self.device)
         need = lambda dtype: (longest + n_test) * self.model.reservoir.size * dtype.itemsize  # noqa: E731
         if name == "auto":
@@ -353,27 +353,45 @@ class CharShards:
         if self.layout == "streams":
             self.model.carry = state.get("carry")
 
-    def evaluate(self, model, precision: str) -> dict:
-        if self._test is None:
-            tokens, start = self._tokens(self.ds.test_shard), self._span(self.ds.test_shard)[0]
-            self._test = []
-            for i, s in enumerate(eval_slices(tokens.numel(), self.context, self.tc.eval_samples)):
-                feats = self.cache.load(f"test-{i}", self.dtype) if self.cache else None
-                if feats is None:
-                    feats = model.features(tokens[s], position=start + s.start, progress=self.progress, **self.kw,
-                                           **noise_stream(model, TEST_KEY, s.start))
-                    if self.cache:
-                        self.cache.store(f"test-{i}", feats)
-                self._test.append(feats)
+    def _final_samples(self) -> int:
+        """Test samples of the last evaluation (final_eval_samples; -1: the same as every other)."""
+        n = self.tc.final_eval_samples
+        return self.tc.eval_samples if n < 0 else n
+
+    def _test_features(self, model, n: int, final: bool) -> list:
+        """The test features of an evaluation of `n` samples (0: the whole shard), computed once."""
+        name = "test-" if not final or n == self.tc.eval_samples else "testfinal-"
+        if self._test is not None and self._test[0] == name:
+            return self._test[1]
+        self._test = None   # free the other set first
+        tokens, start = self._tokens(self.ds.test_shard), self._span(self.ds.test_shard)[0]
+        feats_list = []
+        for i, s in enumerate(eval_slices(tokens.numel(), self.context, n)):
+            feats = self.cache.load(f"{name}{i}", self.dtype) if self.cache else None
+            if feats is None:
+                feats = model.features(tokens[s], position=start + s.start, progress=self.progress, **self.kw,
+                                       **noise_stream(model, TEST_KEY, s.start))
+                if self.cache:
+                    self.cache.store(f"{name}{i}", feats)
+            feats_list.append(feats)
+        self._test = (name, feats_list)
+        return feats_list
+
+    def evaluate(self, model, precision: str, final: bool = False) -> dict:
+        """The test CE (nats, bits per character) on eval_samples test samples, or on
+        final_eval_samples at the last evaluation (`final`)."""
+        n = self._final_samples() if final else self.tc.eval_samples
         total, count = 0.0, 0
-        for feats in self._test:
+        for feats in self._test_features(model, n, final):
             loss, n = estimate_loss(model, feature_batches(feats, self.tc.batch_size), precision=precision)
             total, count = total + loss * n, count + n
         loss = total / max(count, 1)
         row = dict(test_loss=loss, test_bpc=bits(loss))
+        if self.tc.final_eval_samples >= 0:   # evaluations of two sizes: say which this one is
+            row["test_samples"] = count
         if self.layout == "streams":   # the state carried through the test text, beside the window CE
             tokens = self._tokens(self.ds.test_shard)
-            stream, _ = model.stream_loss(tokens[:self.tc.eval_samples + 1] if self.tc.eval_samples else tokens)
+            stream, _ = model.stream_loss(tokens[:n + 1] if n else tokens)
             row.update(test_stream_loss=stream, test_stream_bpc=bits(stream))
         return row
 
@@ -451,7 +469,7 @@ class TokenWindows:
             out.append((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)))
         return out
 
-    def evaluate(self, model, precision: str) -> dict:
+    def evaluate(self, model, precision: str, final: bool = False) -> dict:
         gen = torch.Generator().manual_seed(_EVAL_SEED + self.tc.seed)
         batches = (tuple(t.to(self.device) for t in token_batch(self.ds.val, self.tc.batch_size, self.context, gen))
                    for _ in range(self.tc.eval_batches))

@@ -11,7 +11,7 @@ from reslm.models.budget import FRONTIER_BUDGET
 from reslm.models.base import LN2
 from reslm.paper import LARGEST, TEST_CE
 from reslm.run.registry import is_published, read_manifest
-from reslm.report.rows import NOT_PUBLISHED, _variant
+from reslm.report.rows import NOT_PUBLISHED, _variant, whole_shard_final
 from reslm.run import CONFIG, read_metrics
 
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
@@ -36,11 +36,11 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
     base, pts = repo / "results", []
     for folder in sorted(p for p in base.iterdir() if p.is_dir() and is_published(p)) if base.is_dir() else []:
         cfg = read_json(folder / CONFIG) or {}
-        if cfg.get("data", {}).get("kind", "chars") != "chars" or cfg["train"].get("eval_samples", 0) != 0:
+        if cfg.get("data", {}).get("kind", "chars") != "chars" or not whole_shard_final(cfg["train"]):
             continue
         rows = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("test_loss") is not None]
-        if not rows:
-            continue
+        if not rows or (cfg["train"].get("eval_samples", 0) and not read_manifest(folder).get("finished")):
+            continue   # an unfinished run's last score is on fewer positions than the whole shard
         verdict = check_frontier_config(cfg["family"], make_config(cfg["family"], **cfg["model"]))
         route = _route(cfg)
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,

@@ -18,8 +18,14 @@ from reslm.run import CONFIG, SUMMARY, read_metrics
 
 LEGACY = "results/legacy.csv"
 # the paper's character protocol ("Training"): what a run must have trained with to sit in its table
-PAPER_TRAIN = dict(optimizer="adam", lr=1e-4, batch_size=1024, epochs_per_shard=5, epoch_samples=0, shard_chars=0,
-                   eval_samples=0)
+PAPER_TRAIN = dict(optimizer="adam", lr=1e-4, batch_size=1024, epochs_per_shard=5, epoch_samples=0, shard_chars=0)
+
+
+def whole_shard_final(tc: dict) -> bool:
+    """Whether a run's last evaluation scored the whole test shard (eval_samples 0, or
+    final_eval_samples 0 after evaluations on fewer positions along the way)."""
+    final = tc.get("final_eval_samples", -1)
+    return final == 0 or (final == -1 and tc.get("eval_samples", 0) == 0)
 NOT_PUBLISHED = "weights not published"
 
 
@@ -81,7 +87,9 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
         name = cfg.get("preset") or folder.name
         notes = _variant(cfg) + [n for n, on in ((f"{tc.get('state_dtype')} states", tc.get("state_dtype") not in (None, "float32")),
                                  (tc.get("precision", "auto"), tc.get("precision", "auto") not in ("auto", "fp32")),
-                                 ("in progress", not m.get("finished"))) if on]
+                                 ("in progress", not m.get("finished")),
+                                 (f"per-shard CE on {tc.get('eval_samples', 0):,} test positions",
+                                  tc.get("eval_samples", 0) != 0)) if on]
         wall = prov.get("wall", {})
         rows = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("step", 0) > 0]
         link = f"results/{folder.name}"
@@ -98,7 +106,8 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
                    epochs=rows, train_s=summary.get("train_seconds") or wall.get("train_seconds"),
                    reservoir_s=wall.get("reservoir_seconds"), cpu=prov.get("cpu", "?"), threads=prov.get("threads"),
                    notes=notes, weights=link)
-        is_paper = all(tc.get(k) == v for k, v in PAPER_TRAIN.items()) and tc.get("cycles", 1) >= 1
+        is_paper = (all(tc.get(k) == v for k, v in PAPER_TRAIN.items()) and tc.get("cycles", 1) >= 1
+                    and whole_shard_final(tc))
         (paper if is_paper else other).append({**row, "folder": link, "finished": m.get("finished"),
                                               "variant": bool(_variant(cfg)),
                                               "loss": rows[-1]["test_loss"] if rows else None,

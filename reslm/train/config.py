@@ -61,6 +61,7 @@ class TrainConfig:
     epoch_samples: int = field(default=0, metadata=_CHARS)  # samples per shard-epoch, a fresh random subset each time; 0 = all
     shard_chars: int = field(default=0, metadata=_CHARS)  # use only the first K characters of each training shard; 0 = all
     eval_samples: int = field(default=0, metadata=_CHARS)  # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
+    final_eval_samples: int = field(default=-1, metadata=_CHARS)  # test samples of the last evaluation (0 = whole test shard); -1 = eval_samples
     state_dtype: str = field(default="float32", metadata=_CHARS)  # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)
     # closed-form readout (rc with optimizer ridge) and `reslm search`
     holdout: float = 0.1            # ridge, lbfgs and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it unless heldout_eval
@@ -117,6 +118,8 @@ class TrainConfig:
         if self.ema and self.optimizer in SOLVERS:
             raise ReslmError(f"ema averages gradient-trained weights; optimizer {self.optimizer} solves the readout "
                              "in one step")
+        if self.final_eval_samples < -1:
+            raise ReslmError(f"final_eval_samples must be >= 0, or -1 (= eval_samples), got {self.final_eval_samples}")
         if self.lbfgs_samples < 1 or self.lbfgs_iters < 1 or self.lbfgs_l2 < 0:
             raise ReslmError(f"lbfgs_samples and lbfgs_iters must be >= 1 and lbfgs_l2 >= 0, got {self.lbfgs_samples}, "
                              f"{self.lbfgs_iters} and {self.lbfgs_l2}")

@@ -82,7 +82,7 @@ class HeldoutLoss:
     def __init__(self, source: CharShards):
         self.source, self.feats = source, None
 
-    def __call__(self, model, precision: str) -> dict:
+    def __call__(self, model, precision: str, final: bool = False) -> dict:
         if self.feats is None:
             self.feats = [self.source.heldout_features(s) for s in self.source.ds.train_shards]
         total, count = 0.0, 0
@@ -274,7 +274,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             seconds = time.perf_counter() - t_seg
             train_seconds += seconds
             with ema.applied() if ema is not None else contextlib.nullcontext():
-                row = evaluate(model, precision)  # every rank evaluates the same model; rank 0 logs
+                row = evaluate(model, precision, final=step == source.total)  # every rank evaluates; rank 0 logs
             if main:
                 seg = source.segment(step - 1)
                 log.write(dict(kind="eval", step=step, **seg, train_loss=seg_loss / max(seg_n, 1), **row,
@@ -323,7 +323,7 @@ def _train_ridge(run_dir: Path, cfg: dict, model, source, log: MetricsLog, preci
     info = SOLVERS[source.tc.optimizer](model, source, source.tc, log=log, progress=progress)
     synchronize(source.device)
     seconds = time.perf_counter() - t0      # states of the training shards included, as in the Adam loop
-    row = source.evaluate(model, precision)
+    row = source.evaluate(model, precision, final=True)
     log.write(dict(kind="eval", step=1, **info, **row, seconds=round(seconds, 3), wall=round(seconds, 3)))
     chosen = (f"alpha {info['ridge_alpha']:.0e}, temperature {info['temperature']:.4g}" if "ridge_alpha" in info
               else f"l2 {info['lbfgs_l2']:.0e}, train {info['lbfgs_train_loss']:.4f}")

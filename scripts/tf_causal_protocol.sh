@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The paper's transformer protocol in causal context mode, one preset after another on one CPU thread:
+# Adam 1e-4 constant, 1,024 targets per step (32 chunks of 32 characters), 5 epochs on each full
+# training shard, one cycle; the test CE after every shard-epoch on 65,536 evenly spread test
+# positions and after the last on the whole test shard (each character from its 32 preceding ones).
+#
+#   scripts/tf_causal_protocol.sh DIR PRESET [PRESET...]
+#
+# Each run goes to DIR/<preset>-causal and is resumed from its last checkpoint when it exists, so the
+# script can be stopped and started again at any time.
+set -euo pipefail
+dir=${1:?usage: scripts/tf_causal_protocol.sh DIR PRESET [PRESET...]}
+shift
+reslm=${RESLM:-reslm}
+for p in "$@"; do
+    out="$dir/$p-causal"
+    resume=()
+    [ -f "$out/config.json" ] && resume=(--resume)
+    "$reslm" train --preset "$p" --context-mode causal --out "$out" "${resume[@]}" --eval-samples 65536 \
+        --final-eval-samples 0 --threads 1 --no-progress
+done
