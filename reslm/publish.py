@@ -116,8 +116,10 @@ def _provenance(dest: Path, cfg: dict, ck: dict, rows: list[dict], finished: boo
                 date: str) -> dict:
     old = read_json(dest / PROVENANCE) if is_published(dest) else None
     history = list(old.get("publishes", [])) if old else []
+    # the processor that trained it (the checkpoint says, where it was written by a reslm that records it)
+    trained_on = ck.get("device") if isinstance(ck.get("device"), str) else cpu_name()
     entry = dict(date=date, step=int(ck.get("step", 0)), finished=finished, train_seconds=ck.get("train_seconds"),
-                 cpu=cpu_name(), torch=torch.__version__, threads=torch.get_num_threads(), commit=git_commit())
+                 cpu=trained_on, torch=torch.__version__, threads=torch.get_num_threads(), commit=git_commit())
     if history and history[-1].get("step") == entry["step"]:
         history[-1] = entry          # the same point of the run published again: the latest word on it
     else:

@@ -263,7 +263,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         `reslm train --out DEST --resume` continues it on any machine; once it is finished, publishing
         drops the checkpoint. Publishing again into DEST updates it in place, file by file, atomically.
         `reslm eval DEST` and `reslm generate DEST` read the folder like a run directory.
-        Run it on the machine that trained the run: provenance.json records this machine's CPU."""))
+        provenance.json records the processor the checkpoint says trained the run (this machine's CPU for
+        a checkpoint that does not say)."""))
     pb.add_argument("run_dir", help="the run directory (or a published folder, to publish it again in place)")
     pb.add_argument("dest", nargs="?", help="the results folder, e.g. results/aerc-160-30 (default: RUN_DIR itself)")
     pb.add_argument("--command", help="the command that trained the run, for provenance.json (default: a "

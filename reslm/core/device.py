@@ -68,6 +68,14 @@ def cpu_name() -> str:
     return f"{name} ({torch.backends.cpu.get_cpu_capability()})"
 
 
+def device_name(device: torch.device) -> str:
+    """What computes on `device`, for the record: the GPU's name (e.g. "NVIDIA H200 (CUDA)") or the CPU's
+    (cpu_name)."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA)"
+    return cpu_name()
+
+
 def bf16_matmul_speed(n: int = 256, reps: int = 5) -> float:
     """fp32 time / bf16 time of an (n, n) @ (n, n) matmul on the CPU, one thread, best of `reps`
     each (alternated, so that load from other processes hits both alike). > 1: bf16 is faster."""

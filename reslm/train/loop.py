@@ -33,7 +33,8 @@ import torch
 
 from reslm.batches import CharShards, step_seed
 from reslm.core import distributed as dist_
-from reslm.core.device import autocast, grad_scaler, pick_device, resolve_precision, setup_cuda, synchronize
+from reslm.core.device import (autocast, device_name, grad_scaler, pick_device, resolve_precision, setup_cuda,
+                               synchronize)
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json, write_json
 from reslm.core.progress import bar as progress_bar
@@ -286,7 +287,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                     f"({bits(row[first]):.3f} bits)", enabled=progress)
                 save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
                                               scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
-                                              metrics_rows=log.rows, sampler=_sampler_state(source)))
+                                              metrics_rows=log.rows, sampler=_sampler_state(source),
+                                              device=device_name(device)))
             dist_.barrier()
             # windows restart at every checkpoint, so a resumed run logs exactly what an uninterrupted one does
             seg_loss, seg_n, seg_start, win_loss, win_steps = 0.0, 0, step, 0.0, 0
@@ -296,7 +298,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
                                           scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
                                           metrics_rows=log.rows, sampler=_sampler_state(source),
-                                          segment=dict(loss=seg_loss, n=seg_n, start=seg_start, seconds=now - t_seg,
+                                          device=device_name(device), segment=dict(loss=seg_loss, n=seg_n, start=seg_start, seconds=now - t_seg,
                                                        win_loss=win_loss, win_steps=win_steps)))
             t_saved = time.perf_counter()
     bar.close()
