@@ -57,7 +57,8 @@ class BenchPlan:
     window_work: float = 0.4e12            # flops per timed shard_states run in window mode
     window_samples: tuple = (64, None)     # (min, max); max None = one shard_states chunk
     # 3./4. training
-    models: tuple = ("rc-750", "rc-2600", "aerc-100-20", "aerc-160-30", "tf-128-8-8")
+    models: tuple = ("rc-750", "rc-2600", "aerc-100-20", "aerc-160-30", "tf-128-8-8", "tf-256-16-16",
+                     "rnn-gru-32-200")
     head_steps: int = 5                    # training steps per timed repetition (head only)
     authors_steps: int = 1                 # steps per repetition of the windowed recompute
     tf_steps: int = 2                      # transformer training steps per repetition
@@ -79,7 +80,7 @@ class BenchPlan:
     @classmethod
     def quick(cls) -> "BenchPlan":
         return cls(recurrence_work=12e9, recurrence_steps=(2, 16), stream_work=0.3e12, stream_steps=(16, 64),
-                   window_work=0.05e12, states_bf16=False, models=("rc-750", "aerc-100-20", "tf-128-8-8"), head_steps=4,
+                   window_work=0.05e12, states_bf16=False, models=("rc-750", "aerc-100-20", "tf-128-8-8", "rnn-gru-32-200"), head_steps=4,
                    tf_steps=1, tf_warmup=1, reps=1, max_reps=10, min_time_s=1.0, budget_s=3.0,
                    substrate_chars=2**13)
 

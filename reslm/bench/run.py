@@ -38,9 +38,16 @@ def headline(recurrence: dict, states: dict, training: dict) -> dict:
     out["training_samples_per_s"] = {
         k: {m: dict(head=v["head_samples_per_s"], amortised=v[m]["amortised_samples_per_s"]) for m in MODES}
         if k in reservoir else v["samples_per_s"] for k, v in training.items()}
-    out["authors_samples_per_s"] = {k: v["authors_samples_per_s"] for k, v in training.items()}
+    authored = {k: v for k, v in training.items() if "authors_samples_per_s" in v}   # the rnn has no authors' model
+    out["authors_samples_per_s"] = {k: v["authors_samples_per_s"] for k, v in authored.items()}
     out["speedup_vs_authors"] = {k: {m: v[m]["speedup_vs_authors"] for m in MODES} if k in reservoir
-                                 else v["speedup_vs_authors"] for k, v in training.items()}
+                                 else v["speedup_vs_authors"] for k, v in authored.items()}
+    # all-position training at the same targets per step: the causal transformer, the stream-mode rnn
+    out["all_position_targets_per_s"] = {k: v.get("causal_targets_per_s", v.get("stream_targets_per_s"))
+                                         for k, v in training.items() if "causal_targets_per_s" in v
+                                         or "stream_targets_per_s" in v}
+    out["causal_speedup_vs_authors"] = {k: v["causal_speedup_vs_authors"] for k, v in training.items()
+                                        if "causal_speedup_vs_authors" in v}
     tf = {k: v for k, v in training.items() if "model_gflops" in v}
     out["transformer_model_gflops"] = {k: v["model_gflops"] for k, v in tf.items()}
     out["transformer_gemm_gflops"] = {k: v["gemm_gflops"] for k, v in tf.items()}
@@ -209,15 +216,22 @@ def format_summary(r: dict) -> str:
             for mode, figs in v.items():
                 lines.append(f"train {name} {mode}: {figs['amortised']:,.0f} samples/s per sample-epoch "
                              f"(head {figs['head']:,.0f}), x{speed[mode]:.1f} vs authors' approach")
+        elif speed is None:
+            lines.append(f"train {name}: {v:,.0f} targets/s in window mode")
         else:
             lines.append(f"train {name}: {v:,.0f} samples/s, x{speed:.1f} vs authors' approach")
             if name in r.get("transformer_vs_gemm", {}):
                 lines.append(f"train {name}: {r['transformer_model_gflops'][name]} model GFLOP/s (forward + backward) "
                              f"vs GEMM {r['transformer_gemm_gflops'][name]} GFLOP/s in the same repetitions "
                              f"-> {r['transformer_vs_gemm'][name]:.3f}")
+            if name in r.get("causal_speedup_vs_authors", {}):
+                lines.append(f"train {name} causal: {r['all_position_targets_per_s'][name]:,.0f} targets/s, "
+                             f"x{r['causal_speedup_vs_authors'][name]:.1f} vs authors' window model")
             if name in r.get("training_samples_per_s_bf16", {}):
                 lines.append(f"train {name} bf16 autocast: {r['training_samples_per_s_bf16'][name]:,.0f} samples/s, "
                              f"x{r['speedup_vs_authors_bf16'][name]:.1f} vs authors' approach (fp32)")
+        if name in r.get("all_position_targets_per_s", {}) and name not in r.get("causal_speedup_vs_authors", {}):
+            lines.append(f"train {name} stream: {r['all_position_targets_per_s'][name]:,.0f} targets/s")
     for name, v in r.get("substrate_chars_per_s", {}).items():
         lines.append(f"substrate {name} (N={v['size']}): {v['chars_per_s']:,.0f} chars/s stream"
                      + (f", x{v['vs_esn']:.1f} the esn's" if v.get("vs_esn") else ""))

@@ -3,10 +3,15 @@
 Every step timed here is `reslm.train.train_step` with the optimiser `reslm.train.make_optimizer`
 builds from the family's training defaults: the step `reslm train` runs, not a copy of it. Only the
 forward differs: the head on precomputed states, the authors' windowed recompute
-(`reslm.bench.reference`), the transformer, or torch's encoder (ReferenceTransformer)."""
+(`reslm.bench.reference`), the transformer, or torch's encoder (ReferenceTransformer).
+
+Every rate counts training targets per second: a window step of batch B has B targets, an
+all-position step (the causal transformer, the stream-mode recurrent model) B targets in B / context
+chunks, so the two modes are compared at the same targets per step, as `reslm train` runs them."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +23,7 @@ from reslm.core.device import bf16_status, grad_scaler
 from reslm.models import MODELS, make_config
 from reslm.models.base import TensorFeatures
 from reslm.models.reservoir_lm import ReservoirLM
+from reslm.models.rnn import CharRNN
 from reslm.models.transformer import CharTransformer, training_flops_per_sample
 from reslm.train import make_optimizer, train_config, train_step
 
@@ -54,6 +60,14 @@ def random_windows(vocab: int, batch: int, context: int, device: torch.device, s
     g = torch.Generator().manual_seed(seed)
     return [(torch.randint(vocab, (batch, context), generator=g).to(device),
              torch.randint(vocab, (batch,), generator=g).to(device)) for _ in range(n)]
+
+
+def random_chunks(vocab: int, targets: int, context: int, device: torch.device, seed: int, n: int = 4) -> list:
+    """n batches of (chunks (targets / context, context), next tokens of every position (same shape))."""
+    g = torch.Generator().manual_seed(seed)
+    rows = max(1, targets // context)
+    return [(torch.randint(vocab, (rows, context), generator=g).to(device),
+             torch.randint(vocab, (rows, context), generator=g).to(device)) for _ in range(n)]
 
 
 def head_trainer(model, *, family: str, batch: int, lr: float, device: torch.device, pool_batches: int = 16):
@@ -126,6 +140,9 @@ def transformer_training_row(cfg, family: str, plan: BenchPlan, device, quoted: 
     batches = random_windows(cfg.vocab_size, plan.batch, cfg.context, device, seed=5)
     trainers = {k: trainer(m.to(device), m, batches, family=family, lr=plan.lr)
                 for k, m in (("ours", CharTransformer(cfg)), ("authors", ReferenceTransformer(cfg)))}
+    causal = CharTransformer(replace(cfg, context_mode="causal")).to(device)   # the same targets per step
+    trainers["causal"] = trainer(causal, causal, random_chunks(cfg.vocab_size, plan.batch, cfg.context, device, seed=5),
+                                 family=family, lr=plan.lr)
     if bf16_status(device)[0]:   # `--precision bf16`: the forward under bf16 autocast, where bf16 is fast
         m16 = CharTransformer(cfg).to(device)
         trainers["ours_bf16"] = trainer(m16, m16, batches, family=family, lr=plan.lr, precision="bf16")
@@ -155,6 +172,9 @@ def transformer_training_row(cfg, family: str, plan: BenchPlan, device, quoted: 
                gemm_gflops=sig(gemm_gflops), model_vs_gemm=sig(ours * flops / 1e9 / gemm_gflops),
                gemm=dict(shape=[rows, n, n], count=count, **{k: v for k, v in gemm_row.items() if k != "samples_per_s"}),
                detail=d)
+    row.update(causal_targets_per_s=d["causal"]["samples_per_s"],
+               causal_speedup_vs_authors=sig(d["causal"]["samples_per_s"] / theirs),
+               causal_speedup_vs_window=sig(d["causal"]["samples_per_s"] / ours))
     if "ours_bf16" in d:
         row.update(samples_per_s_bf16=d["ours_bf16"]["samples_per_s"],
                    speedup_vs_authors_bf16=sig(d["ours_bf16"]["samples_per_s"] / theirs),
@@ -162,12 +182,37 @@ def transformer_training_row(cfg, family: str, plan: BenchPlan, device, quoted: 
     return row
 
 
+def rnn_training_row(cfg, family: str, plan: BenchPlan, device) -> dict:
+    """training[label] of a trained recurrent model: window mode (one target per window, from a zero
+    state) against stream mode (truncated BPTT, every position a target, the state carried), at the same
+    targets per step, timed alternately."""
+    window = CharRNN(replace(cfg, context_mode="window")).to(device)
+    stream = CharRNN(replace(cfg, context_mode="stream")).to(device)
+    trainers = dict(window=trainer(window, window, random_windows(cfg.vocab_size, plan.batch, cfg.context, device, 7),
+                                   family=family, lr=plan.lr),
+                    stream=trainer(stream, stream, random_chunks(cfg.vocab_size, plan.batch, cfg.context, device, 7),
+                                   family=family, lr=plan.lr))
+
+    def warm():
+        for run in trainers.values():
+            run(plan.tf_warmup)
+
+    d = bench_training(trainers, dict.fromkeys(trainers, plan.tf_steps), batch=plan.batch, device=device,
+                       warmup=warm, **plan.timing())
+    w, s = d["window"]["samples_per_s"], d["stream"]["samples_per_s"]
+    return dict(family=family, samples_per_s=w, stream_targets_per_s=s, stream_speedup_vs_window=sig(s / w), detail=d)
+
+
 def training_rows(plan: BenchPlan, device: torch.device, states: dict, say) -> dict:
     """Sections 3 and 4 for every model of the plan: {label: row}."""
     rows = {}
     for label, family, overrides in map(_spec, plan.models):
         cfg, quoted = make_config(family, **overrides), AUTHORS_QUOTED.get(label)
-        if issubclass(MODELS[family][1], ReservoirLM):
+        if family == "rnn":
+            r = rows[label] = rnn_training_row(cfg, family, plan, device)
+            say(f"train {label}: window {r['samples_per_s']} targets/s, stream {r['stream_targets_per_s']} "
+                f"targets/s, x{r['stream_speedup_vs_window']}")
+        elif issubclass(MODELS[family][1], ReservoirLM):
             r = rows[label] = reservoir_training_row(cfg, family, overrides, plan, device, states, quoted)
             say(f"train {label}: head only {r['head_samples_per_s']} samples/s, authors' windowed recompute "
                 f"{r['authors_samples_per_s']} samples/s; amortised " + ", ".join(
@@ -176,7 +221,8 @@ def training_rows(plan: BenchPlan, device: torch.device, states: dict, say) -> d
             r = rows[label] = transformer_training_row(cfg, family, plan, device, quoted)
             say(f"train {label}: {r['samples_per_s']} samples/s, authors (ReferenceTransformer) "
                 f"{r['authors_samples_per_s']} samples/s, x{r['speedup_vs_authors']}; {r['model_gflops']} model "
-                f"GFLOP/s vs GEMM {r['gemm_gflops']} GFLOP/s = {r['model_vs_gemm']}"
+                f"GFLOP/s vs GEMM {r['gemm_gflops']} GFLOP/s = {r['model_vs_gemm']}; causal "
+                f"{r['causal_targets_per_s']} targets/s, x{r['causal_speedup_vs_authors']} the authors'"
                 + (f"; bf16 autocast {r['samples_per_s_bf16']} samples/s, x{r['speedup_vs_authors_bf16']}"
                    if "samples_per_s_bf16" in r else ""))
     return rows
