@@ -173,6 +173,8 @@ class CharShards:
             check_holdout(dataset, tc, context)
         elif tc.heldout_eval:
             check_holdout(dataset, tc, context)
+        if tc.val_fraction:
+            check_holdout(dataset, tc, context, tc.val_fraction)
 
     @staticmethod
     def weights(micro) -> tuple[list[float], int]:
@@ -480,14 +482,16 @@ class TokenWindows:
 SAMPLERS = {"chars": CharShards, "tokens": TokenWindows}   # a family's data kind -> its sampler
 
 
-def check_holdout(dataset, tc, context: int) -> None:
-    """ReslmError unless every training shard split by tc.holdout keeps more than `context` characters
-    to train on and at least one held-out character."""
+def check_holdout(dataset, tc, context: int, fraction: float | None = None) -> None:
+    """ReslmError unless every training shard split by `fraction` (default tc.holdout; val_fraction for
+    the validation split) keeps more than `context` characters to train on and at least one held out."""
+    fraction = tc.holdout if fraction is None else fraction
+    name = "holdout" if fraction == tc.holdout else "val_fraction"
     for shard in dataset.train_shards:
         a, b = dataset.shards[shard]
         n = min(b - a, tc.shard_chars or b - a)
-        keep = int(n * (1 - tc.holdout))
+        keep = int(n * (1 - fraction))
         if keep <= context or keep >= n:
-            raise ReslmError(f"holdout {tc.holdout} of a {n}-character training shard leaves {keep} characters to "
+            raise ReslmError(f"{name} {fraction} of a {n}-character training shard leaves {keep} characters to "
                              f"train on and {n - keep} held out (need more than the context {context}, and 1)")
 

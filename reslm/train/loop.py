@@ -76,22 +76,36 @@ def _finite(loss: torch.Tensor, params) -> bool:
 class HeldoutLoss:
     """The evaluation of a heldout_eval run (TrainConfig.heldout_eval): the CE on the held-out tails of
     a CharShards source's training shards, never the test shard. The tails' features are computed at
-    the first evaluation and kept (the reservoir is fixed)."""
+    the first evaluation and kept (the reservoir is fixed).
 
-    eval_kind = "heldout"
+    With `name` "val" (a run with a validation split, TrainConfig.val_fraction) the row is val_loss /
+    val_bpc, scored on `samples` evenly spaced positions of the tails (0: all of them; the last
+    evaluation: final_eval_samples, as the test shard's), and the test CE follows it (`with_test`)."""
 
-    def __init__(self, source: CharShards):
-        self.source, self.feats = source, None
+    def __init__(self, source: CharShards, name: str = "heldout", with_test: bool = False):
+        self.source, self.feats, self.name, self.with_test = source, None, name, with_test
+        self.eval_kind = source.eval_kind if with_test else name   # the summary's main figure
+
+    def _batches(self, feats, samples: int):
+        if not samples or samples >= len(feats):
+            return feature_batches(feats, self.source.tc.batch_size)
+        index = torch.linspace(0, len(feats) - 1, samples, device=feats.targets.device).long()
+        return ((feats.batch(i), feats.targets[i]) for i in index.split(self.source.tc.batch_size))
 
     def __call__(self, model, precision: str, final: bool = False) -> dict:
         if self.feats is None:
             self.feats = [self.source.heldout_features(s) for s in self.source.ds.train_shards]
+        tc = self.source.tc
+        samples = 0 if self.name == "heldout" else (
+            tc.final_eval_samples if final and tc.final_eval_samples >= 0 else tc.eval_samples)
+        per = -(-samples // len(self.feats)) if samples else 0
         total, count = 0.0, 0
         for feats in self.feats:
-            loss, n = estimate_loss(model, feature_batches(feats, self.source.tc.batch_size), precision=precision)
+            loss, n = estimate_loss(model, self._batches(feats, per), precision=precision)
             total, count = total + loss * n, count + n
         loss = total / max(count, 1)
-        return dict(heldout_loss=loss, heldout_bpc=bits(loss))
+        row = self.source.evaluate(model, precision, final) if self.with_test else {}
+        return {**row, f"{self.name}_loss": loss, f"{self.name}_bpc": bits(loss)}
 
 
 def _sampler_state(source) -> dict:
@@ -191,10 +205,11 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     log = MetricsLog(run_dir) if main else None
     source = sampler(model, dataset, tc, device, log, progress and main, world=world, rank=rank,
                      cache=run_dir / STATES if cache_states else None,
-                     holdout=tc.holdout if tc.optimizer in SOLVERS or tc.heldout_eval else 0.0)
+                     holdout=(tc.holdout if tc.optimizer in SOLVERS or tc.heldout_eval else tc.val_fraction))
     if tc.optimizer in SOLVERS:
         return _train_ridge(run_dir, cfg, model, source, log, precision, progress)
-    evaluate = HeldoutLoss(source) if tc.heldout_eval else source.evaluate
+    evaluate = (HeldoutLoss(source) if tc.heldout_eval else
+                HeldoutLoss(source, "val", with_test=True) if getattr(tc, "val_fraction", 0) else source.evaluate)
     opt = make_optimizer(model, tc, device)
     scaler = grad_scaler(precision, device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -359,6 +374,12 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
         if k.startswith(kind):
             summary[f"final_{k}"] = v
     summary[f"best_{key}"] = min((r[key] for r in evals), default=None)
+    scored = [r for r in evals if isinstance(r.get("val_loss"), (int, float))]
+    if kind == "test" and scored:   # a validation split: what selection on it gives
+        best = min(scored, key=lambda r: r["val_loss"])
+        summary.update(final_val_loss=scored[-1]["val_loss"], best_val_loss=best["val_loss"],
+                       best_val_step=best["step"], test_loss_at_best_val=best.get("test_loss"),
+                       selection="validation")
     # wall times are per attempt (a resumed run's differ from an uninterrupted one's); every other figure
     # of the log and summary is the same. reservoir_seconds: the time of each shard's first computation
     summary["train_seconds"] = last.get("wall")

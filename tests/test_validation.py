@@ -1,0 +1,65 @@
+"""The validation split (TrainConfig.val_fraction) and evaluations of two sizes (final_eval_samples):
+selection reads validation CE, never test CE, and the last evaluation can score the whole test shard."""
+import pytest
+import torch
+
+from reslm import train as tt
+from reslm.batches import CharShards
+from reslm.core.errors import ReslmError
+from reslm.models import build_model
+from reslm.run import read_metrics
+
+TINY = dict(batch_size=64, epochs_per_shard=1, lr=3e-3, log_every=4, device="cpu", precision="fp32")
+
+
+@pytest.mark.parametrize("family,model", [("rc", dict(size=32)), ("tf", dict(ff_dim=16, n_heads=2, n_layers=1)),
+                                          ("rnn", dict(cell="gru", embed_dim=8, hidden=16, context_mode="stream"))])
+def test_validation_is_scored_beside_test_and_summarised(chars, tmp_path, family, model):
+    out = tt.create_run(tmp_path / "r", family, model, {**TINY, "val_fraction": 0.2, "eval_samples": 100}, chars)
+    summary = tt.train(out, progress=False)
+    evals = [r for r in read_metrics(out) if r["kind"] == "eval"]
+    assert len(evals) == 5 and all("val_loss" in r and "test_loss" in r for r in evals)
+    best = min(evals, key=lambda r: r["val_loss"])
+    assert summary["selection"] == "validation"
+    assert (summary["best_val_loss"], summary["best_val_step"], summary["test_loss_at_best_val"]) == \
+        (best["val_loss"], best["step"], best["test_loss"])
+    assert summary["final_val_loss"] == evals[-1]["val_loss"] and summary["final_test_loss"] == evals[-1]["test_loss"]
+
+
+def test_validation_tails_are_never_trained_on(chars):
+    """With val_fraction f the training part of a shard ends where its validation tail begins, and the
+    tail is the same text whatever the model."""
+    m = build_model("tf", ff_dim=16, n_heads=2, n_layers=1, vocab_size=chars.vocab_size)
+    src = CharShards(m, chars, tt.train_config("tf", **TINY, val_fraction=0.25), torch.device("cpu"), None, False,
+                     holdout=0.25)
+    for shard in chars.train_shards:
+        a, b = chars.shards[shard]
+        cut = a + int((b - a) * 0.75)
+        assert src._span(shard) == (a, cut)
+        assert src._span(shard, "heldout") == (cut - 32, b)   # its first sample predicts the first held-out char
+    a, cut = src._span(0)
+    assert src.samples[0] == cut - a - 32             # every training sample lies before the tail
+
+
+def test_a_run_without_a_split_is_unchanged(chars, tmp_path):
+    out = tt.create_run(tmp_path / "r", "rc", dict(size=32), {**TINY, "eval_samples": 100}, chars)
+    summary = tt.train(out, progress=False)
+    assert "selection" not in summary and "val_loss" not in read_metrics(out)[-1]
+
+
+def test_the_last_evaluation_can_score_the_whole_test_shard(chars, tmp_path):
+    out = tt.create_run(tmp_path / "r", "tf", dict(ff_dim=16, n_heads=2, n_layers=1),
+                        {**TINY, "eval_samples": 96, "final_eval_samples": 0}, chars)
+    tt.train(out, progress=False)
+    evals = [r for r in read_metrics(out) if r["kind"] == "eval"]
+    a, b = chars.shards[chars.test_shard]
+    assert [r["test_samples"] for r in evals] == [96] * 4 + [b - a - 32]
+
+
+@pytest.mark.parametrize("train,msg", [(dict(val_fraction=0.2, heldout_eval=True), "val_fraction is a validation"),
+                                       (dict(val_fraction=1.0), "val_fraction must be in"),
+                                       (dict(final_eval_samples=-2), "final_eval_samples must be")])
+def test_bad_split_settings_are_refused(chars, tmp_path, train, msg):
+    with pytest.raises(ReslmError, match=msg):
+        tt.create_run(tmp_path / "r", "tf", {}, {**TINY, **train}, chars)
+    assert not (tmp_path / "r").exists()
