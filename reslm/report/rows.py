@@ -137,12 +137,12 @@ def legacy_rows(repo: Path, published: list[dict]) -> list[dict]:
     path = repo / LEGACY
     if not path.is_file():
         return []
-    have = {(r["name"], r["context"]) for r in published if not r.get("variant")}   # a variant replaces nothing
+    # a published run replaces the legacy row of its preset and context, unless it is a variant or has not
+    # yet got as far (fewer evaluations than the legacy curve: both rows stay)
+    have = {(r["name"], r["context"]): len(r["epochs"]) for r in published if not r.get("variant")}
     curves: dict[str, list[dict]] = {}
     out = []
     for r in _read_csv(path):
-        if (r["preset"], r["context_mode"]) in have:
-            continue
         if r["curve"] not in curves:
             curves[r["curve"]] = [{k: (v if k in ("family", "name") else _num(v)) for k, v in row.items()}
                                   for row in _read_csv(repo / r["curve"])]
@@ -150,6 +150,8 @@ def legacy_rows(repo: Path, published: list[dict]) -> list[dict]:
         epochs = [e for e in curves[r["curve"]] if e["name"] == r["preset"]]
         if not epochs:
             raise ReslmError(f"{path}: {r['preset']} has no rows in {r['curve']}")
+        if have.get((r["preset"], r["context_mode"]), -1) >= len(epochs):
+            continue
         shards = sorted({e["shard"] for e in curves[r["curve"]]})   # every run's: a partial run has fewer
         last_epoch = max(e["epoch"] for e in epochs)
         notes = [n for n in (f"{r['state_dtype']} states" if r["state_dtype"] not in ("", "float32") else "",
