@@ -222,3 +222,29 @@ def test_train_help_shows_the_familys_defaults(capsys):
         assert f"(default {default})" in line, (fam, flag, line)
     assert main(["train", "--help"]) == 0
     assert "--family F --help" in capsys.readouterr().out
+
+
+def test_sigterm_stops_training_like_an_interrupt(chars, tmp_path):
+    """`kill PID` (SIGTERM) stops `reslm train` as Ctrl-C does: exit 130, the last checkpoint kept, and
+    the command's handler removed afterwards."""
+    import signal
+    import reslm.train.loop as loop
+    from reslm.cli import main
+    real, calls = loop.train_step, []
+
+    def step_then_term(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            signal.raise_signal(signal.SIGTERM)
+        return real(*a, **k)
+
+    before = signal.getsignal(signal.SIGTERM)
+    loop.train_step = step_then_term
+    try:
+        code = main(["train", "--family", "tf", "--data", str(chars.path), "--out", str(tmp_path / "r"),
+                     "--ff-dim", "16", "--n-heads", "2", "--n-layers", "1", "--batch-size", "64",
+                     "--epochs-per-shard", "1", "--epoch-samples", "128", "--device", "cpu", "--no-progress"])
+    finally:
+        loop.train_step = real
+    assert code == 130 and len(calls) == 3
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -11,7 +11,9 @@ becomes one line on stderr and a non-zero exit (`--debug` or RESLM_DEBUG=1 shows
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 from reslm.cli.flags import check_preset, check_resume
 from reslm.cli.parsers import build_parser
@@ -30,6 +32,10 @@ def main(argv=None) -> int:
     except SystemExit as e:  # --help, or a bad flag (one line already printed)
         return int(e.code or 0)
     debug = args.debug or os.environ.get("RESLM_DEBUG", "") not in ("", "0")
+    # SIGTERM (`kill`, a batch scheduler's stop, the end of a session) stops a command as Ctrl-C does:
+    # a training run keeps its last checkpoint and a published folder is published again
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         args.func(args)
     except KeyboardInterrupt:
@@ -43,7 +49,14 @@ def main(argv=None) -> int:
             raise
         print(f"reslm: error: {describe(e)}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
