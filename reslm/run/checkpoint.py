@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 
 from reslm.core.errors import ReslmError, describe
-from reslm.core.files import atomic_write
+from reslm.core.files import atomic_write, open_plain
 from reslm.run.folder import CHECKPOINT, CONFIG, read_config
 
 def _torch_save(state: dict, path: Path) -> None:
@@ -136,15 +137,18 @@ def load_checkpoint(run_dir: Path, map_location="cpu") -> dict | None:
     if not (path.exists() or path.is_symlink()):
         return None
     problem, state = None, None
-    try:
-        with open(path, "rb") as f:
+    try:   # a link or a special file (a FIFO would hang the read) is refused, not followed
+        with os.fdopen(open_plain(path), "rb") as f:
             head = f.read(4)
-        if not head:
-            problem = "the file is empty"
-        elif head != b"PK\x03\x04":  # torch.save writes a zip archive
-            problem = "not a PyTorch checkpoint (a foreign file?)"
-        else:
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            f.seek(0)
+            if not head:
+                problem = "the file is empty"
+            elif head != b"PK\x03\x04":  # torch.save writes a zip archive
+                problem = "not a PyTorch checkpoint (a foreign file?)"
+            else:
+                state = torch.load(f, map_location=map_location, weights_only=True)
+    except ReslmError:
+        raise
     except Exception as e:
         msg = str(e)
         if "Weights only load failed" in msg:

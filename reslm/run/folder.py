@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 
 from reslm.core.errors import ReslmError, describe
-from reslm.core.files import (atomic_write, fsync_dir, fsync_file, missing_parents, non_finite, reason, remove_empty_dirs,
-                         strict_dumps)
+from reslm.core.files import (atomic_write, fsync_dir, fsync_file, missing_parents, non_finite, open_plain, read_plain,
+                              reason, remove_empty_dirs, strict_dumps)
 
 CONFIG, METRICS, CHECKPOINT, SUMMARY, LOCK = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json", ".lock"
 NAME_MAX = 255  # bytes in one path component (Linux, macOS)
@@ -132,6 +132,18 @@ def _config_problem(cfg) -> str | None:
             return f"{key!r} must be an object"
     if not isinstance(cfg["data"].get("path"), str):
         return "'data.path' must be a string"
+    for key, kinds, what in (("name", str, "a string"), ("kind", str, "a string"), ("fingerprint", dict, "an object"),
+                             ("vocab", list, "a list"), ("vocab_size", int, "an integer"),
+                             ("test_shard", int, "an integer"), ("shards", list, "a list")):
+        v = cfg["data"].get(key)
+        if v is not None and (not isinstance(v, kinds) or isinstance(v, bool)):
+            return f"'data.{key}' must be {what}"
+    if isinstance(cfg["data"].get("vocab"), list) and not all(isinstance(c, str) for c in cfg["data"]["vocab"]):
+        return "'data.vocab' must be a list of strings"
+    for part in ("model", "train"):
+        bad = next((k for k, v in cfg[part].items() if isinstance(v, (dict, list))), None)
+        if bad is not None:
+            return f"'{part}.{bad}' must be a number, string, true/false or null"
     return None
 
 
@@ -140,12 +152,11 @@ def read_config(run_dir: Path) -> dict:
     Anything else raises ReslmError "RUN/config.json is not a valid run config: 'model' must be an object"."""
     run_dir = Path(run_dir)
     path = run_dir / CONFIG
-    if not path.is_file():
+    data = read_plain(path)   # a link or a special file in its place: ReslmError, not followed
+    if data is None:
         raise ReslmError(f"{run_dir} is not a reslm run directory (no {CONFIG})")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ReslmError(f"cannot read {path}: {reason(e)}") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ReslmError(f"cannot read {path}: it is not UTF-8 text") from None
     if not text.strip():
@@ -167,12 +178,9 @@ def _scan_metrics(path: Path) -> tuple[list[dict], int | None, bool]:
 
     A row is a JSON object on one line; blank lines are skipped. A bad last line is reported, not
     read (a kill or a full disk mid-append); a bad line before it raises ReslmError with its number."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data = read_plain(path)   # a link or a special file in its place: ReslmError, not followed
+    if data is None:
         return [], None, False
-    except OSError as e:
-        raise ReslmError(f"cannot read {path}: {reason(e)}") from None
     lines = data.split(b"\n")
     last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
     rows, pos = [], 0
@@ -235,7 +243,7 @@ class MetricsLog:
             if torn_at is not None:
                 _warn_torn(self.path)
             try:
-                with open(self.path, "r+b") as f:
+                with os.fdopen(open_plain(self.path, os.O_RDWR), "r+b") as f:   # never a link's target
                     if torn_at is not None:
                         f.truncate(torn_at)  # the line before it, if any, ends with its newline
                     else:
@@ -273,7 +281,7 @@ class MetricsLog:
                              f"(JSON has no NaN or Infinity; check a loss before logging it)")
         line = memoryview((json.dumps(row, allow_nan=False) + "\n").encode())
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = open_plain(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as e:
             raise ReslmError(f"could not write {self.path}: {reason(e)}") from None
         start = None

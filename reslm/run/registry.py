@@ -28,16 +28,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import re
 import sys
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load as load_bytes
 
 from reslm.core.errors import ReslmError
-from reslm.core.files import sha256_file, write_json
-from reslm.run.folder import CONFIG
+from reslm.core.files import plain_name, read_plain, sha256_file, write_json
+from reslm.run.folder import CONFIG, read_config
 
 FORMAT = 1                       # manifest.json "format"; a folder with a larger one is refused
 MANIFEST, WEIGHTS, PROVENANCE = "manifest.json", "weights.safetensors", "provenance.json"
@@ -46,8 +48,9 @@ ROUNDING = 1e-5                  # relative tolerance of a fixed tensor's sum / 
 
 
 def is_published(folder: Path) -> bool:
-    """True for a published folder (it has manifest.json), False for a plain run directory."""
-    return (Path(folder) / MANIFEST).is_file()
+    """True for a published folder (it has manifest.json, or something in its place, which reading it
+    refuses), False for a plain run directory."""
+    return os.path.lexists(Path(folder) / MANIFEST)
 
 
 def _bytes(t: torch.Tensor) -> bytes:
@@ -97,18 +100,106 @@ def read_manifest(folder: Path) -> dict:
     """manifest.json of a published folder, checked: a JSON object of a format this reslm reads."""
     folder = Path(folder)
     path = folder / MANIFEST
+    data = read_plain(path)   # a link or a special file in its place: ReslmError, not followed
+    if data is None:
+        raise ReslmError(f"{folder} is not a published run (no {MANIFEST})")
     try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ReslmError(f"{folder} is not a published run (no {MANIFEST})") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        m = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
         raise ReslmError(f"cannot read {path}: {e.__class__.__name__}: {e}".split("\n")[0]) from None
-    if not isinstance(m, dict) or not isinstance(m.get("format"), int) or not isinstance(m.get("files"), dict) \
+    if not isinstance(m, dict) or not _is_int(m.get("format")) or not isinstance(m.get("files"), dict) \
             or not isinstance(m.get("fixed"), dict):
         raise ReslmError(f"{path} is not a reslm manifest (it needs format, files and fixed)")
     if m["format"] > FORMAT:
         raise ReslmError(f"{folder} was published in registry format {m['format']}, newer than this reslm reads "
                          f"({FORMAT}): update reslm")
+    problem = _manifest_problem(m, path)
+    if problem:
+        raise ReslmError(f"{path} is not a valid reslm manifest: {problem}")
+    return m
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _manifest_problem(m: dict, path: Path) -> str | None:
+    """Why a manifest's fields have the wrong types (files: plain names -> sha256 hex; fixed and
+    trainable: tensor fingerprints; step an integer, finished true/false), or None."""
+    for name, digest in m["files"].items():
+        plain_name(name, str(path))   # a listed file stays inside the folder
+        if not isinstance(digest, str) or not _HEX64.match(digest):
+            return f"files.{name} must be a sha256 (64 hex digits)"
+    for part in ("fixed", "trainable"):
+        for name, fp in (m.get(part) or {}).items():
+            if not isinstance(fp, dict) or not isinstance(fp.get("shape"), list) \
+                    or not all(_is_int(d) and d >= 0 for d in fp["shape"]) or not isinstance(fp.get("dtype"), str):
+                return f"{part}.{name} must be an object with a shape (a list of sizes) and a dtype"
+            if part == "fixed" and not isinstance(fp.get("sha256"), str):
+                return f"fixed.{name}.sha256 must be a string"
+            for k in ("sum", "sumsq"):
+                if k in fp and (not isinstance(fp[k], (int, float)) or isinstance(fp[k], bool)):
+                    return f"{part}.{name}.{k} must be a number"
+    if not isinstance(m.get("trainable", {}), dict):
+        return "trainable must be an object"
+    if "step" in m and not _is_int(m["step"]):
+        return "step must be an integer"
+    if "finished" in m and not isinstance(m["finished"], bool):
+        return "finished must be true or false"
+    if "run" in m and not isinstance(m["run"], str):
+        return "run must be a string"
+    return None
+
+
+def read_provenance(folder: Path) -> dict | None:
+    """provenance.json of a published folder with its fields type-checked (None when there is none):
+    command, cpu, commit, date strings; threads an integer or null; wall an object of numbers or
+    nulls; publishes a list of objects with a date, an integer step and a cpu. Anything else is a
+    one-line ReslmError naming the field."""
+    path = Path(folder) / PROVENANCE
+    data = read_plain(path)
+    if data is None:
+        return None
+    try:
+        p = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ReslmError(f"cannot read {path}: not JSON ({str(e).splitlines()[0]})") from None
+    problem = None
+    if not isinstance(p, dict):
+        problem = "it must be a JSON object"
+    else:
+        for k in ("command", "cpu", "commit", "date", "reslm", "torch"):
+            if k in p and not isinstance(p[k], str):
+                problem = problem or f"{k} must be a string"
+        if p.get("threads") is not None and not _is_int(p["threads"]):
+            problem = problem or "threads must be an integer or null"
+        wall = p.get("wall", {})
+        if not isinstance(wall, dict) or any(v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool))
+                                             for v in wall.values()):
+            problem = problem or "wall must be an object of numbers"
+        pubs = p.get("publishes", [])
+        if not isinstance(pubs, list) or not all(isinstance(h, dict) and _is_int(h.get("step"))
+                                                 and isinstance(h.get("cpu"), str) for h in pubs):
+            problem = problem or "publishes must be a list of objects with an integer step and a cpu"
+    if problem:
+        raise ReslmError(f"{path} is not a valid provenance file: {problem}")
+    return p
+
+
+def verify_published(folder: Path) -> dict:
+    """The manifest of a published folder after checking every file it lists against its sha256 and
+    the types of config.json, provenance.json and the manifest itself: what `reslm report` and
+    `reslm publish` read is what was published (an edited metrics.jsonl or eval.json is a one-line
+    ReslmError naming the file, not a silently different table)."""
+    folder = Path(folder)
+    m = read_manifest(folder)
+    for name in sorted(m["files"]):
+        check_file(folder, name, m)
+    read_config(folder)
+    read_provenance(folder)
     return m
 
 
@@ -118,9 +209,9 @@ def check_file(folder: Path, name: str, manifest: dict) -> Path:
     want = manifest["files"].get(name)
     if want is None:
         raise ReslmError(f"{folder}/{MANIFEST} does not list {name}")
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ReslmError(f"{path} is missing (the published run is incomplete)")
-    if sha256_file(path) != want:
+    if sha256_file(path) != want:   # a link or special file in its place: ReslmError (open_plain)
         raise ReslmError(f"{path} does not match its sha256 in {MANIFEST} (altered or damaged file)")
     return path
 
@@ -130,7 +221,7 @@ def read_weights(folder: Path, manifest: dict | None = None) -> dict[str, torch.
     manifest = manifest or read_manifest(folder)
     path = check_file(folder, WEIGHTS, manifest)
     try:
-        return load_file(str(path))
+        return load_bytes(read_plain(path) or b"")   # the bytes just checked, read without following links
     except (SafetensorError, OSError, ValueError) as e:
         raise ReslmError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
@@ -192,4 +283,4 @@ def record_file(folder: Path, name: str) -> None:
 
 __all__ = ["FORMAT", "MANIFEST", "WEIGHTS", "PROVENANCE", "is_published", "fingerprint",
            "split_state", "fixed_fingerprints", "same_tensor", "read_manifest", "check_file", "read_weights",
-           "check_fixed", "load_published", "record_file"]
+           "check_fixed", "load_published", "record_file", "read_provenance", "verify_published"]
