@@ -24,8 +24,8 @@ from reslm.publish import publish, unpacked
 from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
-from reslm.run import CONFIG, lock_new_run
-from reslm.models.load import find_dataset, load_run
+from reslm.run import CONFIG, lock_new_run, read_config
+from reslm.models.load import ensure_dataset, find_dataset, load_run
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.train import authors_variant, create_run, grow_cycles, sampler_for, train
@@ -191,9 +191,12 @@ def cmd_eval(args):
         raise ReslmError(f"--ngrams must be comma-separated integers, got {args.ngrams!r}") from None
     if not ns or min(ns) < 1:
         raise ReslmError("--ngrams must be positive integers")
-    r = evaluate_run(Path(args.run_dir), length=args.length, ns=ns, score=args.score, temperature=args.temperature,
+    run = Path(args.run_dir)
+    write = args.write if args.write is not None else not is_published(run)
+    ensure_dataset(read_config(run))   # a fresh clone: the Shakespeare data is built, as train does
+    r = evaluate_run(run, length=args.length, ns=ns, score=args.score, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
-                     physical={k: v[0] for k, v in physical.items()})
+                     physical={k: v[0] for k, v in physical.items()}, write=write)
     if args.json:
         print(json.dumps(r, indent=2))
         return
@@ -201,7 +204,10 @@ def cmd_eval(args):
     print(f"{r['run']}: {r['family']} {r.get('preset') or ''} ({r['trainable_params']:,} trainable parameters)")
     print(f"test CE {r['test_loss']:.4f} nats/{unit} = {r['test_bits']:.3f} bits/{unit}"
           + (f" = {r['test_bpc']:.3f} bits/char" if unit == "token" else "")
-          + f" over {r['score_positions']:,} positions; scored in {r['score_seconds']:.2f} s "
+          + f" over {r['score_positions']:,} positions "
+          + ("(the whole test text)" if args.score == 0 else "(the start of the test text only; --score 0 scores "
+             "all of it, as the README's table does)")
+          + f"; scored in {r['score_seconds']:.2f} s "
           f"(reservoir {r['score_reservoir_seconds']:.2f} s)")
     if "physical" in r:
         shown = PhysicalConfig(**r["physical"]).describe()
@@ -219,12 +225,13 @@ def cmd_eval(args):
     else:
         print(f"--- sample (temperature {args.temperature}) ---")
         print(r["prompt"] + r["sample"])
-    print(f"(written to {Path(args.run_dir) / eval_file_name(r)})", file=sys.stderr)
+    print(f"(written to {run / eval_file_name(r)})" if write else
+          f"(not written: {run} is a published run; add --write to record it there)", file=sys.stderr)
 
 
 def cmd_publish(args):
     dest = Path(args.dest) if args.dest else Path(args.run_dir)
-    m = publish(Path(args.run_dir), dest, command=args.command)
+    m = publish(Path(args.run_dir), dest, command=args.command, replace=args.replace)
     size = sum((dest / n).stat().st_size for n in m["files"])
     state = "finished" if m["finished"] else "in progress, with its checkpoint (continue it with `reslm train --out " \
         f"{dest} --resume`)"

@@ -236,15 +236,21 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "window, Overlap-n (unique n-grams of the sample found in the test text) and distinct-n, "
                         "and the time of scoring and of generating, with the reservoir's share apart, and, for "
                         "rc/aerc runs, the readout-side physical constraints measured through. "
-                        "Writes RUN_DIR/eval.json. The constraint flags score the trained model under other "
+                        "Writes RUN_DIR/eval.json (a published folder only with --write), holding the run's lock "
+                        "for the whole command. A published run's dataset is prepared when it is missing and "
+                        "buildable (the Shakespeare datasets). The constraint flags score the trained model under other "
                         "constraints without retraining: one value each -> the full evaluation, written to "
                         "RUN_DIR/eval-<settings>.json (eval.json is left as it is); a comma-separated list in "
                         "any of them -> test CE for every combination from one reservoir pass, written to "
                         "RUN_DIR/eval-physical.json and .csv (e.g. --state-noise 0,0.01,0.05 --adc-bits 0,4,6,8).")
     sampling(ev, "symbol", 2000, 1)
     ev.add_argument("--ngrams", default="7,8", help="n of Overlap-n / distinct-n, comma-separated (default 7,8)")
-    ev.add_argument("--score", type=int_range(*INT64), default=65536,
-                    help="test positions to score (default 65536; 0 = the whole test text)")
+    ev.add_argument("--score", type=int_range(0, 2**63 - 1), default=0,
+                    help="test positions to score (default 0 = the whole test text, the figure of the README's "
+                    "table; N = the first N positions)")
+    ev.add_argument("--write", action=argparse.BooleanOptionalAction, default=None,
+                    help="record the result in the run folder (default: yes for a run directory, no for a "
+                    "published results/NAME, whose tracked files stay as they are)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     phys = ev.add_argument_group("physical constraints (rc/aerc; default: as trained; comma lists make a grid)")
     phys.add_argument("--state-noise", metavar="S[,S...]", help="std of the Gaussian noise on the measured state")
@@ -261,13 +267,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         provenance.json (command, commit, CPU, torch, threads, wall times, date) and manifest.json.
         An unfinished run also gets its checkpoint (optimizer state, no weights), so that
         `reslm train --out DEST --resume` continues it on any machine; once it is finished, publishing
-        drops the checkpoint. Publishing again into DEST updates it in place, file by file, atomically.
+        drops the checkpoint. DEST is written beside itself and renamed into place: it appears whole or
+        not at all. Publishing the same run again into DEST updates it (its provenance gains an entry);
+        a published run of another configuration there is refused unless --replace is given.
         `reslm eval DEST` and `reslm generate DEST` read the folder like a run directory.
         Run it on the machine that trained the run: provenance.json records this machine's CPU."""))
     pb.add_argument("run_dir", help="the run directory (or a published folder, to publish it again in place)")
     pb.add_argument("dest", nargs="?", help="the results folder, e.g. results/aerc-160-30 (default: RUN_DIR itself)")
     pb.add_argument("--command", help="the command that trained the run, for provenance.json (default: a "
                     "`reslm train` command rebuilt from its config)")
+    pb.add_argument("--replace", action="store_true", help="DEST may hold a published run of another configuration "
+                    "(another model or training field, seed or dataset): replace it, history and all (refused "
+                    "without this flag)")
     pb.set_defaults(func=cmd_publish)
 
     rep = sub.add_parser("report", help="build the results tables and figures from results/ and docs/bench-*.json",

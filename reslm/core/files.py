@@ -20,6 +20,7 @@ plain_name before they are joined to it, so that a path named inside a folder st
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -257,6 +258,27 @@ def make_temp_dir(parent: Path, prefix: str) -> Path:
         except FileExistsError:
             continue
     raise ReslmError(f"cannot create a temporary directory in {parent}")
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two existing folders in one step (renameat2 RENAME_EXCHANGE, Linux >= 3.15): whoever looks
+    at `b` sees its old content or its new one, never neither. Where the call is missing, two renames
+    (b -> a's temporary name, then a -> b) do it, with a moment in between where b is absent."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(b))
+    aside = Path(a).with_name(Path(a).name + ".old")
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)
 
 
 def missing_parents(path: Path) -> tuple[list[Path], Path]:

@@ -24,6 +24,7 @@ from reslm.data.store import check_fingerprint, default_data_root
 from reslm.data.tokenizer import CharTokenizer
 from reslm.core.device import bf16_status
 from reslm.core.errors import ReslmError
+from reslm.core.files import plain_name
 from reslm.models import build_model, family, make_config
 from reslm.run.registry import is_published, load_published
 from reslm.run.checkpoint import load_checkpoint
@@ -55,14 +56,43 @@ def open_dataset(data: dict):
         path = Path(data["path"])
     except (KeyError, TypeError):
         raise ReslmError("the run config's data section has no dataset path") from None
-    if not path.exists() and isinstance(data.get("name"), str) and (default_data_root() / data["name"]).is_dir():
-        path = default_data_root() / data["name"]
+    if not path.is_absolute():   # a published run names its dataset only (reslm.publish.published_config)
+        path = default_data_root() / plain_name(str(path), "the run config's data.path")
+    elif not path.exists() and isinstance(data.get("name"), str) and (default_data_root() / data["name"]).is_dir():
+        path = default_data_root() / plain_name(data["name"], "the run config's data.name")
+    if not path.exists():
+        name = data.get("name")
+        raise ReslmError(f"this run's dataset {name or path.name} is not at {path}: "
+                         + (f"run `{prepare_command(name)}` to prepare it" if name in BUILDABLE
+                            else "prepare it there, or set RESLM_DATA to the folder that holds it"))
     return CharDataset.load(path) if data_kind(data) == "chars" else TokenDataset.load(path)
 
 
 # Datasets that `reslm demo` / `reslm reproduce` may build when missing: name -> BPE tokenizer spec
 # (None: the character corpus).
 BUILDABLE = {"shakespeare": None, "shakespeare-bpe4096": "bpe:4096", "shakespeare-gpt2": "gpt2"}
+
+
+def prepare_command(name: str) -> str:
+    """The `reslm data ...` command that builds dataset `name` of BUILDABLE."""
+    tokenizer = BUILDABLE[name]
+    if tokenizer is None:
+        return f"reslm data shakespeare --name {name}" if name != "shakespeare" else "reslm data shakespeare"
+    return f"reslm data bpe --corpus shakespeare --tokenizer {tokenizer} --name {name}"
+
+
+def ensure_dataset(cfg: dict, root: Path | None = None) -> None:
+    """Build the dataset a run config names when it is missing and buildable (BUILDABLE: the Shakespeare
+    datasets), as `reslm train` and `reslm demo` do, so that `reslm eval results/NAME` works in a
+    fresh clone. Anything else is left to open_dataset (which says what to run)."""
+    data = cfg["data"]
+    name = data.get("name")
+    path = Path(data["path"])
+    root = Path(root) if root is not None else default_data_root()
+    where = root / path if not path.is_absolute() else path
+    if where.exists() or name not in BUILDABLE or (path.is_absolute() and (root / name).exists()):
+        return
+    find_dataset(name, data_kind(data), root, prepare=True)
 
 
 def find_dataset(spec: str | Path, kind: str, root: Path | None = None, *, prepare: bool = False):

@@ -88,8 +88,15 @@ def save_checkpoint(run_dir: Path, state: dict) -> None:
     atomic_write(run_dir / CHECKPOINT, lambda p: _torch_save(state, p))
 
 
-def _other_run(path: Path, have: dict, want: dict) -> str:
-    """The one-line refusal of a checkpoint whose run identity `have` is not the folder's `want`."""
+def identity_difference(have: dict, want: dict) -> str | None:
+    """What first tells two run identities (run_identity) apart, in a few words ("seed 0, not 1",
+    "lr 0.003, not 0.001", "made on another dataset"), or None when they name the same run."""
+    if have.get("key") == want.get("key"):
+        return None
+    return _why(have, want) or "another config"
+
+
+def _why(have: dict, want: dict) -> str | None:
     why = None
     if have.get("seed") != want.get("seed"):
         why = f"seed {have.get('seed')}, not {want.get('seed')}"
@@ -105,6 +112,12 @@ def _other_run(path: Path, have: dict, want: dict) -> str:
                 k = diff[0]
                 why = f"{k} {a.get(k, 'unset')}, not {b.get(k, 'unset')}"
                 break
+    return why
+
+
+def _other_run(path: Path, have: dict, want: dict) -> str:
+    """The one-line refusal of a checkpoint whose run identity `have` is not the folder's `want`."""
+    why = _why(have, want)
     return (f"{path} belongs to another run ({why or 'another config'}); put back this run's own checkpoint, "
             f"or remove it to train this run from the start")
 

@@ -76,6 +76,28 @@ def split_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[s
     return ({k: v.detach() for k, v in trainable.items()}, {k: v.detach() for k, v in fixed.items()})
 
 
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over a model's trainable tensors (names, dtypes, shapes, bytes): the weights an evaluation
+    scored, the same whether they were read from a run's checkpoint or a published folder. eval.json
+    records it (weights_sha256), so that an evaluation of older weights is never published as the
+    run's (see eval_matches)."""
+    h = hashlib.sha256()
+    for name, t in sorted(split_state(model)[0].items()):
+        h.update(f"{name}:{str(t.dtype)}:{tuple(t.shape)}:".encode())
+        h.update(_bytes(t))
+    return h.hexdigest()
+
+
+def eval_matches(evaluation: dict, digest: str, step: int | None = None) -> bool | None:
+    """Whether eval.json's content scored the weights with `digest` (True / False), or None when it
+    records neither the weights nor the step (written before eval.json recorded them)."""
+    if isinstance(evaluation.get("weights_sha256"), str):
+        return evaluation["weights_sha256"] == digest
+    if step is not None and _is_int(evaluation.get("checkpoint_step")):
+        return evaluation["checkpoint_step"] == step
+    return None
+
+
 def fixed_fingerprints(model: torch.nn.Module) -> dict[str, dict]:
     return {k: fingerprint(v) for k, v in sorted(split_state(model)[1].items())}
 
@@ -189,15 +211,17 @@ def read_provenance(folder: Path) -> dict | None:
     return p
 
 
-def verify_published(folder: Path) -> dict:
+def verify_published(folder: Path, skip=()) -> dict:
     """The manifest of a published folder after checking every file it lists against its sha256 and
     the types of config.json, provenance.json and the manifest itself: what `reslm report` and
     `reslm publish` read is what was published (an edited metrics.jsonl or eval.json is a one-line
-    ReslmError naming the file, not a silently different table)."""
+    ReslmError naming the file, not a silently different table). Names in `skip` are not hashed
+    (config.json of a resumed run that grew its cycles)."""
     folder = Path(folder)
     m = read_manifest(folder)
     for name in sorted(m["files"]):
-        check_file(folder, name, m)
+        if name not in skip:
+            check_file(folder, name, m)
     read_config(folder)
     read_provenance(folder)
     return m
@@ -247,13 +271,11 @@ def check_fixed(folder: Path, model: torch.nn.Module, manifest: dict) -> None:
 
 def load_published(folder: Path, model: torch.nn.Module, check_config: bool = True) -> torch.nn.Module:
     """Fill `model` (just built from the folder's config.json) with the published trainable weights,
-    after checking config.json (unless check_config is False: a resumed run may have grown its
-    cycles) and the weight file against the manifest and the rebuilt fixed tensors against their
+    after checking every listed file (config.json unless check_config is False: a resumed run may have
+    grown its cycles) against the manifest (verify_published) and the rebuilt fixed tensors against their
     fingerprints. Returns the model."""
     folder = Path(folder)
-    manifest = read_manifest(folder)
-    if check_config:
-        check_file(folder, CONFIG, manifest)
+    manifest = verify_published(folder, skip=() if check_config else (CONFIG,))   # every file, as published
     check_fixed(folder, model, manifest)
     weights = read_weights(folder, manifest)
     trainable, _ = split_state(model)
@@ -283,4 +305,5 @@ def record_file(folder: Path, name: str) -> None:
 
 __all__ = ["FORMAT", "MANIFEST", "WEIGHTS", "PROVENANCE", "is_published", "fingerprint",
            "split_state", "fixed_fingerprints", "same_tensor", "read_manifest", "check_file", "read_weights",
-           "check_fixed", "load_published", "record_file", "read_provenance", "verify_published"]
+           "check_fixed", "load_published", "record_file", "read_provenance", "verify_published", "weights_digest",
+           "eval_matches"]
