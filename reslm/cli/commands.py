@@ -24,7 +24,7 @@ from reslm.publish import publish, unpacked
 from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
-from reslm.run import CONFIG, lock_new_run, read_config
+from reslm.run import CONFIG, drop_stale_evals, lock_new_run, read_config
 from reslm.models.load import ensure_dataset, find_dataset, load_run
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
@@ -116,9 +116,14 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
         sampler = sampler_for(name)
         dataset = find_dataset(args.data or sampler.default_data, sampler.kind, Path(args.root) if args.root else None)
         create_run(out, name, {**over, **model_over}, train_over, dataset, preset=args.preset)
-    with unpacked(out) if is_published(out) else contextlib.nullcontext():   # results/NAME: published again after
+    published = is_published(out)
+    if not fresh and not published:
+        drop_stale_evals(out)   # an evaluation of weights a killed resume already trained on
+    with unpacked(out) if published else contextlib.nullcontext():   # results/NAME: published again after
         summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,
                         cache_states=args.cache_states)
+    if not fresh and not published:
+        drop_stale_evals(out)
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(summary, indent=2))
 

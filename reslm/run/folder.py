@@ -14,7 +14,9 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -298,6 +300,36 @@ class MetricsLog:
         finally:
             os.close(fd)
         self.rows += 1
+
+
+_EVAL_FILES = re.compile(r"^eval(-[^/]+)?\.(json|csv)$")   # what `reslm eval` writes into a run folder
+
+
+def drop_stale_evals(run_dir: Path) -> list[Path]:
+    """Remove the evaluations (eval.json, eval-*.json, eval-physical.csv) of a run folder that are
+    older than its checkpoint.pt: they scored weights the run no longer has (`reslm eval` holds the
+    run's lock, so an evaluation newer than the checkpoint scored it). Called when a run is resumed,
+    before and after it trains, so that no stale eval.json is read as the run's. Regular files only;
+    returns what was removed, with a note on stderr."""
+    run_dir = Path(run_dir)
+    try:
+        ck = os.lstat(run_dir / CHECKPOINT)
+        entries = list(run_dir.iterdir())
+    except OSError:
+        return []
+    removed = []
+    for p in sorted(entries):
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if _EVAL_FILES.match(p.name) and stat.S_ISREG(st.st_mode) and st.st_mtime_ns < ck.st_mtime_ns:
+            p.unlink()
+            removed.append(p)
+    if removed:
+        print(f"reslm: note: removed {', '.join(p.name for p in removed)} of {run_dir}: older than its checkpoint "
+              f"(run `reslm eval {run_dir}` again)", file=sys.stderr)
+    return removed
 
 
 # training fields that may differ between the run that was started and the one that resumes it
