@@ -38,13 +38,14 @@ from reslm.core.errors import ReslmError, writing
 from reslm.core.files import (atomic_write, exchange, fsync_dir, fsync_tree, make_temp_dir, missing_parents, read_json,
                               remove_empty_dirs, sha256_file, write_json)
 from reslm.models import make_config, preset
-from reslm.run.checkpoint import identity_difference
+from reslm.reservoir import model_radii, remember_radii
+from reslm.run.checkpoint import RADII, identity_difference
 from reslm.run.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, eval_matches, fixed_fingerprints,
                                 is_published, load_published, read_manifest, read_provenance, same_tensor, split_state,
                                 verify_published, weights_digest)
 from reslm.run import (CHECKPOINT, CONFIG, LOCK, METRICS, SUMMARY, load_checkpoint, lock_run, read_config, read_metrics,
                        run_identity, save_checkpoint)
-from reslm.models.load import load_model
+from reslm.models.load import load_run_model
 from reslm.train import is_finished, train_config
 
 TIMING = ("wall", "samples_per_s", "seconds", "tokens_per_s")   # metrics fields that differ run to run
@@ -97,7 +98,8 @@ def _consistent_summary(summary: dict | None, rows: list[dict]) -> bool:
 def _weights(run_dir: Path, cfg: dict, ck: dict):
     """(model on the CPU with the checkpoint's weights, fingerprints of its fixed tensors), after
     checking that the config's seed rebuilds those fixed tensors."""
-    model = load_model(cfg, "cpu")
+    remember_radii(ck.get(RADII), f"{run_dir / CHECKPOINT}")   # recorded radii: no eigendecomposition
+    model = load_run_model(run_dir, cfg, "cpu")
     rebuilt = fixed_fingerprints(model)
     if "model" not in ck:   # a published folder's own checkpoint: its weights are weights.safetensors
         if not is_published(run_dir):
@@ -292,7 +294,7 @@ def _write(folder: Path, ck: dict, f: dict, *, in_place: bool) -> dict:
                     finished=f["finished"], files={n: sha256_file(folder / n) for n in sorted(names)},
                     trainable={k: dict(shape=list(v.shape), dtype=str(v.dtype).removeprefix("torch."))
                                for k, v in sorted(trainable.items())},
-                    fixed=dict(sorted(f["fixed"].items())))
+                    fixed=dict(sorted(f["fixed"].items())), radii=model_radii(f["model"]))
     write_json(folder / MANIFEST, manifest)
     return manifest
 
@@ -308,7 +310,7 @@ def unpack(folder: Path) -> None:
     if "model" in ck:
         return   # unpacked already: a run folder whose training was stopped before it was published again
     verify_published(folder, skip=(CONFIG,))   # never continue (and re-sign) an edited metrics.jsonl or summary
-    model = load_published(folder, load_model(read_config(folder), "cpu"), check_config=False)
+    model = load_published(folder, load_run_model(folder, read_config(folder), "cpu"), check_config=False)
     save_checkpoint(folder, {**ck, "model": model.state_dict()})
 
 

@@ -41,7 +41,7 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
-from reslm.core.device import pick_device
+from reslm.core.device import pick_device, use_threads
 from reslm.core.errors import ReslmError
 from reslm.core.files import open_plain, plain_stat, read_json, write_json
 from reslm.run import LOCK
@@ -240,7 +240,11 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
 
     # the fixed part must be valid before any trial runs (one clear error, not N failed trials)
     base = make_run_config(family, configure({}, {}), {**train_over, "optimizer": optimizer}, dataset)
-    check_holdout(dataset, TrainConfig(**base["train"]), base["model"]["context"])
+    tc = TrainConfig(**base["train"]).validate()
+    check_holdout(dataset, tc, base["model"]["context"])
+    pick_device(tc.device)   # a bad --device is one error now, not one failed trial each
+    if tc.threads:
+        use_threads(tc.threads)
 
     out = Path(out)
     check_search_folder(out)   # never write trials.csv, best.json, ... over a folder of the user's

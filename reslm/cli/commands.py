@@ -15,6 +15,7 @@ from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
+from reslm.core.files import write_json
 from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
 from reslm.experiments import run_demo, run_lab, run_sweep
 from reslm.experiments.reproduce import reproduce
@@ -98,6 +99,9 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
             raise ReslmError(f"{out} already holds a run (add --resume to continue it, or pick another --out)")
         if "cycles" in train_over and grow_cycles(out, train_over["cycles"]):
             print(f"reslm: {out} goes on to {train_over.pop('cycles')} cycles", file=sys.stderr)
+        if "threads" in train_over:   # where it runs, not what it computes: a resume may change it
+            cfg = read_config(out)
+            write_json(out / CONFIG, {**cfg, "train": {**cfg["train"], "threads": train_over.pop("threads")}})
         if model_over or train_over or args.preset or args.family:
             print(f"reslm: resuming {out} with its saved config (other flags ignored)", file=sys.stderr)
     else:

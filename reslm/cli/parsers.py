@@ -10,7 +10,7 @@ from reslm.bench import SECTIONS
 from reslm.cli.commands import (cmd_bench, cmd_data, cmd_demo, cmd_eval, cmd_generate, cmd_lab, cmd_presets,
                                 cmd_publish, cmd_report, cmd_reproduce, cmd_search, cmd_substrate, cmd_sweep,
                                 cmd_train)
-from reslm.cli.flags import (COUNTS, INT64, RC_ONLY, RIDGE_ONLY, SEED, Parser, add_flags,
+from reslm.cli.flags import (COUNTS, INT64, RC_ONLY, RIDGE_ONLY, SEED, TRAINING_THREADS, Parser, add_flags,
                              int_range, int_for, peek_flag, shared, train_family)
 from reslm.experiments import ALL_FAMILIES, BUDGETS, LAB_BUDGETS, STATE_DTYPES, SUBSTRATES, SWEEPS
 from reslm.generate import MAX_LENGTH
@@ -131,7 +131,7 @@ def _substrate_parser(sub):
     ex.add_argument("--embed-dim", type=int_range(*INT64), default=16, help="d, the input size (default 16, the paper's)")
     ex.add_argument("--seed", type=int_range(*SEED), default=0, help="embedding seed; train with the same --seed (default 0)")
     ex.add_argument("--out", required=True, help="the drive folder to write")
-    shared(ex, "--root", "--no-progress")
+    shared(ex, "--root", "--no-progress", "--threads")
     si = acts.add_parser("simulate", help="play a drive through an in-process substrate (a simulated device)",
                          description="Play DRIVE/ through the in-process substrate that `reslm train --reservoir "
                          "NAME` would build with these settings, following the device protocol, and write its "
@@ -149,7 +149,7 @@ def _substrate_parser(sub):
              "reservoir_options")
     res_fields = add_flags(si.add_argument_group("reservoir options (as in `reslm train`)"), ReservoirLMConfig, {},
                             skip=[f.name for f in fields(ReservoirLMConfig) if f.name not in knobs])
-    shared(si, "--no-progress")
+    shared(si, "--no-progress", "--threads")
     si.set_defaults(_reservoir_fields=res_fields)
     im = acts.add_parser("import", help="check a device's states against its drive and make a substrate",
                          description="Check STATES (.npy or .safetensors, memory-mapped: shape (S, N) with S the "
@@ -160,7 +160,7 @@ def _substrate_parser(sub):
     im.add_argument("--drive", required=True, help="the drive folder the device played")
     im.add_argument("--out", required=True, help="the substrate folder to write")
     im.add_argument("--tokens-sha256", help="the tokens sha256 the device reports it played (checked)")
-    shared(im, "--no-progress")
+    shared(im, "--no-progress", "--threads")
     sp.set_defaults(func=cmd_substrate)
 
 
@@ -197,6 +197,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     d.add_argument("--hf-config", help="bpe from hf: the dataset's config (subset) name")
     d.add_argument("--hf-split", default="train", help="bpe from hf: the split to read (default train)")
     d.add_argument("--text-field", default="text", help="bpe from hf: the text column (default text)")
+    shared(d, "--threads")
     d.set_defaults(func=cmd_data)
 
     pr = sub.add_parser("presets", help="list the model presets (Table 1's 15 and the frontier's ceilings)",
@@ -218,7 +219,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         parser.add_argument("--top-k", type=int_range(*INT64), help=f"sample among the k most likely {unit}s")
         parser.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with this probability mass")
         parser.add_argument("--seed", type=int_range(*SEED), default=0, help="sampling seed (default 0)")
-        shared(parser, "--device")
+        shared(parser, "--device", "--threads")
 
     gen = sub.add_parser("generate", help="generate text from a trained run (closed loop)",
                          description="Closed-loop generation: each predicted symbol is fed back as input. "
@@ -279,6 +280,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     pb.add_argument("--replace", action="store_true", help="DEST may hold a published run of another configuration "
                     "(another model or training field, seed or dataset): replace it, history and all (refused "
                     "without this flag)")
+    shared(pb, "--threads")
     pb.set_defaults(func=cmd_publish)
 
     rep = sub.add_parser("report", help="build the results tables and figures from results/ and docs/bench-*.json",
@@ -293,6 +295,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                      "(default: the current folder)")
     rep.add_argument("--check", action="store_true", help="write nothing; fail (exit 2) naming the outputs that "
                      "differ from what would be written")
+    shared(rep, "--threads")
     rep.set_defaults(func=cmd_report)
 
     rp = sub.add_parser("reproduce", help="the paper's comparison in one command: train, evaluate, figures, report.md",
@@ -323,7 +326,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     "computes bf16 natively (AMX, avx512_bf16), is also what the reservoir computes in, which is faster "
                     "there (docs/speed.md); auto: float32 where it fits in memory (default: "
                     "auto for the paper budget, float32 otherwise)")
-    shared(rp, "--root", "--device", "--no-progress")
+    shared(rp, "--root", "--device", "--no-progress", "--threads", threads_help=TRAINING_THREADS)
     rp.set_defaults(func=cmd_reproduce)
 
     lb = sub.add_parser("lab", help="the reservoir lab: every substrate at the paper's largest reservoir budgets, "
@@ -343,10 +346,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     lb.add_argument("--families", default="rc,aerc", help="rc, aerc or both (default both)")
     lb.add_argument("--physical-substrate", default="esn", help="the substrate whose runs are scored under noise "
                     "and ADC bits (default esn)")
-    lb.add_argument("--score", type=int_range(*INT64), help="test positions scored by the physical grids (default: the budget's; 0: all)")
+    lb.add_argument("--score", type=int_range(0, 2**63 - 1), help="test positions scored by the physical grids (default: the budget's; 0: all)")
     lb.add_argument("--data", default="shakespeare", help="character dataset name or path (default shakespeare)")
     lb.add_argument("--out", help="output folder (default lab-BUDGET)")
-    shared(lb, "--root", "--device", "--no-progress")
+    shared(lb, "--root", "--device", "--no-progress", "--threads", threads_help=TRAINING_THREADS)
     lb.set_defaults(func=cmd_lab)
 
     b = sub.add_parser("bench", help="measure reservoir and training throughput on this machine",
@@ -374,7 +377,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sw.add_argument("--out", help="sweep folder (default runs/sweep-<sweep>)")
     sw.add_argument("--max-steps", type=int_for("max_steps"), help="override the sweep's steps per run")
     sw.add_argument("--precision", help="auto | fp32 | bf16 | fp16")
-    sw.add_argument("--threads", type=int_range(*INT64), help="torch CPU threads")
+    sw.add_argument("--threads", type=int_for("threads"), help=TRAINING_THREADS)
     shared(sw, "--root", "--device", "--no-progress")
     sw.set_defaults(func=cmd_sweep)
 
@@ -387,6 +390,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "at a small budget, print a comparison table and a generated sample of each. "
                         "Resumable: re-running skips finished runs.")
     dm.add_argument("--out", default="runs/demo", help="folder for the three runs (default runs/demo)")
-    shared(dm, "--root", "--no-progress")
+    shared(dm, "--root", "--no-progress", "--threads", threads_help=TRAINING_THREADS)
     dm.set_defaults(func=cmd_demo)
     return p

@@ -26,8 +26,10 @@ from reslm.core.device import bf16_status
 from reslm.core.errors import ReslmError
 from reslm.core.files import plain_name
 from reslm.models import build_model, family, make_config
-from reslm.run.registry import is_published, load_published
-from reslm.run.checkpoint import load_checkpoint
+from reslm.core.radii import remember_radii
+from reslm.run.registry import MANIFEST, is_published, load_published, read_manifest
+from reslm.run.checkpoint import RADII, load_checkpoint
+from reslm.run.folder import CHECKPOINT
 from reslm.run.folder import read_config
 
 
@@ -144,6 +146,17 @@ def load_model(cfg: dict, device="cpu"):
     return model
 
 
+def load_run_model(run_dir: Path, cfg: dict, device="cpu"):
+    """load_model(cfg) for the run in run_dir, with the reservoir radii the run recorded (a published
+    folder's manifest, a run's checkpoint) taken as computed: no eigendecomposition of the fixed
+    matrix at load (seconds at N = 2600, minutes beside a busy training), and the same matrix bit for
+    bit (published: checked against its fingerprint)."""
+    run_dir = Path(run_dir)
+    if is_published(run_dir):
+        remember_radii(read_manifest(run_dir).get("radii"), f"{run_dir / MANIFEST}")
+    return load_model(cfg, device)
+
+
 def codec_of(cfg: dict, ds=None):
     """The run's tokenizer (reslm.data.tokenizer): a character run's from the vocabulary its config
     keeps (no dataset needed), a BPE run's from its dataset."""
@@ -156,13 +169,14 @@ def load_run(run_dir: Path, device="cpu"):
     """(model in eval mode with the last checkpoint's weights, its tokenizer (encode/decode), run config).
     A published folder (reslm.run.registry) gives its weights.safetensors on the buffers its seed rebuilds."""
     cfg = read_config(run_dir)
-    model = load_model(cfg, device)   # a damaged config.json is reported as such, before the checkpoint
     if is_published(run_dir):
-        model = load_published(run_dir, model)
+        model = load_published(run_dir, load_run_model(run_dir, cfg, device))
     else:
         ck = load_checkpoint(run_dir, map_location=device)   # refuses another run's or a damaged checkpoint
         if ck is None:
             raise ReslmError(f"{run_dir} has no checkpoint yet (train it first)")
+        remember_radii(ck.get(RADII), f"{run_dir / CHECKPOINT}")
+        model = load_model(cfg, device)
         try:
             model.load_state_dict(ck["model"])
         except (RuntimeError, KeyError, TypeError) as e:

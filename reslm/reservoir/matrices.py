@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from reslm.core.errors import ReslmError
+from reslm.core.radii import _RADII
 
 DISTRIBUTIONS = ("uniform", "normal")
 
@@ -41,7 +42,6 @@ def largest_singular_value(w: torch.Tensor) -> float:
 
 RADIUS_NORMS = {"spectral": spectral_radius, "singular": largest_singular_value}
 
-_RADII: dict = {}  # (norm, draw key) -> radius of the unscaled draw: an eig at N = 2600 takes seconds
 
 
 def scale_radius(w: torch.Tensor, radius: float, norm: str = "spectral", key: tuple | None = None) -> torch.Tensor:

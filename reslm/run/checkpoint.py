@@ -19,6 +19,7 @@ import torch
 
 from reslm.core.errors import ReslmError, describe
 from reslm.core.files import atomic_write, open_plain
+from reslm.core.radii import all_radii
 from reslm.run.folder import CHECKPOINT, CONFIG, read_config
 
 def _torch_save(state: dict, path: Path) -> None:
@@ -27,7 +28,7 @@ def _torch_save(state: dict, path: Path) -> None:
 
 
 # what a checkpoint holds besides the training state: the identity of its run and its checksum
-RUN_KEY, CHECKSUM = "run", "checksum"
+RUN_KEY, CHECKSUM, RADII = "run", "checksum", "radii"
 # training fields that do not make a run another run: where it runs (RUNTIME_FIELDS) and its number
 # of cycles, which grow_cycles raises in config.json under an existing checkpoint
 _NOT_IDENTITY = ("device", "precision", "threads", "cycles")
@@ -82,6 +83,7 @@ def save_checkpoint(run_dir: Path, state: dict) -> None:
     everything (_digest) are saved with `state`; load_checkpoint checks both."""
     run_dir = Path(run_dir)
     state = dict(state)
+    state.setdefault(RADII, all_radii())   # the reservoir radii: loading the run costs no eigendecomposition
     if (run_dir / CONFIG).is_file():
         state[RUN_KEY] = run_identity(read_config(run_dir))
     state[CHECKSUM] = _digest(state)

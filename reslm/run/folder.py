@@ -267,6 +267,12 @@ class MetricsLog:
             raise ReslmError(f"{self.path} {what} but the run's {CHECKPOINT} was saved after {n} rows: "
                              f"the log was cut short or removed (restore it from a copy, or start the run again)")
         rows = [_finite_or_none(r) for r in have[:n]]  # NaN from older versions -> null
+        for i, r in enumerate(rows, start=1):   # the NaN guard's promise: a run that diverged stops there
+            bad = next((k for k, v in r.items() if k.endswith("_loss") and v is None), None)
+            if bad is not None:
+                raise ReslmError(f"{self.path} row {i} has {bad} null (it was not a finite number): the run diverged "
+                                 f"at step {r.get('step')} and stops there; start it again with other settings "
+                                 f"(a lower --lr, --grad-clip)")
         text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows)
         atomic_write(self.path, lambda p: p.write_text(text))
         self.rows = len(rows)
