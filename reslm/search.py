@@ -198,7 +198,7 @@ def _open_study(optuna, url: str, name: str):
     with contextlib.ExitStack() as stack:
         try:
             if path and path != ":memory:":
-                fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+                fd = open_plain(Path(f"{path}.lock"), os.O_RDWR | os.O_CREAT, 0o644)   # never through a link
                 stack.callback(os.close, fd)
                 fcntl.flock(fd, fcntl.LOCK_EX)   # released when fd closes
             storage = _heartbeat_storage(optuna, url) if heartbeat else url

@@ -220,3 +220,28 @@ def test_a_wrongly_typed_config_is_one_line(made, tmp_path, capsys, edit):
     for argv in (["eval", str(folder), *EVAL], ["publish", str(folder), str(tmp_path / "out")]):
         assert main(argv) == 2
         refused(capsys, "config.json")
+
+
+def test_a_states_link_is_not_followed(made, tmp_path, capsys):
+    """RUN/states -> a user's folder: --cache-states would have removed its *.pt files; it is refused."""
+    folder, _ = copy(made, "half", tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "model.pt").write_text(VICTIM)
+    os.symlink(mine, folder / "states")
+    assert main(["train", "--out", str(folder), "--resume", "--cache-states", "--no-progress"]) == 2
+    refused(capsys, "states", "link")
+    assert (mine / "model.pt").read_text() == VICTIM and sorted(p.name for p in mine.iterdir()) == ["model.pt"]
+
+
+def test_a_search_lock_link_is_not_followed(chars, tmp_path, capsys):
+    out = tmp_path / "search"
+    out.mkdir()
+    (out / "search.json").write_text('{"family": "rc"}')
+    victim = tmp_path / "victim.txt"
+    victim.write_text(VICTIM)
+    os.symlink(victim, out / "study.db.lock")
+    assert main(["search", "--out", str(out), "--trials", "1", "--size", "16", "--shard-chars", "1000",
+                 "--data", str(chars.path), "--no-progress"]) == 2
+    refused(capsys, "link")
+    assert victim.read_text() == VICTIM
