@@ -2,7 +2,8 @@
 
 A published folder is a run directory without what can be rebuilt or is too big to keep in git:
 
-    config.json          the run's config, as trained
+    config.json          the run's config, as trained; its dataset named by name only (data.path: no
+                         path of the machine that trained it; found under the data root)
     metrics.jsonl        its log, up to its checkpoint
     summary.json         when it is consistent with that log (the end of a train call)
     eval.json            when the run was evaluated (`reslm eval`)
@@ -11,8 +12,9 @@ A published folder is a run directory without what can be rebuilt or is too big 
     checkpoint.pt        only while the run is unfinished: optimizer state, step, schedule position
                          (its "model" entry is left out: the weights are weights.safetensors)
     provenance.json      how it was made: command, commit, CPU of each publish, torch, threads, wall times
-    manifest.json        format version, sha256 of every file above, and the fingerprint of every
-                         fixed tensor (shape, dtype, sha256 of its bytes, float64 sum and sum of squares)
+    manifest.json        format version, sha256 of every file above, the fingerprint of every fixed
+                         tensor (shape, dtype, sha256 of its bytes, float64 sum and sum of squares), and
+                         the radius of each reservoir draw (radii: loading skips the eigendecomposition)
 
 Never reservoir states, never the dataset. `load_published(folder, model)` fills a freshly built model
 (whose buffers the config's seed has just rebuilt) with the folder's weights after checking the
@@ -20,7 +22,9 @@ weight file against the manifest and the rebuilt buffers against their fingerpri
 bytes differ but whose sum and sum of squares agree to 1e-5 is the same matrix rounded differently
 (an eigenvalue routine of another CPU or BLAS scales the reservoir): accepted with a warning. Anything
 else (a missing or altered weight file, another reservoir, a format newer than FORMAT) is a one-line
-ReslmError. Publishing (reslm.publish) writes these files; this module only reads and checks them,
+ReslmError. Every file is read without following links (reslm.core.files.open_plain), and every
+listed file is checked against its sha256 before a published folder is used (verify_published).
+Publishing (reslm.publish) writes these files; this module only reads and checks them,
 so that reslm.models.load can open a published folder like a run.
 """
 from __future__ import annotations
