@@ -248,7 +248,8 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     generated = text if token_run else np.asarray(gen, dtype=np.int64)
     ns = ns if drivable else ()
     result = dict(
-        run=run_dir.resolve().name if is_published(run_dir) else str(run_dir), family=cfg["family"], preset=cfg.get("preset"), kind="tokens" if token_run else "chars",
+        run=run_dir.resolve().name if is_published(run_dir) else str(run_dir),   # published: no machine's path
+        family=cfg["family"], preset=cfg.get("preset"), kind="tokens" if token_run else "chars",
         trainable_params=count_params(model)[0],
         test_loss=loss, test_bits=bits(loss), test_bpc=bpc, score_positions=positions,
         score_seconds=score_s, score_reservoir_seconds=score_res, score_trainable_seconds=score_s - score_res,

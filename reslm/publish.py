@@ -30,11 +30,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 import reslm
 from reslm.core.device import cpu_name
-from reslm.core.errors import ReslmError, writing
+from reslm.core.errors import ReslmError, write_error
 from reslm.core.files import (atomic_write, exchange, fsync_dir, fsync_tree, make_temp_dir, missing_parents, read_json,
                               remove_empty_dirs, sha256_file, write_json)
 from reslm.models import make_config, preset
@@ -263,6 +264,15 @@ def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str 
     return manifest
 
 
+def _save_weights(tensors: dict, path: Path) -> None:
+    """safetensors' save_file, with its failed write (a full disk) as the one-line ReslmError "could not
+    write PATH: no space left on device" instead of a SafetensorError traceback."""
+    try:
+        save_file(tensors, str(path), metadata={"format": str(FORMAT)})
+    except SafetensorError as e:
+        raise write_error(path, RuntimeError(f"write failed: {e}")) from None
+
+
 def _write(folder: Path, ck: dict, f: dict, *, in_place: bool) -> dict:
     """Write the published files into `folder` (config, metrics, summary, eval, weights, checkpoint
     while unfinished, provenance, then the manifest over them); in place, remove what no longer
@@ -276,9 +286,7 @@ def _write(folder: Path, ck: dict, f: dict, *, in_place: bool) -> dict:
     if f["evaluation"] is not None:
         write_json(folder / EVAL, f["evaluation"])
     trainable, _ = split_state(f["model"])
-    with writing(folder / WEIGHTS):
-        atomic_write(folder / WEIGHTS, lambda p: save_file({k: v.contiguous() for k, v in trainable.items()}, str(p),
-                                                           metadata={"format": str(FORMAT)}))
+    atomic_write(folder / WEIGHTS, lambda p: _save_weights({k: v.contiguous() for k, v in trainable.items()}, p))
     if f["checkpoint"] is not None:
         save_checkpoint(folder, f["checkpoint"])
     write_json(folder / PROVENANCE, f["provenance"])

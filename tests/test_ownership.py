@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from safetensors import SafetensorError
 
 import reslm.publish as pub
 import reslm.train as tt
@@ -223,19 +224,22 @@ def test_published_files_hold_no_absolute_paths(runs, tmp_path):
 
 # --- atomic publish --------------------------------------------------------------------------------------------
 
-def _fail_weights(monkeypatch):
+def _fail_weights(monkeypatch, kind="oserror"):
     def boom(*a, **k):
+        if kind == "safetensors":   # what safetensors raises with ~30 KB free (it was a traceback)
+            raise SafetensorError("Error while serializing: IoError(No space left on device (os error 28))")
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(pub, "save_file", boom)
 
 
-def test_a_failed_publish_leaves_nothing_and_can_be_rerun(runs, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("kind", ["oserror", "safetensors"])
+def test_a_failed_publish_leaves_nothing_and_can_be_rerun(runs, tmp_path, capsys, monkeypatch, kind):
     """A full disk mid-publish: one line, no half folder (config/metrics without a manifest), no temp
     folder; the same command then succeeds."""
     dest = tmp_path / "results" / "new"
-    _fail_weights(monkeypatch)
+    _fail_weights(monkeypatch, kind)
     assert main(["publish", str(runs["a"]), str(dest)]) == 2
-    assert "no space left on device" in last_error(capsys)
+    assert "could not write" in last_error(capsys)
     assert not (tmp_path / "results").exists()               # not even the parent it made
     monkeypatch.undo()
     assert main(["publish", str(runs["a"]), str(dest)]) == 0

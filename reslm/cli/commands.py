@@ -186,13 +186,17 @@ def _print_grid(r: dict) -> None:
 def cmd_eval(args):
     _check_sampling(args)
     physical = _physical_values(args)
+    run = Path(args.run_dir)
+    write = args.write if args.write is not None else not is_published(run)   # results/NAME: only read
+    ensure_dataset(read_config(run))   # a fresh clone: the Shakespeare data is built, as train does
     if any(len(v) > 1 for v in physical.values()):   # a grid: test CE only, one reservoir pass
-        r = physical_grid(Path(args.run_dir), physical, score=args.score, device=args.device)
+        r = physical_grid(run, physical, score=args.score, device=args.device, write=write)
         if args.json:
             print(json.dumps(r, indent=2))
         else:
             _print_grid(r)
-        print(f"(written to {Path(args.run_dir) / GRID_FILE}.json and .csv)", file=sys.stderr)
+        print(f"(written to {run / GRID_FILE}.json and .csv)" if write else
+              f"(not written: {run} is a published run; add --write to record it there)", file=sys.stderr)
         return
     try:
         ns = tuple(int(n) for n in args.ngrams.split(","))
@@ -200,9 +204,6 @@ def cmd_eval(args):
         raise ReslmError(f"--ngrams must be comma-separated integers, got {args.ngrams!r}") from None
     if not ns or min(ns) < 1:
         raise ReslmError("--ngrams must be positive integers")
-    run = Path(args.run_dir)
-    write = args.write if args.write is not None else not is_published(run)
-    ensure_dataset(read_config(run))   # a fresh clone: the Shakespeare data is built, as train does
     r = evaluate_run(run, length=args.length, ns=ns, score=args.score, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
                      physical={k: v[0] for k, v in physical.items()}, write=write)
