@@ -265,3 +265,16 @@ def test_an_interrupted_publish_leaves_nothing(runs, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         publish(runs["half"], dest, date=DATE)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["sweep", "demo"])
+def test_sweep_and_demo_refuse_a_folder_of_the_users(tmp_path, capsys, command):
+    """sweep writes scaling.csv/.json/.png and demo writes demo.json into --out: a folder holding anything
+    else (here the user's scaling.csv is a folder's of notes) is refused before any training."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    argv = ["sweep", "--out", str(out)] if command == "sweep" else ["demo", "--out", str(out)]
+    assert main(argv) == 2
+    assert "notes.txt, which is not" in last_error(capsys)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]

@@ -19,13 +19,14 @@ from reslm.core.files import write_json
 from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
 from reslm.experiments import run_demo, run_lab, run_sweep
 from reslm.experiments.reproduce import reproduce
+from reslm.experiments.sweep import SWEEP_OUTPUTS
 from reslm.generate import check_length, sample
 from reslm.models import MODELS, preset, preset_table
 from reslm.publish import publish, unpacked
 from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
-from reslm.run import CONFIG, drop_stale_evals, lock_new_run, read_config
+from reslm.run import CONFIG, check_runs_folder, drop_stale_evals, lock_new_run, read_config
 from reslm.models.load import ensure_dataset, find_dataset, load_run
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
@@ -278,10 +279,11 @@ def cmd_bench(args):
 
 
 def cmd_sweep(args):
+    out = Path(args.out or f"runs/sweep-{args.sweep}")
+    check_runs_folder(out, SWEEP_OUTPUTS, "a sweep")   # before the dataset is looked for or built
     dataset = find_dataset(args.data or "shakespeare-bpe4096", "tokens", Path(args.root) if args.root else None)
     over = {k: v for k, v in dict(max_steps=args.max_steps, device=args.device, precision=args.precision,
                                   threads=args.threads).items() if v is not None}
-    out = Path(args.out or f"runs/sweep-{args.sweep}")
     rows = run_sweep(out, dataset, args.sweep, tuple(args.families.split(",")), over, progress=not args.no_progress)
     result = write_scaling(out, rows)
     if result["note"]:

@@ -210,6 +210,27 @@ def check_output_folder(out: Path, stamp: str, what: str) -> None:
         raise ReslmError(f"{shown(out)} already exists and is not {what} (no {stamp}); pick another --out")
 
 
+def check_runs_folder(out: Path, outputs: tuple[str, ...], what: str) -> None:
+    """ReslmError unless every entry of `out` (when it exists) is a run folder reslm made or one of the
+    files `outputs` that the command itself writes there (a sweep's scaling.csv, the demo's
+    demo.json): such a command never writes over a folder of the user's."""
+    out = Path(out)
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise ReslmError(f"{shown(out)} exists and is not a directory; pick another --out")
+    try:
+        entries = sorted(out.iterdir())
+    except OSError as e:
+        raise ReslmError(f"cannot use {shown(out)}: {reason(e)}") from None
+    for p in entries:
+        if p.name == LOCK or _TEMP_FILE.match(p.name) or (p.name in outputs and _is_plain(p)):
+            continue
+        if p.is_dir() and not p.is_symlink() and is_reslm_folder(p):
+            continue
+        raise ReslmError(f"{shown(out)} already holds {p.name}, which is not {what}'s; pick another --out")
+
+
 def clean_stale_temps(run_dir: Path, *, ours: bool = False) -> list[Path]:
     """Remove the temp files a killed writer left in `run_dir`: atomic_write's ".NAME.XXXXXXXX.tmp" of
     the files reslm writes (config.json, checkpoint.pt, metrics.jsonl, summary.json, eval*.json, ...;
