@@ -39,8 +39,8 @@ from reslm.core.errors import ReslmError, write_error
 from reslm.core.files import (atomic_write, exchange, fsync_dir, fsync_tree, make_temp_dir, missing_parents, read_json,
                               remove_empty_dirs, sha256_file, write_json)
 from reslm.models import make_config, preset
-from reslm.reservoir import model_radii, remember_radii
-from reslm.run.checkpoint import RADII, identity_difference
+from reslm.reservoir import model_radii
+from reslm.run.checkpoint import identity_difference
 from reslm.run.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, eval_matches, fixed_fingerprints,
                                 is_published, load_published, read_manifest, read_provenance, same_tensor, split_state,
                                 verify_published, weights_digest)
@@ -99,7 +99,6 @@ def _consistent_summary(summary: dict | None, rows: list[dict]) -> bool:
 def _weights(run_dir: Path, cfg: dict, ck: dict):
     """(model on the CPU with the checkpoint's weights, fingerprints of its fixed tensors), after
     checking that the config's seed rebuilds those fixed tensors."""
-    remember_radii(ck.get(RADII), f"{run_dir / CHECKPOINT}")   # recorded radii: no eigendecomposition
     model = load_run_model(run_dir, cfg, "cpu")
     rebuilt = fixed_fingerprints(model)
     if "model" not in ck:   # a published folder's own checkpoint: its weights are weights.safetensors

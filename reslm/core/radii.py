@@ -2,13 +2,16 @@
 per process and recorded with a run, so that loading it never pays an eigendecomposition again.
 
 reslm.reservoir.matrices.scale_radius keeps the radius of each unscaled random draw here under its key
-(norm, (kind, size, density, seed)); a checkpoint (reslm.run.checkpoint) and a published manifest
-(reslm.publish) record them by name (radius_name), and loading a run puts them back (remember_radii)
-before its reservoir is rebuilt: w * (radius / rho) with the recorded rho is bit for bit the matrix the
-run had. Plain Python, no torch: the run folder's modules stand on it without importing the models.
+(norm, (kind, size, density, seed)); a published manifest (reslm.publish) records them by name
+(radius_name), and loading the folder puts them back (remember_radii) before its reservoir is rebuilt:
+w * (radius / rho) with the recorded rho is bit for bit the matrix the run had. A run folder needs no
+record: its checkpoint holds the scaled matrix itself, so its model is built under deferred() (the
+radius left unscaled, no eigendecomposition) and the checkpoint's matrix replaces it. Plain Python, no
+torch: the run folder's modules stand on it without importing the models.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -16,6 +19,23 @@ from reslm.core.errors import ReslmError
 
 NORMS = ("spectral", "singular")
 _RADII: dict = {}  # (norm, draw key) -> radius of the unscaled draw: an eig at N = 2600 takes seconds
+_DEFERRED = [0]    # > 0 inside deferred(): scale_radius leaves the draw unscaled and computes nothing
+
+
+@contextlib.contextmanager
+def deferred():
+    """Within the block, reservoir matrices are built without their radius scaling (no
+    eigendecomposition, nothing cached): only for a model whose fixed buffers are then all replaced
+    by a checkpoint's (load_state_dict, strict), as opening a run folder does."""
+    _DEFERRED[0] += 1
+    try:
+        yield
+    finally:
+        _DEFERRED[0] -= 1
+
+
+def is_deferred() -> bool:
+    return _DEFERRED[0] > 0
 
 
 def radius_name(norm: str, key: tuple) -> str:
@@ -33,11 +53,6 @@ def recorded_radii(names) -> dict[str, float]:
         if rho is not None:
             out[name] = rho
     return out
-
-
-def all_radii() -> dict[str, float]:
-    """Every radius this process computed or remembered, by name (what a checkpoint records)."""
-    return {radius_name(norm, key): rho for (norm, key), rho in sorted(_RADII.items(), key=repr) if key is not None}
 
 
 def remember_radii(records, where: str = "the run") -> None:

@@ -26,10 +26,9 @@ from reslm.core.device import bf16_status
 from reslm.core.errors import ReslmError
 from reslm.core.files import plain_name
 from reslm.models import build_model, family, make_config
-from reslm.core.radii import remember_radii
+from reslm.core.radii import deferred, remember_radii
 from reslm.run.registry import MANIFEST, is_published, load_published, read_manifest
-from reslm.run.checkpoint import RADII, load_checkpoint
-from reslm.run.folder import CHECKPOINT
+from reslm.run.checkpoint import load_checkpoint
 from reslm.run.folder import read_config
 
 
@@ -175,8 +174,8 @@ def load_run(run_dir: Path, device="cpu"):
         ck = load_checkpoint(run_dir, map_location=device)   # refuses another run's or a damaged checkpoint
         if ck is None:
             raise ReslmError(f"{run_dir} has no checkpoint yet (train it first)")
-        remember_radii(ck.get(RADII), f"{run_dir / CHECKPOINT}")
-        model = load_model(cfg, device)
+        with deferred():   # the checkpoint holds the scaled reservoir: no eigendecomposition to rebuild it
+            model = load_model(cfg, device)
         try:
             model.load_state_dict(ck["model"])
         except (RuntimeError, KeyError, TypeError) as e:

@@ -10,16 +10,15 @@ It is written atomically (reslm.core.files.atomic_write): a kill leaves the last
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 from reslm.core.errors import ReslmError, describe
-from reslm.core.files import atomic_write, open_plain
-from reslm.core.radii import all_radii
+from reslm.core.files import atomic_write, read_plain
 from reslm.run.folder import CHECKPOINT, CONFIG, read_config
 
 def _torch_save(state: dict, path: Path) -> None:
@@ -28,7 +27,7 @@ def _torch_save(state: dict, path: Path) -> None:
 
 
 # what a checkpoint holds besides the training state: the identity of its run and its checksum
-RUN_KEY, CHECKSUM, RADII = "run", "checksum", "radii"
+RUN_KEY, CHECKSUM = "run", "checksum"
 # training fields that do not make a run another run: where it runs (RUNTIME_FIELDS) and its number
 # of cycles, which grow_cycles raises in config.json under an existing checkpoint
 _NOT_IDENTITY = ("device", "precision", "threads", "cycles")
@@ -83,7 +82,6 @@ def save_checkpoint(run_dir: Path, state: dict) -> None:
     everything (_digest) are saved with `state`; load_checkpoint checks both."""
     run_dir = Path(run_dir)
     state = dict(state)
-    state.setdefault(RADII, all_radii())   # the reservoir radii: loading the run costs no eigendecomposition
     if (run_dir / CONFIG).is_file():
         state[RUN_KEY] = run_identity(read_config(run_dir))
     state[CHECKSUM] = _digest(state)
@@ -153,23 +151,21 @@ def load_checkpoint(run_dir: Path, map_location="cpu") -> dict | None:
         return None
     problem, state = None, None
     try:   # a link or a special file (a FIFO would hang the read) is refused, not followed
-        with os.fdopen(open_plain(path), "rb") as f:
-            head = f.read(4)
-            f.seek(0)
-            if not head:
-                problem = "the file is empty"
-            elif head != b"PK\x03\x04":  # torch.save writes a zip archive
-                problem = "not a PyTorch checkpoint (a foreign file?)"
-            else:
-                state = torch.load(f, map_location=map_location, weights_only=True)
+        data = read_plain(path) or b""
+        if not data:
+            problem = "the file is empty"
+        elif data[:4] != b"PK\x03\x04":  # torch.save writes a zip archive
+            problem = "not a PyTorch checkpoint (a foreign file?)"
+        else:
+            state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except ReslmError:
         raise
     except Exception as e:
         msg = str(e)
         if "Weights only load failed" in msg:
             problem = "it holds objects other than tensors and plain values (weights_only refuses them)"
-        elif any(s in msg for s in ("zip archive", "central directory", "PytorchStreamReader")) or \
-                isinstance(e, EOFError):
+        elif any(s in msg for s in ("zip archive", "central directory", "PytorchStreamReader", "seek")) or \
+                isinstance(e, (EOFError, OSError, ValueError)):   # a zip cut short: whatever the reader says
             problem = "the file is truncated or damaged"
         else:
             problem = describe(e)
