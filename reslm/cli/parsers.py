@@ -206,6 +206,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                     "each obeys the reservoir frontier's rules (fixed substrate, trained readout of the "
                                     "current state only, at most 155,459 trainable parameters; reslm.models.budget).")
     pr.add_argument("--json", action="store_true", help="print a JSON list with each preset's full config")
+    shared(pr, "--threads")
     pr.set_defaults(func=cmd_presets)
 
     _train_parser(sub, train_family(argv) if argv[:1] == ["train"] or "train" in argv[:2] else None)
@@ -363,7 +364,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    "figure in a few minutes)")
     b.add_argument("--only", metavar="SECTIONS", help="comma-separated subset of " + ",".join(SECTIONS)
                    + " (default: all; training also times its models' reservoir states)")
-    shared(b, "--no-progress")
+    shared(b, "--no-progress", "--threads", threads_help="torch CPU threads to measure with, at most this machine's "
+           "cores (default: torch's default, as the recorded bench results)")
     b.set_defaults(func=cmd_bench)
 
     sw = sub.add_parser("sweep", help="scaling sweep of LAERC vs GPT sizes with L_min = a log10 N + b fits",
