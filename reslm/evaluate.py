@@ -32,7 +32,7 @@ import csv
 import itertools
 import platform
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from reslm.models.reservoir_lm import ReservoirLM
 from reslm.ngram import NgramReference, distinct_n
 from reslm.reservoir.base import Reservoir
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
-from reslm.run.registry import is_published, record_file
+from reslm.run.registry import is_published, record_file, weights_digest
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
 from reslm.core.files import atomic_write, write_json
 from reslm.run import lock_run
@@ -182,14 +182,23 @@ def _score_tokens(model, tokens: torch.Tensor, context: int, batch: int = 16) ->
     return loss, count
 
 
-def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 65536, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, seed: int = 0, device: str = "cpu",
-                 reference=None, write: bool = True, physical: dict | None = None) -> dict:
+def evaluate_run(run_dir: Path, *, write: bool = True, **kw) -> dict:
     """Score, generate and compare one trained run (see the notes above); writes run_dir/eval.json.
+    With `write`, the run's lock is held for the whole command (a run that is training is refused at
+    once, and eval.json never describes other weights than the ones on disk); without it the run is
+    only read (a published folder's files are checked against its manifest). The result records the
+    sha256 of the weights it scored (weights_sha256), so that publish never ships it with others.
 
     reference: an `reslm.ngram.NgramReference` of the test text, to reuse across runs (built if None).
     physical: overrides of the run's physical constraints (PhysicalConfig fields); the result then goes
     to run_dir/eval-<settings>.json."""
+    with lock_run(run_dir) if write else nullcontext():
+        return _evaluate_run(Path(run_dir), write=write, **kw)
+
+
+def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 65536, temperature: float = 1.0,
+                  top_k: int | None = None, top_p: float | None = None, seed: int = 0, device: str = "cpu",
+                  reference=None, write: bool = True, physical: dict | None = None) -> dict:
     for name, v in (("length", length), ("score", score)):
         if not isinstance(v, int) or v < 0 or (name == "length" and v < 1):
             raise ReslmError(f"{name} must be a {'positive' if name == 'length' else 'non-negative'} integer, got {v!r}")
@@ -239,7 +248,8 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
     generated = text if token_run else np.asarray(gen, dtype=np.int64)
     ns = ns if drivable else ()
     result = dict(
-        run=str(run_dir), family=cfg["family"], preset=cfg.get("preset"), kind="tokens" if token_run else "chars",
+        run=run_dir.resolve().name if is_published(run_dir) else str(run_dir),   # published: no machine's path
+        family=cfg["family"], preset=cfg.get("preset"), kind="tokens" if token_run else "chars",
         trainable_params=count_params(model)[0],
         test_loss=loss, test_bits=bits(loss), test_bpc=bpc, score_positions=positions,
         score_seconds=score_s, score_reservoir_seconds=score_res, score_trainable_seconds=score_s - score_res,
@@ -250,27 +260,32 @@ def evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 6
         prompt=codec.decode(prompt), sample=text,
         settings=dict(length=length, score=score, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         environment=dict(device=str(dev), torch=torch.__version__, python=platform.python_version(),
-                         threads=torch.get_num_threads()))
+                         threads=torch.get_num_threads()),
+        weights_sha256=weights_digest(model))
     if token_run:
         result["score_windows"] = n_windows
     if trained is not None:
         result.update(physical=asdict(measured), physical_trained=asdict(trained), physical_overrides=physical or {})
     if not drivable:
         result["note"] = "no sample: a recorded substrate cannot be driven with generated text"
-    if write:
-        with lock_run(run_dir):  # not while a trainer is writing the run
-            write_json(run_dir / eval_file_name(result), result)
-            if is_published(run_dir) and eval_file_name(result) == EVAL_FILE:  # a results/ folder: keep its manifest true
-                record_file(run_dir, EVAL_FILE)
+    if write:   # under the lock evaluate_run holds
+        write_json(run_dir / eval_file_name(result), result)
+        if is_published(run_dir) and eval_file_name(result) == EVAL_FILE:  # a results/ folder: keep its manifest true
+            record_file(run_dir, EVAL_FILE)
     return result
 
 
-def physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str = "cpu",
-                  write: bool = True) -> dict:
+def physical_grid(run_dir: Path, grid: dict, *, write: bool = True, **kw) -> dict:
     """Test CE of one rc / aerc run under every combination of the physical settings in `grid`
     ({field: [values]}, fields of PhysicalConfig; the others stay as trained), on the chunk
     `evaluate_run` scores. The reservoir runs once; each setting re-measures its states. Writes
     run_dir/eval-physical.json and .csv (replacing a previous grid's)."""
+    with lock_run(run_dir) if write else nullcontext():   # the whole command, as evaluate_run
+        return _physical_grid(Path(run_dir), grid, write=write, **kw)
+
+
+def _physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str = "cpu",
+                   write: bool = True) -> dict:
     if not isinstance(score, int) or score < 0:
         raise ReslmError(f"score must be a non-negative integer, got {score!r}")
     run_dir = Path(run_dir)
@@ -298,9 +313,8 @@ def physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str 
                   rows=rows, environment=dict(device=str(dev), torch=torch.__version__,
                                               threads=torch.get_num_threads()))
     if write:
-        with lock_run(run_dir):
-            write_json(run_dir / f"{GRID_FILE}.json", result)
-            atomic_write(run_dir / f"{GRID_FILE}.csv", lambda p: _write_csv(p, rows))
+        write_json(run_dir / f"{GRID_FILE}.json", result)
+        atomic_write(run_dir / f"{GRID_FILE}.csv", lambda p: _write_csv(p, rows))
     return result
 
 

@@ -21,25 +21,32 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 import reslm
 from reslm.core.device import cpu_name
-from reslm.core.errors import ReslmError
-from reslm.core.files import atomic_write, read_json, sha256_file, write_json
+from reslm.core.errors import ReslmError, write_error
+from reslm.core.files import (atomic_write, exchange, fsync_dir, fsync_tree, make_temp_dir, missing_parents, read_json,
+                              remove_empty_dirs, sha256_file, write_json)
 from reslm.models import make_config, preset
-from reslm.run.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, fixed_fingerprints, is_published,
-                            load_published, read_manifest, same_tensor, split_state)
-from reslm.run import (CHECKPOINT, CONFIG, METRICS, SUMMARY, load_checkpoint, lock_run, read_config, read_metrics,
-                       save_checkpoint)
-from reslm.models.load import load_model
+from reslm.reservoir import model_radii
+from reslm.run.checkpoint import identity_difference
+from reslm.run.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, eval_matches, fixed_fingerprints,
+                                is_published, load_published, read_manifest, read_provenance, same_tensor, split_state,
+                                verify_published, weights_digest)
+from reslm.run import (CHECKPOINT, CONFIG, LOCK, METRICS, SUMMARY, load_checkpoint, lock_run, read_config, read_metrics,
+                       run_identity, save_checkpoint)
+from reslm.models.load import load_run_model
 from reslm.train import is_finished, train_config
 
 TIMING = ("wall", "samples_per_s", "seconds", "tokens_per_s")   # metrics fields that differ run to run
@@ -92,7 +99,7 @@ def _consistent_summary(summary: dict | None, rows: list[dict]) -> bool:
 def _weights(run_dir: Path, cfg: dict, ck: dict):
     """(model on the CPU with the checkpoint's weights, fingerprints of its fixed tensors), after
     checking that the config's seed rebuilds those fixed tensors."""
-    model = load_model(cfg, "cpu")
+    model = load_run_model(run_dir, cfg, "cpu")
     rebuilt = fixed_fingerprints(model)
     if "model" not in ck:   # a published folder's own checkpoint: its weights are weights.safetensors
         if not is_published(run_dir):
@@ -112,10 +119,11 @@ def _weights(run_dir: Path, cfg: dict, ck: dict):
     return model, trained
 
 
-def _provenance(dest: Path, cfg: dict, ck: dict, rows: list[dict], finished: bool, command: str | None,
-                date: str) -> dict:
-    old = read_json(dest / PROVENANCE) if is_published(dest) else None
-    history = list(old.get("publishes", [])) if old else []
+def _provenance(prior: dict | None, cfg: dict, ck: dict, rows: list[dict], finished: bool, command: str | None,
+                date: str, evaluation: dict | None) -> dict:
+    """provenance.json: `prior` (the same run's earlier provenance, or None for a first publish) gains
+    this publish's entry; the command is the one given, the prior one, or one rebuilt from the config."""
+    history = list(prior.get("publishes", [])) if prior else []
     # the processor that trained it (the checkpoint says, where it was written by a reslm that records it)
     trained_on = ck.get("device") if isinstance(ck.get("device"), str) else cpu_name()
     entry = dict(date=date, step=int(ck.get("step", 0)), finished=finished, train_seconds=ck.get("train_seconds"),
@@ -124,10 +132,10 @@ def _provenance(dest: Path, cfg: dict, ck: dict, rows: list[dict], finished: boo
         history[-1] = entry          # the same point of the run published again: the latest word on it
     else:
         history.append(entry)
-    ev = read_json(dest / EVAL) or {}
+    ev = evaluation or {}
     cpus = list(dict.fromkeys(h["cpu"] for h in history))
     return dict(
-        format=FORMAT, command=command or (old or {}).get("command") or train_command(cfg),
+        format=FORMAT, command=command or (prior or {}).get("command") or train_command(cfg),
         reslm=reslm.__version__, torch=torch.__version__, commit=entry["commit"], date=date,
         cpu=" then ".join(cpus), threads=cfg["train"].get("threads") or entry["threads"],
         wall=dict(train_seconds=ck.get("train_seconds"),
@@ -136,61 +144,167 @@ def _provenance(dest: Path, cfg: dict, ck: dict, rows: list[dict], finished: boo
         publishes=history)
 
 
-def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str | None = None) -> dict:
+def published_config(cfg: dict) -> dict:
+    """The config.json of a published folder: the run's, with the dataset named by its name only (the
+    path of the machine that trained it means nothing elsewhere; reslm.models.load.open_dataset finds
+    it by name under the data root)."""
+    data = cfg["data"]
+    return {**cfg, "data": {**data, "path": data.get("name") or Path(data["path"]).name}}
+
+
+def _current_eval(folder: Path, digest: str, step: int) -> dict | None:
+    """folder/eval.json when it scored the weights being published; None when there is none or it is
+    stale (an evaluation from before --resume trained on), with a note on stderr for the stale one. An
+    eval.json that records no weights (older reslm) counts as current unless it is older than the
+    folder's checkpoint.pt."""
+    evaluation = read_json(folder / EVAL)
+    if evaluation is None:
+        return None
+    ok = eval_matches(evaluation, digest, step)
+    if ok is None:
+        ck = folder / CHECKPOINT
+        ok = not (ck.exists() and (folder / EVAL).stat().st_mtime < ck.stat().st_mtime)
+    if not ok:
+        print(f"reslm: note: {folder / EVAL} scored earlier weights than the run's checkpoint: left out "
+              f"(run `reslm eval` again to evaluate these)", file=sys.stderr)
+        return None
+    return evaluation
+
+
+def _destination(run_dir: Path, dest: Path, cfg: dict, in_place: bool, replace: bool) -> tuple[bool, dict | None]:
+    """(whether dest already holds a folder to swap out, the provenance of the same run to continue or
+    None), after checking that dest is ours to write: missing, empty, or a published run of the same
+    run (another configuration, seed or dataset only with replace)."""
+    prior = read_provenance(run_dir) if is_published(run_dir) else None
+    if in_place:
+        return False, prior
+    if not os.path.lexists(dest):
+        return False, prior
+    if dest.is_symlink() or not dest.is_dir():
+        raise ReslmError(f"{dest} exists and is not a directory" if not dest.is_symlink() else
+                         f"{dest} is a symbolic link; publish into a real folder")
+    if not is_published(dest):
+        if any(p.name != LOCK for p in dest.iterdir()):
+            raise ReslmError(f"{dest} exists and is not a published run (no {MANIFEST}); pick a new folder")
+        return True, prior
+    read_manifest(dest)
+    read_provenance(dest)                    # types checked even when it is replaced
+    why = identity_difference(run_identity(read_config(dest)), run_identity(cfg))
+    if why is not None:
+        if not replace:
+            raise ReslmError(f"{dest} holds another published run ({why}); pick a new folder, or add --replace "
+                             f"to replace it (its provenance and history go with it)")
+        return True, prior                   # the replaced run's history is not this one's
+    verify_published(dest)                   # the same run: its history continues, so it must be true
+    return True, read_provenance(dest)
+
+
+def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str | None = None,
+            replace: bool = False) -> dict:
     """Publish the run in run_dir into dest (a new folder, an earlier publish of the same run, or
     run_dir itself); returns the manifest. `command`: the training command to record (default: one
-    rebuilt from the config); `date`: ISO date of this publish (default: now, UTC)."""
+    rebuilt from the config); `date`: ISO date of this publish (default: now, UTC); `replace`: dest
+    may hold a published run of another configuration (refused otherwise).
+
+    A new or updated dest is written beside it and renamed into place (exchanged with the old folder):
+    it appears whole or not at all, and a failed publish leaves nothing to clean up. Publishing a
+    folder in place (`reslm train --resume` on results/NAME) rewrites its files one by one, the
+    manifest last."""
     run_dir, dest = Path(run_dir), Path(dest)
     cfg = read_config(run_dir)
     ck = load_checkpoint(run_dir)
     if ck is None:
         raise ReslmError(f"{run_dir} has no checkpoint yet: train it before publishing it")
-    in_place = dest.resolve() == run_dir.resolve()
-    if not in_place and (dest.exists() or dest.is_symlink()):
-        if not dest.is_dir():
-            raise ReslmError(f"{dest} exists and is not a directory")
-        if any(p.name != ".lock" for p in dest.iterdir()) and not is_published(dest):
-            raise ReslmError(f"{dest} exists and is not a published run (no {MANIFEST}); pick a new folder")
-        if is_published(dest):
-            have = read_config(dest)
-            if (have["family"], have["model"]) != (cfg["family"], cfg["model"]):
-                raise ReslmError(f"{dest} holds another run (a different model); pick a new folder")
+    if is_published(run_dir) and "model" not in ck:   # a published folder as published: its files must be
+        verify_published(run_dir, skip=(CONFIG,))      # (config.json: its identity is the checkpoint's)
+    in_place = os.path.lexists(dest) and dest.resolve() == run_dir.resolve()
+    swap, prior = _destination(run_dir, dest, cfg, in_place, replace)
     model, fixed = _weights(run_dir, cfg, ck)
     rows = read_metrics(run_dir)[:int(ck.get("metrics_rows", 10**12))]
     summary = read_json(run_dir / SUMMARY)
     summary = summary if _consistent_summary(summary, rows) else None
     finished = summary is not None and is_finished(run_dir) and summary.get("steps") == ck.get("step")
     date = date or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    evaluation = read_json(run_dir / EVAL)
+    evaluation = _current_eval(run_dir, weights_digest(model), int(ck.get("step", 0)))
+    if evaluation is not None:
+        evaluation = {**evaluation, "run": dest.resolve().name}   # no path of this machine
+    files = dict(cfg=published_config(cfg), rows=rows, summary=summary, evaluation=evaluation, model=model,
+                 fixed=fixed, finished=finished,
+                 provenance=_provenance(prior, cfg, ck, rows, finished, command, date, evaluation),
+                 checkpoint=None if finished else {k: v for k, v in ck.items() if k != "model"})
+    if in_place:
+        with lock_run(dest):
+            return _write(dest, ck, files, in_place=True)
+    made, _ = missing_parents(dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReslmError(f"cannot create {dest.parent}: {e.strerror or e}") from None
+    tmp = make_temp_dir(dest.parent, f".{dest.name[:40]}.publish-")
+    try:
+        manifest = _write(tmp, ck, files, in_place=False)
+        fsync_tree(tmp)
+        if swap:
+            with lock_run(dest):             # nobody trains or evaluates in it while it is swapped
+                exchange(tmp, dest)
+        else:
+            try:
+                os.rename(tmp, dest)
+            except OSError as e:
+                raise ReslmError(f"cannot publish into {dest}: {e.strerror or e}") from None
+            tmp = None
+        fsync_dir(dest.parent)
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not os.path.lexists(dest):
+            remove_empty_dirs(made)
+        raise
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)   # the swapped-out folder
+    return manifest
 
-    dest.mkdir(parents=True, exist_ok=True)
-    with lock_run(dest):
-        text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows)
-        if not in_place:
-            write_json(dest / CONFIG, cfg)
-        atomic_write(dest / METRICS, lambda p: p.write_text(text))
-        if summary is not None:
-            write_json(dest / SUMMARY, summary)
-        if evaluation is not None and not in_place:
-            write_json(dest / EVAL, evaluation)
-        trainable, _ = split_state(model)
-        atomic_write(dest / WEIGHTS, lambda p: save_file({k: v.contiguous() for k, v in trainable.items()}, str(p),
-                                                         metadata={"format": str(FORMAT)}))
-        if not finished:
-            save_checkpoint(dest, {k: v for k, v in ck.items() if k != "model"})
-        write_json(dest / PROVENANCE, _provenance(dest, cfg, ck, rows, finished, command, date))
-        names = [CONFIG, METRICS, WEIGHTS, PROVENANCE] + [n for n, keep in ((SUMMARY, summary is not None),
-                                                                            (EVAL, (dest / EVAL).is_file()),
-                                                                            (CHECKPOINT, not finished)) if keep]
-        manifest = dict(format=FORMAT, run=cfg.get("preset") or cfg["family"], step=int(ck.get("step", 0)),
-                        finished=finished, files={n: sha256_file(dest / n) for n in sorted(names)},
-                        trainable={k: dict(shape=list(v.shape), dtype=str(v.dtype).removeprefix("torch."))
-                                   for k, v in sorted(trainable.items())},
-                        fixed=dict(sorted(fixed.items())))
-        write_json(dest / MANIFEST, manifest)
-        for name, stale in ((CHECKPOINT, finished), (SUMMARY, summary is None)):
+
+def _save_weights(tensors: dict, path: Path) -> None:
+    """safetensors' save_file, with its failed write (a full disk) as the one-line ReslmError "could not
+    write PATH: no space left on device" instead of a SafetensorError traceback."""
+    try:
+        save_file(tensors, str(path), metadata={"format": str(FORMAT)})
+    except SafetensorError as e:
+        raise write_error(path, RuntimeError(f"write failed: {e}")) from None
+
+
+def _write(folder: Path, ck: dict, f: dict, *, in_place: bool) -> dict:
+    """Write the published files into `folder` (config, metrics, summary, eval, weights, checkpoint
+    while unfinished, provenance, then the manifest over them); in place, remove what no longer
+    belongs (a finished run's checkpoint, an inconsistent summary, a stale eval.json)."""
+    text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in f["rows"])
+    if not in_place:   # in place, config.json is the folder's own (grow_cycles may have raised its cycles)
+        write_json(folder / CONFIG, f["cfg"])
+    atomic_write(folder / METRICS, lambda p: p.write_text(text))
+    if f["summary"] is not None:
+        write_json(folder / SUMMARY, f["summary"])
+    if f["evaluation"] is not None:
+        write_json(folder / EVAL, f["evaluation"])
+    trainable, _ = split_state(f["model"])
+    atomic_write(folder / WEIGHTS, lambda p: _save_weights({k: v.contiguous() for k, v in trainable.items()}, p))
+    if f["checkpoint"] is not None:
+        save_checkpoint(folder, f["checkpoint"])
+    write_json(folder / PROVENANCE, f["provenance"])
+    if in_place:
+        for name, stale in ((CHECKPOINT, f["finished"]), (SUMMARY, f["summary"] is None),
+                            (EVAL, f["evaluation"] is None)):
             if stale:
-                (dest / name).unlink(missing_ok=True)
+                (folder / name).unlink(missing_ok=True)
+    names = [CONFIG, METRICS, WEIGHTS, PROVENANCE] + [n for n, keep in ((SUMMARY, f["summary"] is not None),
+                                                                        (EVAL, f["evaluation"] is not None),
+                                                                        (CHECKPOINT, not f["finished"])) if keep]
+    manifest = dict(format=FORMAT, run=f["cfg"].get("preset") or f["cfg"]["family"], step=int(ck.get("step", 0)),
+                    finished=f["finished"], files={n: sha256_file(folder / n) for n in sorted(names)},
+                    trainable={k: dict(shape=list(v.shape), dtype=str(v.dtype).removeprefix("torch."))
+                               for k, v in sorted(trainable.items())},
+                    fixed=dict(sorted(f["fixed"].items())), radii=model_radii(f["model"]))
+    write_json(folder / MANIFEST, manifest)
     return manifest
 
 
@@ -203,8 +317,9 @@ def unpack(folder: Path) -> None:
         raise ReslmError(f"{folder} is a finished published run (no {CHECKPOINT}, no optimizer state): nothing "
                          f"to resume; publish an unfinished run to continue it elsewhere")
     if "model" in ck:
-        return
-    model = load_published(folder, load_model(read_config(folder), "cpu"), check_config=False)
+        return   # unpacked already: a run folder whose training was stopped before it was published again
+    verify_published(folder, skip=(CONFIG,))   # never continue (and re-sign) an edited metrics.jsonl or summary
+    model = load_published(folder, load_run_model(folder, read_config(folder), "cpu"), check_config=False)
     save_checkpoint(folder, {**ck, "model": model.state_dict()})
 
 
@@ -225,4 +340,4 @@ def unpacked(folder: Path):
     publish(folder, folder)
 
 
-__all__ = ["publish", "unpack", "unpacked", "train_command", "git_commit", "TIMING"]
+__all__ = ["publish", "published_config", "unpack", "unpacked", "train_command", "git_commit", "TIMING"]

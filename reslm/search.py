@@ -19,7 +19,8 @@
                   trial, which retries its parameters once (optuna's RetryHeartbeatStaleTrialCallback).
 
 Outputs in OUT (rewritten atomically after every run of the command, from all trials in the study, by
-reslm.report.search.write_outputs):
+reslm.report.search.write_outputs; OUT must be new, empty or a search folder: search.json, written
+first, marks one):
     trials.csv          number, state, value, seconds, each parameter, error
     best.json           the best trial: value, parameters, model and training overrides, command
     best_command.txt    the best config as a ready `reslm train ...` command (also printed)
@@ -40,8 +41,10 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
-from reslm.core.device import pick_device
+from reslm.core.device import pick_device, use_threads
 from reslm.core.errors import ReslmError
+from reslm.core.files import open_plain, plain_stat, read_json, write_json
+from reslm.run import LOCK
 from reslm.models import build_model, make_config
 from reslm.models import family as family_of
 from reslm.core.progress import say
@@ -53,6 +56,7 @@ from reslm.ridge import fit_ridge
 from reslm.batches import CharShards, check_holdout
 from reslm.train import TrainConfig, create_run, make_run_config, train
 
+SEARCH_STAMP = "search.json"   # written first into a search folder: what check_search_folder looks for
 SEARCH_KEY = 200   # seeding key of the samplers (apart from the reservoir's and training's keys)
 FAMILIES = ("rc", "aerc")
 HEARTBEAT_S, GRACE_S = 10, 60   # a running trial's heartbeat period; silent this long, it is stale (killed)
@@ -134,6 +138,35 @@ def heldout_loss(family: str, model_over: dict, train_over: dict, dataset, optim
     return dict(value=value, seconds=time.perf_counter() - t0, **extra)
 
 
+def check_search_folder(out: Path) -> None:
+    """ReslmError unless `out` is missing, empty (a .lock aside) or a search folder: it holds
+    search.json (what run_search writes first) or, from before search.json, an SQLite study.db. `reslm
+    search` rewrites trials.csv, best.json and the plots there, so a folder of anything else is refused,
+    as train, reproduce and lab refuse theirs."""
+    out = Path(out)
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise ReslmError(f"{out} exists and is not a directory; pick another --out")
+    try:
+        entries = [p for p in out.iterdir() if p.name != LOCK]
+    except OSError as e:
+        raise ReslmError(f"cannot use {out}: {e.strerror or e}") from None
+    if not entries:
+        return
+    stamp, db = out / SEARCH_STAMP, out / "study.db"
+    if plain_stat(stamp) is not None and isinstance(read_json(stamp), dict):
+        return
+    if plain_stat(db) is not None:
+        fd = open_plain(db)
+        try:
+            if os.read(fd, 16) == b"SQLite format 3\x00":
+                return
+        finally:
+            os.close(fd)
+    raise ReslmError(f"{out} already exists and is not a search folder (no {SEARCH_STAMP}); pick another --out")
+
+
 def _import_optuna():
     try:
         import optuna
@@ -165,7 +198,7 @@ def _open_study(optuna, url: str, name: str):
     with contextlib.ExitStack() as stack:
         try:
             if path and path != ":memory:":
-                fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+                fd = open_plain(Path(f"{path}.lock"), os.O_RDWR | os.O_CREAT, 0o644)   # never through a link
                 stack.callback(os.close, fd)
                 fcntl.flock(fd, fcntl.LOCK_EX)   # released when fd closes
             storage = _heartbeat_storage(optuna, url) if heartbeat else url
@@ -207,9 +240,14 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
 
     # the fixed part must be valid before any trial runs (one clear error, not N failed trials)
     base = make_run_config(family, configure({}, {}), {**train_over, "optimizer": optimizer}, dataset)
-    check_holdout(dataset, TrainConfig(**base["train"]), base["model"]["context"])
+    tc = TrainConfig(**base["train"]).validate()
+    check_holdout(dataset, tc, base["model"]["context"])
+    pick_device(tc.device)   # a bad --device is one error now, not one failed trial each
+    if tc.threads:
+        use_threads(tc.threads)
 
     out = Path(out)
+    check_search_folder(out)   # never write trials.csv, best.json, ... over a folder of the user's
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     url = storage or f"sqlite:///{(out / 'study.db').resolve()}"
@@ -221,6 +259,8 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
         if made and not any(out.iterdir()):   # leave no empty output folder behind a bad --storage
             out.rmdir()
         raise
+    if not os.path.lexists(out / SEARCH_STAMP):   # marks the folder as a search folder (check_search_folder)
+        write_json(out / SEARCH_STAMP, dict(family=family, reservoir=reservoir, optimizer=optimizer))
     # seeded by the worker and the trials already there, so resumed and parallel runs draw apart
     study.sampler = optuna.samplers.TPESampler(seed=child_seed(seed, SEARCH_KEY, worker, len(study.trials)) % 2**32)
     study.set_user_attr("setup", dict(family=family, reservoir=reservoir, optimizer=optimizer))

@@ -71,10 +71,13 @@ def test_eval_and_generate_from_the_folder_alone(world, tmp_path, monkeypatch, c
     folder = fresh(world, tmp_path, monkeypatch)
     assert main(["eval", str(world["run"]), *EVAL]) == 0
     want = json.loads(capsys.readouterr().out)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert main(["eval", str(folder), *EVAL]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["test_loss"] == want["test_loss"] and got["sample"] == want["sample"]
-    assert read_manifest(folder)["files"]["eval.json"]      # eval.json written into the folder and listed
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before   # a published folder is only read
+    assert main(["eval", str(folder), *EVAL, "--write"]) == 0
+    assert read_manifest(folder)["files"]["eval.json"]      # --write: eval.json written into the folder and listed
     assert main(["eval", str(folder), *EVAL]) == 0          # ... and the manifest still holds
     capsys.readouterr()
     for run in (world["run"], folder):
@@ -143,7 +146,7 @@ def test_publish_refuses_what_it_cannot_publish(world, chars, tmp_path, capsys):
     tt.train(other, progress=False, stop_at=1)
     assert main(["publish", str(other), str(tmp_path / "o")]) == 0
     assert main(["publish", str(world["run"]), str(tmp_path / "o")]) == 2
-    assert "holds another run" in err_line(capsys)
+    assert "holds another published run (size 24, not 32)" in err_line(capsys)
 
 
 def test_train_command_rebuilds_the_run(world):

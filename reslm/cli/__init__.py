@@ -17,7 +17,23 @@ import threading
 
 from reslm.cli.flags import check_preset, check_resume
 from reslm.cli.parsers import build_parser
+from reslm.core.device import use_threads
 from reslm.core.errors import ReslmError, describe
+
+
+# Commands that train take their thread count from each run's config (train, sweep, search: --threads is
+# a training field) or leave torch's default unless --threads is given (reproduce, lab, demo), so that a
+# training's numbers do not depend on the machine's load; the others default to the idle cores.
+_RUN_THREADS = ("train", "sweep", "search")
+_TRAINING = ("reproduce", "lab", "demo", "bench")
+
+
+def _threads(args) -> None:
+    if args.command in _RUN_THREADS:
+        return
+    n = getattr(args, "threads", None)
+    if n is not None or args.command not in _TRAINING:
+        use_threads(n)
 
 
 def main(argv=None) -> int:
@@ -37,6 +53,7 @@ def main(argv=None) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
         else None
     try:
+        _threads(args)
         args.func(args)
     except KeyboardInterrupt:
         print("reslm: interrupted", file=sys.stderr)

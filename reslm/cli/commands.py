@@ -15,17 +15,19 @@ from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
+from reslm.core.files import write_json
 from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
 from reslm.experiments import run_demo, run_lab, run_sweep
 from reslm.experiments.reproduce import reproduce
+from reslm.experiments.sweep import SWEEP_OUTPUTS
 from reslm.generate import check_length, sample
 from reslm.models import MODELS, preset, preset_table
 from reslm.publish import publish, unpacked
 from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
-from reslm.run import CONFIG, lock_new_run
-from reslm.models.load import find_dataset, load_run
+from reslm.run import CONFIG, check_runs_folder, drop_stale_evals, lock_new_run, read_config
+from reslm.models.load import ensure_dataset, find_dataset, load_run
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.train import authors_variant, create_run, grow_cycles, sampler_for, train
@@ -98,6 +100,9 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
             raise ReslmError(f"{out} already holds a run (add --resume to continue it, or pick another --out)")
         if "cycles" in train_over and grow_cycles(out, train_over["cycles"]):
             print(f"reslm: {out} goes on to {train_over.pop('cycles')} cycles", file=sys.stderr)
+        if "threads" in train_over:   # where it runs, not what it computes: a resume may change it
+            cfg = read_config(out)
+            write_json(out / CONFIG, {**cfg, "train": {**cfg["train"], "threads": train_over.pop("threads")}})
         if model_over or train_over or args.preset or args.family:
             print(f"reslm: resuming {out} with its saved config (other flags ignored)", file=sys.stderr)
     else:
@@ -116,9 +121,14 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
         sampler = sampler_for(name)
         dataset = find_dataset(args.data or sampler.default_data, sampler.kind, Path(args.root) if args.root else None)
         create_run(out, name, {**over, **model_over}, train_over, dataset, preset=args.preset)
-    with unpacked(out) if is_published(out) else contextlib.nullcontext():   # results/NAME: published again after
+    published = is_published(out)
+    if not fresh and not published:
+        drop_stale_evals(out)   # an evaluation of weights a killed resume already trained on
+    with unpacked(out) if published else contextlib.nullcontext():   # results/NAME: published again after
         summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,
                         cache_states=args.cache_states)
+    if not fresh and not published:
+        drop_stale_evals(out)
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(summary, indent=2))
 
@@ -177,13 +187,17 @@ def _print_grid(r: dict) -> None:
 def cmd_eval(args):
     _check_sampling(args)
     physical = _physical_values(args)
+    run = Path(args.run_dir)
+    write = args.write if args.write is not None else not is_published(run)   # results/NAME: only read
+    ensure_dataset(read_config(run))   # a fresh clone: the Shakespeare data is built, as train does
     if any(len(v) > 1 for v in physical.values()):   # a grid: test CE only, one reservoir pass
-        r = physical_grid(Path(args.run_dir), physical, score=args.score, device=args.device)
+        r = physical_grid(run, physical, score=args.score, device=args.device, write=write)
         if args.json:
             print(json.dumps(r, indent=2))
         else:
             _print_grid(r)
-        print(f"(written to {Path(args.run_dir) / GRID_FILE}.json and .csv)", file=sys.stderr)
+        print(f"(written to {run / GRID_FILE}.json and .csv)" if write else
+              f"(not written: {run} is a published run; add --write to record it there)", file=sys.stderr)
         return
     try:
         ns = tuple(int(n) for n in args.ngrams.split(","))
@@ -191,9 +205,9 @@ def cmd_eval(args):
         raise ReslmError(f"--ngrams must be comma-separated integers, got {args.ngrams!r}") from None
     if not ns or min(ns) < 1:
         raise ReslmError("--ngrams must be positive integers")
-    r = evaluate_run(Path(args.run_dir), length=args.length, ns=ns, score=args.score, temperature=args.temperature,
+    r = evaluate_run(run, length=args.length, ns=ns, score=args.score, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
-                     physical={k: v[0] for k, v in physical.items()})
+                     physical={k: v[0] for k, v in physical.items()}, write=write)
     if args.json:
         print(json.dumps(r, indent=2))
         return
@@ -201,7 +215,10 @@ def cmd_eval(args):
     print(f"{r['run']}: {r['family']} {r.get('preset') or ''} ({r['trainable_params']:,} trainable parameters)")
     print(f"test CE {r['test_loss']:.4f} nats/{unit} = {r['test_bits']:.3f} bits/{unit}"
           + (f" = {r['test_bpc']:.3f} bits/char" if unit == "token" else "")
-          + f" over {r['score_positions']:,} positions; scored in {r['score_seconds']:.2f} s "
+          + f" over {r['score_positions']:,} positions "
+          + ("(the whole test text)" if args.score == 0 else "(the start of the test text only; --score 0 scores "
+             "all of it, as the README's table does)")
+          + f"; scored in {r['score_seconds']:.2f} s "
           f"(reservoir {r['score_reservoir_seconds']:.2f} s)")
     if "physical" in r:
         shown = PhysicalConfig(**r["physical"]).describe()
@@ -219,12 +236,13 @@ def cmd_eval(args):
     else:
         print(f"--- sample (temperature {args.temperature}) ---")
         print(r["prompt"] + r["sample"])
-    print(f"(written to {Path(args.run_dir) / eval_file_name(r)})", file=sys.stderr)
+    print(f"(written to {run / eval_file_name(r)})" if write else
+          f"(not written: {run} is a published run; add --write to record it there)", file=sys.stderr)
 
 
 def cmd_publish(args):
     dest = Path(args.dest) if args.dest else Path(args.run_dir)
-    m = publish(Path(args.run_dir), dest, command=args.command)
+    m = publish(Path(args.run_dir), dest, command=args.command, replace=args.replace)
     size = sum((dest / n).stat().st_size for n in m["files"])
     state = "finished" if m["finished"] else "in progress, with its checkpoint (continue it with `reslm train --out " \
         f"{dest} --resume`)"
@@ -261,10 +279,11 @@ def cmd_bench(args):
 
 
 def cmd_sweep(args):
+    out = Path(args.out or f"runs/sweep-{args.sweep}")
+    check_runs_folder(out, SWEEP_OUTPUTS, "a sweep")   # before the dataset is looked for or built
     dataset = find_dataset(args.data or "shakespeare-bpe4096", "tokens", Path(args.root) if args.root else None)
     over = {k: v for k, v in dict(max_steps=args.max_steps, device=args.device, precision=args.precision,
                                   threads=args.threads).items() if v is not None}
-    out = Path(args.out or f"runs/sweep-{args.sweep}")
     rows = run_sweep(out, dataset, args.sweep, tuple(args.families.split(",")), over, progress=not args.no_progress)
     result = write_scaling(out, rows)
     if result["note"]:

@@ -8,6 +8,7 @@ import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
+from reslm.core.device import usable_cores
 from reslm.core.errors import ReslmError
 from reslm.models import MODELS, PRESETS, preset
 from reslm.run import CONFIG, read_config
@@ -16,12 +17,23 @@ from reslm.run import CONFIG, read_config
 RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.ridge)
               "lbfgs_samples", "lbfgs_iters", "lbfgs_l2")                # and the L-BFGS one (reslm.lbfgs)
 RC_ONLY = ("holdout", *RIDGE_ONLY)
+def int_for_threads(text: str) -> int:
+    """--threads N: an integer from 0 to this machine's usable cores (0: the default)."""
+    return int_range(*COUNTS["threads"])(text)
+
+
+int_for_threads.__name__ = "int"
 # Declared once, added to the subcommands that take them.
 SHARED = {
     "--root": dict(help="datasets folder (default: $RESLM_DATA or ./data)"),
     "--device": dict(default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default auto)"),
     "--no-progress": dict(action="store_true", help="no progress bars or progress lines"),
+    "--threads": dict(type=int_for_threads, metavar="N",
+                      help=f"torch CPU threads, at most this machine's {usable_cores()} (default: the cores its load "
+                           f"leaves idle, so a training in the background is not slowed down, nor this command)"),
 }
+TRAINING_THREADS = ("torch CPU threads for the runs it trains, at most this machine's "
+                    f"{usable_cores()} (default: each run's own setting, else torch's default)")
 
 
 INT64 = (-2**63, 2**63 - 1)
@@ -29,7 +41,8 @@ SEED = (0, 2**63 - 1)          # every seed: a non-negative 64-bit integer
 # Count flags whose work grows with the value: the largest accepted, so that a typo (1e20) is refused
 # with its limit instead of running for ever. Other integer flags take any 64-bit value (their own
 # checks follow).
-COUNTS = {"max_steps": (0, 10**9), "cycles": (0, 10**4), "epochs_per_shard": (0, 10**4), "trials": (1, 10**5)}
+COUNTS = {"max_steps": (0, 10**9), "cycles": (0, 10**4), "epochs_per_shard": (0, 10**4), "trials": (1, 10**5),
+          "threads": (0, usable_cores())}   # threads: never more than this machine runs (10,000 stalled it)
 
 
 def int_range(lo: int, hi: int):
@@ -58,9 +71,13 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def shared(parser, *names):
+def shared(parser, *names, **override):
+    """Add the SHARED flags `names`; `override` replaces the help of --threads (threads_help=...)."""
     for name in names:
-        parser.add_argument(name, **SHARED[name])
+        spec = dict(SHARED[name])
+        if name == "--threads" and "threads_help" in override:
+            spec["help"] = override["threads_help"]
+        parser.add_argument(name, **spec)
 
 
 # --- flags from dataclasses --------------------------------------------------------------------

@@ -10,7 +10,7 @@ from reslm.bench import SECTIONS
 from reslm.cli.commands import (cmd_bench, cmd_data, cmd_demo, cmd_eval, cmd_generate, cmd_lab, cmd_presets,
                                 cmd_publish, cmd_report, cmd_reproduce, cmd_search, cmd_substrate, cmd_sweep,
                                 cmd_train)
-from reslm.cli.flags import (COUNTS, INT64, RC_ONLY, RIDGE_ONLY, SEED, Parser, add_flags,
+from reslm.cli.flags import (COUNTS, INT64, RC_ONLY, RIDGE_ONLY, SEED, TRAINING_THREADS, Parser, add_flags,
                              int_range, int_for, peek_flag, shared, train_family)
 from reslm.experiments import ALL_FAMILIES, BUDGETS, LAB_BUDGETS, STATE_DTYPES, SUBSTRATES, SWEEPS
 from reslm.generate import MAX_LENGTH
@@ -131,7 +131,7 @@ def _substrate_parser(sub):
     ex.add_argument("--embed-dim", type=int_range(*INT64), default=16, help="d, the input size (default 16, the paper's)")
     ex.add_argument("--seed", type=int_range(*SEED), default=0, help="embedding seed; train with the same --seed (default 0)")
     ex.add_argument("--out", required=True, help="the drive folder to write")
-    shared(ex, "--root", "--no-progress")
+    shared(ex, "--root", "--no-progress", "--threads")
     si = acts.add_parser("simulate", help="play a drive through an in-process substrate (a simulated device)",
                          description="Play DRIVE/ through the in-process substrate that `reslm train --reservoir "
                          "NAME` would build with these settings, following the device protocol, and write its "
@@ -149,7 +149,7 @@ def _substrate_parser(sub):
              "reservoir_options")
     res_fields = add_flags(si.add_argument_group("reservoir options (as in `reslm train`)"), ReservoirLMConfig, {},
                             skip=[f.name for f in fields(ReservoirLMConfig) if f.name not in knobs])
-    shared(si, "--no-progress")
+    shared(si, "--no-progress", "--threads")
     si.set_defaults(_reservoir_fields=res_fields)
     im = acts.add_parser("import", help="check a device's states against its drive and make a substrate",
                          description="Check STATES (.npy or .safetensors, memory-mapped: shape (S, N) with S the "
@@ -160,7 +160,7 @@ def _substrate_parser(sub):
     im.add_argument("--drive", required=True, help="the drive folder the device played")
     im.add_argument("--out", required=True, help="the substrate folder to write")
     im.add_argument("--tokens-sha256", help="the tokens sha256 the device reports it played (checked)")
-    shared(im, "--no-progress")
+    shared(im, "--no-progress", "--threads")
     sp.set_defaults(func=cmd_substrate)
 
 
@@ -197,6 +197,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     d.add_argument("--hf-config", help="bpe from hf: the dataset's config (subset) name")
     d.add_argument("--hf-split", default="train", help="bpe from hf: the split to read (default train)")
     d.add_argument("--text-field", default="text", help="bpe from hf: the text column (default text)")
+    shared(d, "--threads")
     d.set_defaults(func=cmd_data)
 
     pr = sub.add_parser("presets", help="list the model presets (Table 1's 15 and the frontier's ceilings)",
@@ -205,6 +206,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                     "each obeys the reservoir frontier's rules (fixed substrate, trained readout of the "
                                     "current state only, at most 155,459 trainable parameters; reslm.models.budget).")
     pr.add_argument("--json", action="store_true", help="print a JSON list with each preset's full config")
+    shared(pr, "--threads")
     pr.set_defaults(func=cmd_presets)
 
     _train_parser(sub, train_family(argv) if argv[:1] == ["train"] or "train" in argv[:2] else None)
@@ -218,7 +220,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         parser.add_argument("--top-k", type=int_range(*INT64), help=f"sample among the k most likely {unit}s")
         parser.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with this probability mass")
         parser.add_argument("--seed", type=int_range(*SEED), default=0, help="sampling seed (default 0)")
-        shared(parser, "--device")
+        shared(parser, "--device", "--threads")
 
     gen = sub.add_parser("generate", help="generate text from a trained run (closed loop)",
                          description="Closed-loop generation: each predicted symbol is fed back as input. "
@@ -236,15 +238,21 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "window, Overlap-n (unique n-grams of the sample found in the test text) and distinct-n, "
                         "and the time of scoring and of generating, with the reservoir's share apart, and, for "
                         "rc/aerc runs, the readout-side physical constraints measured through. "
-                        "Writes RUN_DIR/eval.json. The constraint flags score the trained model under other "
+                        "Writes RUN_DIR/eval.json (a published folder only with --write), holding the run's lock "
+                        "for the whole command. A published run's dataset is prepared when it is missing and "
+                        "buildable (the Shakespeare datasets). The constraint flags score the trained model under other "
                         "constraints without retraining: one value each -> the full evaluation, written to "
                         "RUN_DIR/eval-<settings>.json (eval.json is left as it is); a comma-separated list in "
                         "any of them -> test CE for every combination from one reservoir pass, written to "
                         "RUN_DIR/eval-physical.json and .csv (e.g. --state-noise 0,0.01,0.05 --adc-bits 0,4,6,8).")
     sampling(ev, "symbol", 2000, 1)
     ev.add_argument("--ngrams", default="7,8", help="n of Overlap-n / distinct-n, comma-separated (default 7,8)")
-    ev.add_argument("--score", type=int_range(*INT64), default=65536,
-                    help="test positions to score (default 65536; 0 = the whole test text)")
+    ev.add_argument("--score", type=int_range(0, 2**63 - 1), default=0,
+                    help="test positions to score (default 0 = the whole test text, the figure of the README's "
+                    "table; N = the first N positions)")
+    ev.add_argument("--write", action=argparse.BooleanOptionalAction, default=None,
+                    help="record the result in the run folder (default: yes for a run directory, no for a "
+                    "published results/NAME, whose tracked files stay as they are)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     phys = ev.add_argument_group("physical constraints (rc/aerc; default: as trained; comma lists make a grid)")
     phys.add_argument("--state-noise", metavar="S[,S...]", help="std of the Gaussian noise on the measured state")
@@ -261,7 +269,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         provenance.json (command, commit, CPU, torch, threads, wall times, date) and manifest.json.
         An unfinished run also gets its checkpoint (optimizer state, no weights), so that
         `reslm train --out DEST --resume` continues it on any machine; once it is finished, publishing
-        drops the checkpoint. Publishing again into DEST updates it in place, file by file, atomically.
+        drops the checkpoint. DEST is written beside itself and renamed into place: it appears whole or
+        not at all. Publishing the same run again into DEST updates it (its provenance gains an entry);
+        a published run of another configuration there is refused unless --replace is given.
         `reslm eval DEST` and `reslm generate DEST` read the folder like a run directory.
         provenance.json records the processor the checkpoint says trained the run (this machine's CPU for
         a checkpoint that does not say)."""))
@@ -269,6 +279,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     pb.add_argument("dest", nargs="?", help="the results folder, e.g. results/aerc-160-30 (default: RUN_DIR itself)")
     pb.add_argument("--command", help="the command that trained the run, for provenance.json (default: a "
                     "`reslm train` command rebuilt from its config)")
+    pb.add_argument("--replace", action="store_true", help="DEST may hold a published run of another configuration "
+                    "(another model or training field, seed or dataset): replace it, history and all (refused "
+                    "without this flag)")
+    shared(pb, "--threads")
     pb.set_defaults(func=cmd_publish)
 
     rep = sub.add_parser("report", help="build the results tables and figures from results/ and docs/bench-*.json",
@@ -283,6 +297,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                      "(default: the current folder)")
     rep.add_argument("--check", action="store_true", help="write nothing; fail (exit 2) naming the outputs that "
                      "differ from what would be written")
+    shared(rep, "--threads")
     rep.set_defaults(func=cmd_report)
 
     rp = sub.add_parser("reproduce", help="the paper's comparison in one command: train, evaluate, figures, report.md",
@@ -313,7 +328,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     "computes bf16 natively (AMX, avx512_bf16), is also what the reservoir computes in, which is faster "
                     "there (docs/speed.md); auto: float32 where it fits in memory (default: "
                     "auto for the paper budget, float32 otherwise)")
-    shared(rp, "--root", "--device", "--no-progress")
+    shared(rp, "--root", "--device", "--no-progress", "--threads", threads_help=TRAINING_THREADS)
     rp.set_defaults(func=cmd_reproduce)
 
     lb = sub.add_parser("lab", help="the reservoir lab: every substrate at the paper's largest reservoir budgets, "
@@ -333,10 +348,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     lb.add_argument("--families", default="rc,aerc", help="rc, aerc or both (default both)")
     lb.add_argument("--physical-substrate", default="esn", help="the substrate whose runs are scored under noise "
                     "and ADC bits (default esn)")
-    lb.add_argument("--score", type=int_range(*INT64), help="test positions scored by the physical grids (default: the budget's; 0: all)")
+    lb.add_argument("--score", type=int_range(0, 2**63 - 1), help="test positions scored by the physical grids (default: the budget's; 0: all)")
     lb.add_argument("--data", default="shakespeare", help="character dataset name or path (default shakespeare)")
     lb.add_argument("--out", help="output folder (default lab-BUDGET)")
-    shared(lb, "--root", "--device", "--no-progress")
+    shared(lb, "--root", "--device", "--no-progress", "--threads", threads_help=TRAINING_THREADS)
     lb.set_defaults(func=cmd_lab)
 
     b = sub.add_parser("bench", help="measure reservoir and training throughput on this machine",
@@ -350,7 +365,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    "figure in a few minutes)")
     b.add_argument("--only", metavar="SECTIONS", help="comma-separated subset of " + ",".join(SECTIONS)
                    + " (default: all; training also times its models' reservoir states)")
-    shared(b, "--no-progress")
+    shared(b, "--no-progress", "--threads", threads_help="torch CPU threads to measure with, at most this machine's "
+           "cores (default: torch's default, as the recorded bench results)")
     b.set_defaults(func=cmd_bench)
 
     sw = sub.add_parser("sweep", help="scaling sweep of LAERC vs GPT sizes with L_min = a log10 N + b fits",
@@ -364,7 +380,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sw.add_argument("--out", help="sweep folder (default runs/sweep-<sweep>)")
     sw.add_argument("--max-steps", type=int_for("max_steps"), help="override the sweep's steps per run")
     sw.add_argument("--precision", help="auto | fp32 | bf16 | fp16")
-    sw.add_argument("--threads", type=int_range(*INT64), help="torch CPU threads")
+    sw.add_argument("--threads", type=int_for("threads"), help=TRAINING_THREADS)
     shared(sw, "--root", "--device", "--no-progress")
     sw.set_defaults(func=cmd_sweep)
 
@@ -377,6 +393,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "at a small budget, print a comparison table and a generated sample of each. "
                         "Resumable: re-running skips finished runs.")
     dm.add_argument("--out", default="runs/demo", help="folder for the three runs (default runs/demo)")
-    shared(dm, "--root", "--no-progress")
+    shared(dm, "--root", "--no-progress", "--threads", threads_help=TRAINING_THREADS)
     dm.set_defaults(func=cmd_demo)
     return p

@@ -31,6 +31,41 @@ BF16_MIN_SPEED = 0.5           # bf16 must run a matmul at >= this fraction of t
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")   # x86 instructions that compute bf16 natively
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; os.cpu_count() where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def idle_threads() -> int:
+    """A thread count that does not oversubscribe a busy machine: the usable cores less the 1-minute
+    load average (rounded), at least 1. On a quiet machine it is every core; beside two trainings on
+    two cores it is 1 (torch's default there, 2 threads spinning against them, makes a dense LAPACK call
+    such as an eigendecomposition tens of times slower)."""
+    cores = usable_cores()
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = 0.0
+    return max(1, min(cores, cores - int(load + 0.5)))
+
+
+def use_threads(n: int | None = None) -> int:
+    """Set torch's CPU threads and return the count: `n`, or idle_threads() when n is None or 0. More than
+    the usable cores (a run's saved value from a bigger machine, or a hand edit) becomes the core count,
+    with a one-line note on stderr: thousands of threads stall a machine, and torch crashes on more."""
+    cores = usable_cores()
+    want = n or idle_threads()
+    if want > cores:
+        print(f"reslm: note: {want} threads asked for, this machine runs {cores}: using {cores}", file=sys.stderr)
+        want = cores
+    if want != torch.get_num_threads():
+        torch.set_num_threads(want)
+    return want
+
+
 def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -11,14 +11,24 @@ fsync_tree, rename, fsync_dir of the parent.
 
 JSON files are strict JSON: write_json refuses NaN and +-Infinity with a ReslmError naming the key,
 before anything is written (callers pass None for a missing value).
+
+Folders reslm may not have written (run folders, results/, search and lab folders: anyone may copy one
+in) are read and written through open_plain and the helpers on it: a file there is opened without
+following a symbolic link and only when it is a regular file (a link, a FIFO or a device is a one-line
+ReslmError, never followed, never waited on); names read from such a folder's files are checked with
+plain_name before they are joined to it, so that a path named inside a folder stays inside it.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import hashlib
 import json
 import math
 import os
 import secrets
+import stat
 import tempfile
 from pathlib import Path
 
@@ -30,6 +40,85 @@ def reason(e: OSError) -> str:
     if isinstance(e, OSError) and e.strerror:
         return e.strerror[:1].lower() + e.strerror[1:]
     return describe(e)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _not_plain(path: Path, mode: int) -> ReslmError:
+    what = ("a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device file")
+    return ReslmError(f"{path} is {what}, not a regular file: reslm does not follow links or open special files "
+                      f"in a folder it reads (replace it with the file itself, or remove it)")
+
+
+def plain_stat(path: Path) -> os.stat_result | None:
+    """lstat of path, or None when it does not exist; ReslmError when it is not a regular file (a
+    symbolic link, a folder, a FIFO, a device): nothing is opened or followed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ReslmError(f"cannot read {path}: {reason(e)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_plain(Path(path), st.st_mode)
+    return st
+
+
+def open_plain(path: Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """A file descriptor of the regular file at `path`, opened without following a symbolic link and
+    without blocking on a FIFO (O_NOFOLLOW | O_NONBLOCK, the latter cleared once it is known to be a
+    regular file). A link or special file raises ReslmError (see plain_stat); other OSErrors
+    (missing, permissions, no space) pass through for the caller to word. With O_CREAT a missing file
+    is created (never through a dangling link)."""
+    path = Path(path)
+    if not flags & os.O_CREAT:
+        plain_stat(path)   # look before opening: a device is never opened, a FIFO never waited on
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK | _CLOEXEC, mode)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO):   # O_NOFOLLOW on a link; a FIFO with no reader
+            raise _not_plain(path, os.lstat(path).st_mode) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_plain(path, st.st_mode)
+        if _NONBLOCK:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_plain(path: Path) -> bytes | None:
+    """The bytes of the regular file at `path`, or None when it does not exist (see open_plain: a link
+    or a special file is a ReslmError; another failure to read is "cannot read PATH: REASON")."""
+    try:
+        fd = open_plain(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ReslmError(f"cannot read {path}: {reason(e)}") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise ReslmError(f"cannot read {path}: {reason(e)}") from None
+
+
+def plain_name(name, where: str) -> str:
+    """`name` when it is one plain file name (a string, no "/", not "." or "..", no NUL or control
+    characters): a name read from a folder's file that reslm joins to that folder, so that it stays
+    inside. Anything else is a ReslmError naming `where` it was read."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
+            or any(ord(c) < 32 for c in name):
+        raise ReslmError(f"{where} names {name!r}, which is not a plain file name in its folder")
+    return name
 
 
 def fsync_file(path: Path) -> None:
@@ -99,18 +188,25 @@ def write_json(path: Path, obj) -> None:
 
 
 def read_json(path: Path) -> dict | None:
-    """A JSON object from a file, or None when the file is missing or unreadable."""
+    """A JSON object from a file, or None when the file is missing or is not a JSON object. A symbolic
+    link or special file in its place is a ReslmError (open_plain), never followed."""
     try:
-        obj = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        data = read_plain(path)
+    except ReslmError as e:
+        if "not a regular file" in str(e):
+            raise
+        return None
+    try:
+        obj = json.loads(data) if data is not None else None
+    except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    """Hex sha256 of a regular file's bytes, read in 1 MiB blocks (a link or special file: ReslmError)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(open_plain(path), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -162,6 +258,27 @@ def make_temp_dir(parent: Path, prefix: str) -> Path:
         except FileExistsError:
             continue
     raise ReslmError(f"cannot create a temporary directory in {parent}")
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two existing folders in one step (renameat2 RENAME_EXCHANGE, Linux >= 3.15): whoever looks
+    at `b` sees its old content or its new one, never neither. Where the call is missing, two renames
+    (b -> a's temporary name, then a -> b) do it, with a moment in between where b is absent."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(b))
+    aside = Path(a).with_name(Path(a).name + ".old")
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)
 
 
 def missing_parents(path: Path) -> tuple[list[Path], Path]:

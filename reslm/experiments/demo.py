@@ -12,20 +12,22 @@ steps count. All three families get the same budget, as in the paper. The table 
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from reslm.experiments.plans import DEMO_PRESETS, DEMO_PROMPT, demo_plan
+from reslm.core.files import write_json
 from reslm.experiments.runner import run_plan
 from reslm.generate import sample
 from reslm.models.load import find_dataset, load_run
+from reslm.run import check_runs_folder
 
 
 def run_demo(out: Path, data_root: Path | None = None, progress: bool = True, dataset: str = "shakespeare",
              presets=DEMO_PRESETS, train_overrides=None, sample_length: int = 300) -> dict:
     """Train (or skip, or continue) the demo's runs into out/<preset> and sample each at temperature 0.8;
     returns {"train": the overrides, "summaries": [summary.json], "samples": {preset: text}}."""
+    check_runs_folder(out, ("demo.json",), "the demo")   # its runs and demo.json only, never a user's folder
     ds = find_dataset(dataset, "chars", data_root, prepare=True)
     plan = demo_plan(presets, train_overrides)
     summaries = run_plan(Path(out), plan, ds, progress=progress,
@@ -35,5 +37,5 @@ def run_demo(out: Path, data_root: Path | None = None, progress: bool = True, da
         model, codec, _ = load_run(Path(out) / r.name)
         ids = sample(model, codec.encode(DEMO_PROMPT), sample_length, temperature=0.8, seed=0)
         samples[r.name] = DEMO_PROMPT + codec.decode(ids)
-    (Path(out) / "demo.json").write_text(json.dumps(summaries, indent=2) + "\n")
+    write_json(Path(out) / "demo.json", summaries)   # atomic: never through a link
     return dict(train=plan[0].train if plan else {}, summaries=summaries, samples=samples)

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
 from reslm.evaluate import physical_grid
 from reslm.experiments.plans import (BITS_GRID, BUDGETS, LAB_BUDGETS, LAB_FAMILIES, NOISE_GRID, SUBSTRATES,
@@ -45,6 +46,9 @@ def run_lab(out: Path, *, data: str = "shakespeare", budget: str = "quick", subs
         raise ReslmError(f"--physical-substrate {physical_substrate} is not among --substrates {','.join(substrates)}")
     bud = BUDGETS[budget]
     score = bud.score if score is None else score
+    if isinstance(score, bool) or not isinstance(score, int) or score < 0:   # before the first of its runs
+        raise ReslmError(f"--score must be an integer >= 0 (0: the whole test text), got {score!r}")
+    pick_device(device)                                                     # a bad --device: now, not after training
     dataset = find_dataset(data, "chars", data_root, prepare=True)
     out = Path(out)
     plan = lab_plan(bud, substrates, families, device)

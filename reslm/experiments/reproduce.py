@@ -72,6 +72,7 @@ def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = N
         bud = replace(bud, reservoir_train={**bud.reservoir_train, "state_dtype": state_dtype})
     families = parse_names(families, ALL_FAMILIES, "family", "families")
     presets = parse_presets(presets, families)
+    pick_device(device)   # every flag checked before the first run
     out = Path(out) if out is not None else Path(f"reproduce-{budget}")
     char_ds = tok_ds = None
     if any(f in CHAR_FAMILIES for f in families):

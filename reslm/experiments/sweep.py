@@ -15,7 +15,9 @@ from pathlib import Path
 from reslm.data.bpe import TokenDataset
 from reslm.experiments.plans import Sweep, sweep_plan, sweep_rows
 from reslm.experiments.runner import run_plan
+from reslm.run import check_runs_folder
 
+SWEEP_OUTPUTS = ("scaling.csv", "scaling_fit.json", "scaling.png")   # reslm.report.scaling.write_scaling
 
 
 def run_sweep(out: Path, dataset: TokenDataset, sweep: str | Sweep = "cpu", families=("laerc", "gpt"),
@@ -23,5 +25,6 @@ def run_sweep(out: Path, dataset: TokenDataset, sweep: str | Sweep = "cpu", fami
     """Train every (family, size) of the sweep into out/<family>-d<D>-l<L>; returns one row per run
     (reslm.report.scaling.CSV_FIELDS). Finished runs are skipped, unfinished ones continued from their checkpoint."""
     plan = sweep_plan(sweep, tuple(families), train_overrides)
+    check_runs_folder(out, SWEEP_OUTPUTS, "a sweep")   # never write scaling.* over a folder of the user's
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else None
     return sweep_rows(plan, run_plan(Path(out), plan, dataset, progress=progress, say=say, lock=True))

@@ -24,8 +24,10 @@ from reslm.data.store import check_fingerprint, default_data_root
 from reslm.data.tokenizer import CharTokenizer
 from reslm.core.device import bf16_status
 from reslm.core.errors import ReslmError
+from reslm.core.files import plain_name
 from reslm.models import build_model, family, make_config
-from reslm.run.registry import is_published, load_published
+from reslm.core.radii import deferred, remember_radii
+from reslm.run.registry import MANIFEST, is_published, load_published, read_manifest
 from reslm.run.checkpoint import load_checkpoint
 from reslm.run.folder import read_config
 
@@ -55,14 +57,43 @@ def open_dataset(data: dict):
         path = Path(data["path"])
     except (KeyError, TypeError):
         raise ReslmError("the run config's data section has no dataset path") from None
-    if not path.exists() and isinstance(data.get("name"), str) and (default_data_root() / data["name"]).is_dir():
-        path = default_data_root() / data["name"]
+    if not path.is_absolute():   # a published run names its dataset only (reslm.publish.published_config)
+        path = default_data_root() / plain_name(str(path), "the run config's data.path")
+    elif not path.exists() and isinstance(data.get("name"), str) and (default_data_root() / data["name"]).is_dir():
+        path = default_data_root() / plain_name(data["name"], "the run config's data.name")
+    if not path.exists():
+        name = data.get("name")
+        raise ReslmError(f"this run's dataset {name or path.name} is not at {path}: "
+                         + (f"run `{prepare_command(name)}` to prepare it" if name in BUILDABLE
+                            else "prepare it there, or set RESLM_DATA to the folder that holds it"))
     return CharDataset.load(path) if data_kind(data) == "chars" else TokenDataset.load(path)
 
 
 # Datasets that `reslm demo` / `reslm reproduce` may build when missing: name -> BPE tokenizer spec
 # (None: the character corpus).
 BUILDABLE = {"shakespeare": None, "shakespeare-bpe4096": "bpe:4096", "shakespeare-gpt2": "gpt2"}
+
+
+def prepare_command(name: str) -> str:
+    """The `reslm data ...` command that builds dataset `name` of BUILDABLE."""
+    tokenizer = BUILDABLE[name]
+    if tokenizer is None:
+        return f"reslm data shakespeare --name {name}" if name != "shakespeare" else "reslm data shakespeare"
+    return f"reslm data bpe --corpus shakespeare --tokenizer {tokenizer} --name {name}"
+
+
+def ensure_dataset(cfg: dict, root: Path | None = None) -> None:
+    """Build the dataset a run config names when it is missing and buildable (BUILDABLE: the Shakespeare
+    datasets), as `reslm train` and `reslm demo` do, so that `reslm eval results/NAME` works in a
+    fresh clone. Anything else is left to open_dataset (which says what to run)."""
+    data = cfg["data"]
+    name = data.get("name")
+    path = Path(data["path"])
+    root = Path(root) if root is not None else default_data_root()
+    where = root / path if not path.is_absolute() else path
+    if where.exists() or name not in BUILDABLE or (path.is_absolute() and (root / name).exists()):
+        return
+    find_dataset(name, data_kind(data), root, prepare=True)
 
 
 def find_dataset(spec: str | Path, kind: str, root: Path | None = None, *, prepare: bool = False):
@@ -114,6 +145,17 @@ def load_model(cfg: dict, device="cpu"):
     return model
 
 
+def load_run_model(run_dir: Path, cfg: dict, device="cpu"):
+    """load_model(cfg) for the run in run_dir, with the reservoir radii the run recorded (a published
+    folder's manifest, a run's checkpoint) taken as computed: no eigendecomposition of the fixed
+    matrix at load (seconds at N = 2600, minutes beside a busy training), and the same matrix bit for
+    bit (published: checked against its fingerprint)."""
+    run_dir = Path(run_dir)
+    if is_published(run_dir):
+        remember_radii(read_manifest(run_dir).get("radii"), f"{run_dir / MANIFEST}")
+    return load_model(cfg, device)
+
+
 def codec_of(cfg: dict, ds=None):
     """The run's tokenizer (reslm.data.tokenizer): a character run's from the vocabulary its config
     keeps (no dataset needed), a BPE run's from its dataset."""
@@ -126,13 +168,14 @@ def load_run(run_dir: Path, device="cpu"):
     """(model in eval mode with the last checkpoint's weights, its tokenizer (encode/decode), run config).
     A published folder (reslm.run.registry) gives its weights.safetensors on the buffers its seed rebuilds."""
     cfg = read_config(run_dir)
-    model = load_model(cfg, device)   # a damaged config.json is reported as such, before the checkpoint
     if is_published(run_dir):
-        model = load_published(run_dir, model)
+        model = load_published(run_dir, load_run_model(run_dir, cfg, device))
     else:
         ck = load_checkpoint(run_dir, map_location=device)   # refuses another run's or a damaged checkpoint
         if ck is None:
             raise ReslmError(f"{run_dir} has no checkpoint yet (train it first)")
+        with deferred():   # the checkpoint holds the scaled reservoir: no eigendecomposition to rebuild it
+            model = load_model(cfg, device)
         try:
             model.load_state_dict(ck["model"])
         except (RuntimeError, KeyError, TypeError) as e:

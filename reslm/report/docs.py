@@ -15,6 +15,11 @@ Writes (the tables: here; the rows: reslm.report.rows; the frontier page: reslm.
     docs/frontier.md and docs/frontier.png and .csv   the reservoir frontier
     README.md             the table between README_BEGIN and README_END (the rest is left as it is)
 
+Every input is checked before a row is drawn from it (check_inputs): each published folder's files
+against the sha256 in its manifest (an edited metrics.jsonl is a one-line error, never a silently
+different table), no links or special files, and each curve that results/legacy.csv names is a
+plain file inside the repository.
+
 Same inputs, same bytes: nothing depends on the clock, the machine or the order of a directory listing,
 and a file whose content would not change is not rewritten. `check=True` writes nothing and returns
 the files that are out of date (a test and CI use it so that no published number drifts).
@@ -25,11 +30,12 @@ import json
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
-from reslm.core.files import atomic_write, read_json
+from reslm.core.files import atomic_write, plain_stat, read_json
 from reslm.models.budget import FRONTIER_BUDGET
 from reslm.report import figures, plots
 from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, frontier_md, frontier_points
-from reslm.report.rows import NOT_PUBLISHED, _read_csv, legacy_rows, published_rows
+from reslm.report.rows import LEGACY, NOT_PUBLISHED, _read_csv, legacy_rows, published_rows
+from reslm.run.registry import is_published, verify_published
 
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 BENCH_CPUS = "docs/bench-cpus.csv"
@@ -217,9 +223,37 @@ def replace_readme_table(text: str, table: str) -> str:
     return text[:a + len(README_BEGIN)] + "\n" + table + "\n" + text[b:]
 
 
-def build(repo: Path) -> tuple[dict[str, str], list[dict]]:
-    """{relative path: text} of every text output, and the Fig. 2 input."""
+def check_inputs(repo: Path) -> None:
+    """ReslmError (one line) unless every input of the report is what reslm wrote: each published
+    folder under results/ verifies against its manifest (reslm.run.registry.verify_published), no
+    folder there is a link, and every curve results/legacy.csv names is a regular file inside the
+    repository (a relative path without "..")."""
     repo = Path(repo)
+    base = repo / "results"
+    for folder in sorted(base.iterdir()) if base.is_dir() else []:
+        if folder.is_symlink():
+            raise ReslmError(f"{folder} is a symbolic link: reslm report reads only real folders in results/")
+        if folder.is_dir() and is_published(folder):
+            verify_published(folder)
+    legacy = repo / LEGACY
+    if plain_stat(legacy) is None:
+        return
+    for i, row in enumerate(_read_csv(legacy), start=2):
+        curve = row.get("curve") or ""
+        parts = Path(curve).parts
+        if not curve or Path(curve).is_absolute() or ".." in parts:
+            raise ReslmError(f"{legacy} line {i} names curve {curve!r}: not a path inside the repository")
+        for k in range(1, len(parts)):   # no folder on the way is a link out of the repository
+            if (repo.joinpath(*parts[:k])).is_symlink():
+                raise ReslmError(f"{legacy} line {i}: {'/'.join(parts[:k])} is a symbolic link")
+        if plain_stat(repo / curve) is None:
+            raise ReslmError(f"{legacy} line {i} names {curve}, which does not exist")
+
+
+def build(repo: Path) -> tuple[dict[str, str], list[dict]]:
+    """{relative path: text} of every text output, and the Fig. 2 input (after check_inputs)."""
+    repo = Path(repo)
+    check_inputs(repo)
     paper, other = published_rows(repo)
     order = {"rc": 0, "aerc": 1, "tf": 2}
     paper = sorted(paper + legacy_rows(repo, paper),   # by family and size; a size's window row first

@@ -56,6 +56,7 @@ fields it fixes itself, applied by ReservoirLMConfig.complete).
 """
 from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.reservoir.esn import ESN, ESNConfig, tanh_recurrence
+from reslm.core.radii import recorded_radii, remember_radii
 from reslm.reservoir.matrices import random_sparse, scale_radius, scale_spectral_radius, spectral_radius
 from reslm.reservoir.seeding import child_seed, generator
 from reslm.reservoir.states import CONTEXT_MODES, shard_states
@@ -71,8 +72,13 @@ RESERVOIRS = {"esn": (ESNConfig, ESN), "leaky": (LeakyESNConfig, LeakyESN), "dee
               "nvar": (NVARConfig, NVAR), "diagonal": (DiagonalConfig, DiagonalReservoir),
               "delay": (DelayConfig, DelayReservoir), "recorded": (RecordedConfig, RecordedReservoir)}
 
+def model_radii(model) -> dict[str, float]:
+    """{radius name: radius} of every reservoir matrix of `model` that was scaled to a radius."""
+    return recorded_radii(sorted({m.radius_name for m in model.modules() if hasattr(m, "radius_name")}))
+
+
 __all__ = ["Reservoir", "ReservoirConfig", "ESN", "ESNConfig", "RESERVOIRS", "CONTEXT_MODES", "shard_states", "spectral_radius",
-           "scale_spectral_radius", "scale_radius", "random_sparse", "tanh_recurrence", "child_seed",
+           "scale_spectral_radius", "scale_radius", "random_sparse", "recorded_radii", "remember_radii", "model_radii", "tanh_recurrence", "child_seed",
            "generator", "LeakyESN", "LeakyESNConfig", "DeepESN", "DeepESNConfig", "NVAR", "NVARConfig",
            "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "RecordedConfig",
            "RecordedReservoir", "parse_options"]

@@ -44,6 +44,7 @@ import torch
 
 from reslm.core.errors import ReslmError
 from reslm.reservoir.base import Reservoir, ReservoirConfig
+from reslm.core.radii import radius_name
 from reslm.reservoir.matrices import (DISTRIBUTIONS, RADIUS_NORMS, random_sparse, scale_radius,
                                       scale_spectral_radius, spectral_radius)
 from reslm.reservoir.seeding import generator
@@ -195,6 +196,8 @@ class ESN(Reservoir):
             W_in *= cfg.input_scaling / (math.sqrt(d) if cfg.input_scale_by_dim else 1.0)
             b = torch.rand(N, generator=generator(cfg.seed, BIAS_KEY), dtype=torch.float64) * 2 - 1
             b *= cfg.bias_scaling
+        # the name of W's radius in a run's records (reslm.reservoir.matrices.recorded_radii)
+        self.radius_name = radius_name(cfg.radius_norm, ("esn", N, cfg.density, cfg.seed))
         # Stored transposed, so that the per-step product is a row-major (B, N) @ (N, N) GEMM.
         self.register_buffer("W_T", W.T.contiguous().float())        # (N, N)
         self.register_buffer("W_in_T", W_in.T.contiguous().float())  # (d, N)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from reslm.core.errors import ReslmError
+from reslm.core.radii import _RADII, is_deferred
 
 DISTRIBUTIONS = ("uniform", "normal")
 
@@ -41,7 +42,6 @@ def largest_singular_value(w: torch.Tensor) -> float:
 
 RADIUS_NORMS = {"spectral": spectral_radius, "singular": largest_singular_value}
 
-_RADII: dict = {}  # (norm, draw key) -> radius of the unscaled draw: an eig at N = 2600 takes seconds
 
 
 def scale_radius(w: torch.Tensor, radius: float, norm: str = "spectral", key: tuple | None = None) -> torch.Tensor:
@@ -52,6 +52,8 @@ def scale_radius(w: torch.Tensor, radius: float, norm: str = "spectral", key: tu
     checkpoint into, as evaluation does, then costs no eigendecomposition)."""
     if norm not in RADIUS_NORMS:
         raise ReslmError(f"unknown radius norm {norm!r} (choose from {', '.join(RADIUS_NORMS)})")
+    if is_deferred():   # a checkpoint's matrix replaces this one (reslm.core.radii.deferred)
+        return w * radius
     rho = _RADII.get((norm, key)) if key is not None else None
     if rho is None:
         rho = RADIUS_NORMS[norm](w)

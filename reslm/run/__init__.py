@@ -28,10 +28,10 @@ PATH: no space left on device" and keeps the previous file. JSON files are stric
 """
 from reslm.run.checkpoint import CHECKSUM, RUN_KEY, load_checkpoint, run_identity, save_checkpoint
 from reslm.run.folder import (CHECKPOINT, CONFIG, LOCK, METRICS, NAME_MAX, RUNTIME_FIELDS, SUMMARY, MetricsLog,
-                              check_same_run, create_run_dir, read_config, read_metrics)
-from reslm.run.lock import check_output_folder, clean_stale_temps, is_reslm_folder, lock_new_run, lock_run
+                              check_same_run, create_run_dir, drop_stale_evals, read_config, read_metrics)
+from reslm.run.lock import check_output_folder, check_runs_folder, clean_stale_temps, is_reslm_folder, lock_new_run, lock_run
 
 __all__ = ["CHECKPOINT", "CHECKSUM", "CONFIG", "LOCK", "METRICS", "NAME_MAX", "RUNTIME_FIELDS", "RUN_KEY", "SUMMARY",
-           "MetricsLog", "check_output_folder", "check_same_run", "clean_stale_temps", "create_run_dir",
+           "MetricsLog", "check_output_folder", "check_runs_folder", "check_same_run", "drop_stale_evals", "clean_stale_temps", "create_run_dir",
            "is_reslm_folder", "load_checkpoint", "lock_new_run", "lock_run", "read_config", "read_metrics",
            "run_identity", "save_checkpoint"]

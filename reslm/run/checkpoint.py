@@ -10,6 +10,7 @@ It is written atomically (reslm.core.files.atomic_write): a kill leaves the last
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from reslm.core.errors import ReslmError, describe
-from reslm.core.files import atomic_write
+from reslm.core.files import atomic_write, read_plain
 from reslm.run.folder import CHECKPOINT, CONFIG, read_config
 
 def _torch_save(state: dict, path: Path) -> None:
@@ -87,8 +88,15 @@ def save_checkpoint(run_dir: Path, state: dict) -> None:
     atomic_write(run_dir / CHECKPOINT, lambda p: _torch_save(state, p))
 
 
-def _other_run(path: Path, have: dict, want: dict) -> str:
-    """The one-line refusal of a checkpoint whose run identity `have` is not the folder's `want`."""
+def identity_difference(have: dict, want: dict) -> str | None:
+    """What first tells two run identities (run_identity) apart, in a few words ("seed 0, not 1",
+    "lr 0.003, not 0.001", "made on another dataset"), or None when they name the same run."""
+    if have.get("key") == want.get("key"):
+        return None
+    return _why(have, want) or "another config"
+
+
+def _why(have: dict, want: dict) -> str | None:
     why = None
     if have.get("seed") != want.get("seed"):
         why = f"seed {have.get('seed')}, not {want.get('seed')}"
@@ -104,6 +112,12 @@ def _other_run(path: Path, have: dict, want: dict) -> str:
                 k = diff[0]
                 why = f"{k} {a.get(k, 'unset')}, not {b.get(k, 'unset')}"
                 break
+    return why
+
+
+def _other_run(path: Path, have: dict, want: dict) -> str:
+    """The one-line refusal of a checkpoint whose run identity `have` is not the folder's `want`."""
+    why = _why(have, want)
     return (f"{path} belongs to another run ({why or 'another config'}); put back this run's own checkpoint, "
             f"or remove it to train this run from the start")
 
@@ -136,21 +150,22 @@ def load_checkpoint(run_dir: Path, map_location="cpu") -> dict | None:
     if not (path.exists() or path.is_symlink()):
         return None
     problem, state = None, None
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-        if not head:
+    try:   # a link or a special file (a FIFO would hang the read) is refused, not followed
+        data = read_plain(path) or b""
+        if not data:
             problem = "the file is empty"
-        elif head != b"PK\x03\x04":  # torch.save writes a zip archive
+        elif data[:4] != b"PK\x03\x04":  # torch.save writes a zip archive
             problem = "not a PyTorch checkpoint (a foreign file?)"
         else:
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except ReslmError:
+        raise
     except Exception as e:
         msg = str(e)
         if "Weights only load failed" in msg:
             problem = "it holds objects other than tensors and plain values (weights_only refuses them)"
-        elif any(s in msg for s in ("zip archive", "central directory", "PytorchStreamReader")) or \
-                isinstance(e, EOFError):
+        elif any(s in msg for s in ("zip archive", "central directory", "PytorchStreamReader", "seek")) or \
+                isinstance(e, (EOFError, OSError, ValueError)):   # a zip cut short: whatever the reader says
             problem = "the file is truncated or damaged"
         else:
             problem = describe(e)

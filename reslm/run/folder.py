@@ -14,14 +14,16 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
 
 from reslm.core.errors import ReslmError, describe
-from reslm.core.files import (atomic_write, fsync_dir, fsync_file, missing_parents, non_finite, reason, remove_empty_dirs,
-                         strict_dumps)
+from reslm.core.files import (atomic_write, fsync_dir, fsync_file, missing_parents, non_finite, open_plain, read_plain,
+                              reason, remove_empty_dirs, strict_dumps)
 
 CONFIG, METRICS, CHECKPOINT, SUMMARY, LOCK = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json", ".lock"
 NAME_MAX = 255  # bytes in one path component (Linux, macOS)
@@ -132,6 +134,18 @@ def _config_problem(cfg) -> str | None:
             return f"{key!r} must be an object"
     if not isinstance(cfg["data"].get("path"), str):
         return "'data.path' must be a string"
+    for key, kinds, what in (("name", str, "a string"), ("kind", str, "a string"), ("fingerprint", dict, "an object"),
+                             ("vocab", list, "a list"), ("vocab_size", int, "an integer"),
+                             ("test_shard", int, "an integer"), ("shards", list, "a list")):
+        v = cfg["data"].get(key)
+        if v is not None and (not isinstance(v, kinds) or isinstance(v, bool)):
+            return f"'data.{key}' must be {what}"
+    if isinstance(cfg["data"].get("vocab"), list) and not all(isinstance(c, str) for c in cfg["data"]["vocab"]):
+        return "'data.vocab' must be a list of strings"
+    for part in ("model", "train"):
+        bad = next((k for k, v in cfg[part].items() if isinstance(v, (dict, list))), None)
+        if bad is not None:
+            return f"'{part}.{bad}' must be a number, string, true/false or null"
     return None
 
 
@@ -140,12 +154,11 @@ def read_config(run_dir: Path) -> dict:
     Anything else raises ReslmError "RUN/config.json is not a valid run config: 'model' must be an object"."""
     run_dir = Path(run_dir)
     path = run_dir / CONFIG
-    if not path.is_file():
+    data = read_plain(path)   # a link or a special file in its place: ReslmError, not followed
+    if data is None:
         raise ReslmError(f"{run_dir} is not a reslm run directory (no {CONFIG})")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ReslmError(f"cannot read {path}: {reason(e)}") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ReslmError(f"cannot read {path}: it is not UTF-8 text") from None
     if not text.strip():
@@ -167,12 +180,9 @@ def _scan_metrics(path: Path) -> tuple[list[dict], int | None, bool]:
 
     A row is a JSON object on one line; blank lines are skipped. A bad last line is reported, not
     read (a kill or a full disk mid-append); a bad line before it raises ReslmError with its number."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data = read_plain(path)   # a link or a special file in its place: ReslmError, not followed
+    if data is None:
         return [], None, False
-    except OSError as e:
-        raise ReslmError(f"cannot read {path}: {reason(e)}") from None
     lines = data.split(b"\n")
     last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
     rows, pos = [], 0
@@ -235,7 +245,7 @@ class MetricsLog:
             if torn_at is not None:
                 _warn_torn(self.path)
             try:
-                with open(self.path, "r+b") as f:
+                with os.fdopen(open_plain(self.path, os.O_RDWR), "r+b") as f:   # never a link's target
                     if torn_at is not None:
                         f.truncate(torn_at)  # the line before it, if any, ends with its newline
                     else:
@@ -257,6 +267,12 @@ class MetricsLog:
             raise ReslmError(f"{self.path} {what} but the run's {CHECKPOINT} was saved after {n} rows: "
                              f"the log was cut short or removed (restore it from a copy, or start the run again)")
         rows = [_finite_or_none(r) for r in have[:n]]  # NaN from older versions -> null
+        for i, r in enumerate(rows, start=1):   # the NaN guard's promise: a run that diverged stops there
+            bad = next((k for k, v in r.items() if k.endswith("_loss") and v is None), None)
+            if bad is not None:
+                raise ReslmError(f"{self.path} row {i} has {bad} null (it was not a finite number): the run diverged "
+                                 f"at step {r.get('step')} and stops there; start it again with other settings "
+                                 f"(a lower --lr, --grad-clip)")
         text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows)
         atomic_write(self.path, lambda p: p.write_text(text))
         self.rows = len(rows)
@@ -273,7 +289,7 @@ class MetricsLog:
                              f"(JSON has no NaN or Infinity; check a loss before logging it)")
         line = memoryview((json.dumps(row, allow_nan=False) + "\n").encode())
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = open_plain(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as e:
             raise ReslmError(f"could not write {self.path}: {reason(e)}") from None
         start = None
@@ -290,6 +306,36 @@ class MetricsLog:
         finally:
             os.close(fd)
         self.rows += 1
+
+
+_EVAL_FILES = re.compile(r"^eval(-[^/]+)?\.(json|csv)$")   # what `reslm eval` writes into a run folder
+
+
+def drop_stale_evals(run_dir: Path) -> list[Path]:
+    """Remove the evaluations (eval.json, eval-*.json, eval-physical.csv) of a run folder that are
+    older than its checkpoint.pt: they scored weights the run no longer has (`reslm eval` holds the
+    run's lock, so an evaluation newer than the checkpoint scored it). Called when a run is resumed,
+    before and after it trains, so that no stale eval.json is read as the run's. Regular files only;
+    returns what was removed, with a note on stderr."""
+    run_dir = Path(run_dir)
+    try:
+        ck = os.lstat(run_dir / CHECKPOINT)
+        entries = list(run_dir.iterdir())
+    except OSError:
+        return []
+    removed = []
+    for p in sorted(entries):
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if _EVAL_FILES.match(p.name) and stat.S_ISREG(st.st_mode) and st.st_mtime_ns < ck.st_mtime_ns:
+            p.unlink()
+            removed.append(p)
+    if removed:
+        print(f"reslm: note: removed {', '.join(p.name for p in removed)} of {run_dir}: older than its checkpoint "
+              f"(run `reslm eval {run_dir}` again)", file=sys.stderr)
+    return removed
 
 
 # training fields that may differ between the run that was started and the one that resumes it

@@ -21,13 +21,14 @@ import re
 import shlex
 import shutil
 import socket
+import stat
 import sys
 import threading
 import time
 from pathlib import Path
 
 from reslm.core.errors import ReslmError, RunInUse
-from reslm.core.files import missing_parents, reason, remove_empty_dirs
+from reslm.core.files import missing_parents, open_plain, read_plain, reason, remove_empty_dirs
 from reslm.run.folder import CHECKPOINT, CONFIG, LOCK, shown
 
 _TEMP_DIR = re.compile(r"^\..+\.tmp-[a-z0-9_]{8}$")  # create_run_dir's tempfile.mkdtemp folders
@@ -60,10 +61,10 @@ def _holder(run_dir: Path) -> dict | None:
     """What the holder of run_dir's lock wrote into the lock file (it may be mid-write: retry briefly)."""
     for _ in range(5):
         try:
-            info = json.loads((run_dir / LOCK).read_text())
-            if isinstance(info, dict) and "pid" in info:
+            info = json.loads(read_plain(run_dir / LOCK) or b"")
+            if isinstance(info, dict) and isinstance(info.get("pid"), int):
                 return info
-        except (OSError, ValueError):
+        except (OSError, ValueError, ReslmError):
             pass
         time.sleep(0.05)
     return None
@@ -74,10 +75,10 @@ def _in_use(run_dir: Path) -> str:
     if info is None:
         return f"{run_dir} is in use by another process; wait for it or stop it"
     who = f"pid {info['pid']}"
-    if info.get("host") and info["host"] != socket.gethostname():
+    if isinstance(info.get("host"), str) and info["host"] != socket.gethostname():
         who += f" on {info['host']}"
     what = []
-    if info.get("command"):
+    if isinstance(info.get("command"), str):
         what.append(str(info["command"]))
     if isinstance(info.get("started"), (int, float)):
         start = time.localtime(info["started"])
@@ -107,11 +108,14 @@ def _acquire(run_dir: Path) -> tuple[int, int]:
         raise ReslmError(f"cannot lock {run_dir}: {reason(e)}") from None
     _flock(dfd, run_dir)
     path = run_dir / LOCK
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | cloexec, 0o644)
+    try:   # never through a link: a planted RUN/.lock -> ../file must not be truncated and overwritten
+        fd = open_plain(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         os.close(dfd)
         raise ReslmError(f"cannot lock {run_dir}: {reason(e)}") from None
+    except ReslmError as e:
+        os.close(dfd)
+        raise ReslmError(f"cannot lock {run_dir}: {e}") from None
     try:
         _flock(fd, run_dir)
     except BaseException:
@@ -154,7 +158,7 @@ def lock_run(run_dir: Path, *, create: bool = False):
         entry = _held.get(key)
         first = entry is None
         if first:
-            had_lock = (run_dir / LOCK).is_file()    # a reslm process locked this folder before
+            had_lock = _is_plain(run_dir / LOCK)    # a reslm process locked this folder before
             entry = _held[key] = [_acquire(run_dir), 0]
         entry[1] += 1
     if first:
@@ -170,15 +174,23 @@ def lock_run(run_dir: Path, *, create: bool = False):
                     os.close(fd)  # releases the flocks
 
 
+def _is_plain(path: Path) -> bool:
+    """A regular file at path (a link to one is not)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def is_reslm_folder(folder: Path) -> bool:
     """True for a folder reslm made: a run (config.json, a JSON object with a family) or a reproduce/lab
     output folder (budget.json)."""
     folder = Path(folder)
-    if any((folder / m).is_file() for m in _MARKERS):
+    if any(_is_plain(folder / m) for m in _MARKERS):
         return True
     try:
-        cfg = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        cfg = json.loads(read_plain(folder / CONFIG) or b"")
+    except (OSError, ValueError, ReslmError):
         return False
     return isinstance(cfg, dict) and "family" in cfg
 
@@ -188,7 +200,7 @@ def check_output_folder(out: Path, stamp: str, what: str) -> None:
     reproduction or lab writes first into its folder): such a command never writes into, or sweeps,
     a folder of the user's."""
     out = Path(out)
-    if not out.is_dir() or (out / stamp).is_file():
+    if not out.is_dir() or _is_plain(out / stamp):
         return
     try:
         foreign = any(p.name != LOCK for p in out.iterdir())
@@ -196,6 +208,27 @@ def check_output_folder(out: Path, stamp: str, what: str) -> None:
         raise ReslmError(f"cannot use {shown(out)}: {reason(e)}") from None
     if foreign:
         raise ReslmError(f"{shown(out)} already exists and is not {what} (no {stamp}); pick another --out")
+
+
+def check_runs_folder(out: Path, outputs: tuple[str, ...], what: str) -> None:
+    """ReslmError unless every entry of `out` (when it exists) is a run folder reslm made or one of the
+    files `outputs` that the command itself writes there (a sweep's scaling.csv, the demo's
+    demo.json): such a command never writes over a folder of the user's."""
+    out = Path(out)
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise ReslmError(f"{shown(out)} exists and is not a directory; pick another --out")
+    try:
+        entries = sorted(out.iterdir())
+    except OSError as e:
+        raise ReslmError(f"cannot use {shown(out)}: {reason(e)}") from None
+    for p in entries:
+        if p.name == LOCK or _TEMP_FILE.match(p.name) or (p.name in outputs and _is_plain(p)):
+            continue
+        if p.is_dir() and not p.is_symlink() and is_reslm_folder(p):
+            continue
+        raise ReslmError(f"{shown(out)} already holds {p.name}, which is not {what}'s; pick another --out")
 
 
 def clean_stale_temps(run_dir: Path, *, ours: bool = False) -> list[Path]:

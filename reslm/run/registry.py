@@ -2,7 +2,8 @@
 
 A published folder is a run directory without what can be rebuilt or is too big to keep in git:
 
-    config.json          the run's config, as trained
+    config.json          the run's config, as trained; its dataset named by name only (data.path: no
+                         path of the machine that trained it; found under the data root)
     metrics.jsonl        its log, up to its checkpoint
     summary.json         when it is consistent with that log (the end of a train call)
     eval.json            when the run was evaluated (`reslm eval`)
@@ -11,8 +12,9 @@ A published folder is a run directory without what can be rebuilt or is too big 
     checkpoint.pt        only while the run is unfinished: optimizer state, step, schedule position
                          (its "model" entry is left out: the weights are weights.safetensors)
     provenance.json      how it was made: command, commit, CPU of each publish, torch, threads, wall times
-    manifest.json        format version, sha256 of every file above, and the fingerprint of every
-                         fixed tensor (shape, dtype, sha256 of its bytes, float64 sum and sum of squares)
+    manifest.json        format version, sha256 of every file above, the fingerprint of every fixed
+                         tensor (shape, dtype, sha256 of its bytes, float64 sum and sum of squares), and
+                         the radius of each reservoir draw (radii: loading skips the eigendecomposition)
 
 Never reservoir states, never the dataset. `load_published(folder, model)` fills a freshly built model
 (whose buffers the config's seed has just rebuilt) with the folder's weights after checking the
@@ -20,7 +22,9 @@ weight file against the manifest and the rebuilt buffers against their fingerpri
 bytes differ but whose sum and sum of squares agree to 1e-5 is the same matrix rounded differently
 (an eigenvalue routine of another CPU or BLAS scales the reservoir): accepted with a warning. Anything
 else (a missing or altered weight file, another reservoir, a format newer than FORMAT) is a one-line
-ReslmError. Publishing (reslm.publish) writes these files; this module only reads and checks them,
+ReslmError. Every file is read without following links (reslm.core.files.open_plain), and every
+listed file is checked against its sha256 before a published folder is used (verify_published).
+Publishing (reslm.publish) writes these files; this module only reads and checks them,
 so that reslm.models.load can open a published folder like a run.
 """
 from __future__ import annotations
@@ -28,16 +32,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import re
 import sys
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load as load_bytes
 
 from reslm.core.errors import ReslmError
-from reslm.core.files import sha256_file, write_json
-from reslm.run.folder import CONFIG
+from reslm.core.files import plain_name, read_plain, sha256_file, write_json
+from reslm.run.folder import CONFIG, read_config
 
 FORMAT = 1                       # manifest.json "format"; a folder with a larger one is refused
 MANIFEST, WEIGHTS, PROVENANCE = "manifest.json", "weights.safetensors", "provenance.json"
@@ -46,8 +52,9 @@ ROUNDING = 1e-5                  # relative tolerance of a fixed tensor's sum / 
 
 
 def is_published(folder: Path) -> bool:
-    """True for a published folder (it has manifest.json), False for a plain run directory."""
-    return (Path(folder) / MANIFEST).is_file()
+    """True for a published folder (it has manifest.json, or something in its place, which reading it
+    refuses), False for a plain run directory."""
+    return os.path.lexists(Path(folder) / MANIFEST)
 
 
 def _bytes(t: torch.Tensor) -> bytes:
@@ -71,6 +78,28 @@ def split_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[s
     ids = {id(p) for p in trainable.values()}
     fixed = {k: v for k, v in model.state_dict(keep_vars=True).items() if id(v) not in ids}
     return ({k: v.detach() for k, v in trainable.items()}, {k: v.detach() for k, v in fixed.items()})
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over a model's trainable tensors (names, dtypes, shapes, bytes): the weights an evaluation
+    scored, the same whether they were read from a run's checkpoint or a published folder. eval.json
+    records it (weights_sha256), so that an evaluation of older weights is never published as the
+    run's (see eval_matches)."""
+    h = hashlib.sha256()
+    for name, t in sorted(split_state(model)[0].items()):
+        h.update(f"{name}:{str(t.dtype)}:{tuple(t.shape)}:".encode())
+        h.update(_bytes(t))
+    return h.hexdigest()
+
+
+def eval_matches(evaluation: dict, digest: str, step: int | None = None) -> bool | None:
+    """Whether eval.json's content scored the weights with `digest` (True / False), or None when it
+    records neither the weights nor the step (written before eval.json recorded them)."""
+    if isinstance(evaluation.get("weights_sha256"), str):
+        return evaluation["weights_sha256"] == digest
+    if step is not None and _is_int(evaluation.get("checkpoint_step")):
+        return evaluation["checkpoint_step"] == step
+    return None
 
 
 def fixed_fingerprints(model: torch.nn.Module) -> dict[str, dict]:
@@ -97,18 +126,108 @@ def read_manifest(folder: Path) -> dict:
     """manifest.json of a published folder, checked: a JSON object of a format this reslm reads."""
     folder = Path(folder)
     path = folder / MANIFEST
+    data = read_plain(path)   # a link or a special file in its place: ReslmError, not followed
+    if data is None:
+        raise ReslmError(f"{folder} is not a published run (no {MANIFEST})")
     try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ReslmError(f"{folder} is not a published run (no {MANIFEST})") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        m = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
         raise ReslmError(f"cannot read {path}: {e.__class__.__name__}: {e}".split("\n")[0]) from None
-    if not isinstance(m, dict) or not isinstance(m.get("format"), int) or not isinstance(m.get("files"), dict) \
+    if not isinstance(m, dict) or not _is_int(m.get("format")) or not isinstance(m.get("files"), dict) \
             or not isinstance(m.get("fixed"), dict):
         raise ReslmError(f"{path} is not a reslm manifest (it needs format, files and fixed)")
     if m["format"] > FORMAT:
         raise ReslmError(f"{folder} was published in registry format {m['format']}, newer than this reslm reads "
                          f"({FORMAT}): update reslm")
+    problem = _manifest_problem(m, path)
+    if problem:
+        raise ReslmError(f"{path} is not a valid reslm manifest: {problem}")
+    return m
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _manifest_problem(m: dict, path: Path) -> str | None:
+    """Why a manifest's fields have the wrong types (files: plain names -> sha256 hex; fixed and
+    trainable: tensor fingerprints; step an integer, finished true/false), or None."""
+    for name, digest in m["files"].items():
+        plain_name(name, str(path))   # a listed file stays inside the folder
+        if not isinstance(digest, str) or not _HEX64.match(digest):
+            return f"files.{name} must be a sha256 (64 hex digits)"
+    for part in ("fixed", "trainable"):
+        for name, fp in (m.get(part) or {}).items():
+            if not isinstance(fp, dict) or not isinstance(fp.get("shape"), list) \
+                    or not all(_is_int(d) and d >= 0 for d in fp["shape"]) or not isinstance(fp.get("dtype"), str):
+                return f"{part}.{name} must be an object with a shape (a list of sizes) and a dtype"
+            if part == "fixed" and not isinstance(fp.get("sha256"), str):
+                return f"fixed.{name}.sha256 must be a string"
+            for k in ("sum", "sumsq"):
+                if k in fp and (not isinstance(fp[k], (int, float)) or isinstance(fp[k], bool)):
+                    return f"{part}.{name}.{k} must be a number"
+    if not isinstance(m.get("trainable", {}), dict):
+        return "trainable must be an object"
+    if "step" in m and not _is_int(m["step"]):
+        return "step must be an integer"
+    if "finished" in m and not isinstance(m["finished"], bool):
+        return "finished must be true or false"
+    if "run" in m and not isinstance(m["run"], str):
+        return "run must be a string"
+    return None
+
+
+def read_provenance(folder: Path) -> dict | None:
+    """provenance.json of a published folder with its fields type-checked (None when there is none):
+    command, cpu, commit, date strings; threads an integer or null; wall an object of numbers or
+    nulls; publishes a list of objects with a date, an integer step and a cpu. Anything else is a
+    one-line ReslmError naming the field."""
+    path = Path(folder) / PROVENANCE
+    data = read_plain(path)
+    if data is None:
+        return None
+    try:
+        p = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ReslmError(f"cannot read {path}: not JSON ({str(e).splitlines()[0]})") from None
+    problem = None
+    if not isinstance(p, dict):
+        problem = "it must be a JSON object"
+    else:
+        for k in ("command", "cpu", "commit", "date", "reslm", "torch"):
+            if k in p and not isinstance(p[k], str):
+                problem = problem or f"{k} must be a string"
+        if p.get("threads") is not None and not _is_int(p["threads"]):
+            problem = problem or "threads must be an integer or null"
+        wall = p.get("wall", {})
+        if not isinstance(wall, dict) or any(v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool))
+                                             for v in wall.values()):
+            problem = problem or "wall must be an object of numbers"
+        pubs = p.get("publishes", [])
+        if not isinstance(pubs, list) or not all(isinstance(h, dict) and _is_int(h.get("step"))
+                                                 and isinstance(h.get("cpu"), str) for h in pubs):
+            problem = problem or "publishes must be a list of objects with an integer step and a cpu"
+    if problem:
+        raise ReslmError(f"{path} is not a valid provenance file: {problem}")
+    return p
+
+
+def verify_published(folder: Path, skip=()) -> dict:
+    """The manifest of a published folder after checking every file it lists against its sha256 and
+    the types of config.json, provenance.json and the manifest itself: what `reslm report` and
+    `reslm publish` read is what was published (an edited metrics.jsonl or eval.json is a one-line
+    ReslmError naming the file, not a silently different table). Names in `skip` are not hashed
+    (config.json of a resumed run that grew its cycles)."""
+    folder = Path(folder)
+    m = read_manifest(folder)
+    for name in sorted(m["files"]):
+        if name not in skip:
+            check_file(folder, name, m)
+    read_config(folder)
+    read_provenance(folder)
     return m
 
 
@@ -118,9 +237,9 @@ def check_file(folder: Path, name: str, manifest: dict) -> Path:
     want = manifest["files"].get(name)
     if want is None:
         raise ReslmError(f"{folder}/{MANIFEST} does not list {name}")
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ReslmError(f"{path} is missing (the published run is incomplete)")
-    if sha256_file(path) != want:
+    if sha256_file(path) != want:   # a link or special file in its place: ReslmError (open_plain)
         raise ReslmError(f"{path} does not match its sha256 in {MANIFEST} (altered or damaged file)")
     return path
 
@@ -130,7 +249,7 @@ def read_weights(folder: Path, manifest: dict | None = None) -> dict[str, torch.
     manifest = manifest or read_manifest(folder)
     path = check_file(folder, WEIGHTS, manifest)
     try:
-        return load_file(str(path))
+        return load_bytes(read_plain(path) or b"")   # the bytes just checked, read without following links
     except (SafetensorError, OSError, ValueError) as e:
         raise ReslmError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
@@ -156,13 +275,11 @@ def check_fixed(folder: Path, model: torch.nn.Module, manifest: dict) -> None:
 
 def load_published(folder: Path, model: torch.nn.Module, check_config: bool = True) -> torch.nn.Module:
     """Fill `model` (just built from the folder's config.json) with the published trainable weights,
-    after checking config.json (unless check_config is False: a resumed run may have grown its
-    cycles) and the weight file against the manifest and the rebuilt fixed tensors against their
+    after checking every listed file (config.json unless check_config is False: a resumed run may have
+    grown its cycles) against the manifest (verify_published) and the rebuilt fixed tensors against their
     fingerprints. Returns the model."""
     folder = Path(folder)
-    manifest = read_manifest(folder)
-    if check_config:
-        check_file(folder, CONFIG, manifest)
+    manifest = verify_published(folder, skip=() if check_config else (CONFIG,))   # every file, as published
     check_fixed(folder, model, manifest)
     weights = read_weights(folder, manifest)
     trainable, _ = split_state(model)
@@ -192,4 +309,5 @@ def record_file(folder: Path, name: str) -> None:
 
 __all__ = ["FORMAT", "MANIFEST", "WEIGHTS", "PROVENANCE", "is_published", "fingerprint",
            "split_state", "fixed_fingerprints", "same_tensor", "read_manifest", "check_file", "read_weights",
-           "check_fixed", "load_published", "record_file"]
+           "check_fixed", "load_published", "record_file", "read_provenance", "verify_published", "weights_digest",
+           "eval_matches"]

@@ -51,12 +51,16 @@ class StateCache:
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
+        if self.folder.is_symlink() or (self.folder.exists() and not self.folder.is_dir()):
+            # never a link: the cache removes the *.pt files it finds there (a user's, through a link)
+            raise ReslmError(f"{self.folder} is a symbolic link or not a folder: reslm keeps a run's states only "
+                             f"in a folder of its own (remove it)")
         for tmp in self.folder.glob(".*.tmp"):   # a killed writer's partial file (we hold the run's lock)
             tmp.unlink(missing_ok=True)
 
     def load(self, name: str, dtype: torch.dtype) -> "TensorFeatures | None":
         path = self.folder / f"{name}.pt"
-        if not path.is_file():
+        if path.is_symlink() or not path.is_file():   # a link or a special file is recomputed, never read
             return None
         try:
             d = torch.load(path, mmap=True, weights_only=True)

@@ -82,7 +82,7 @@ class TrainConfig:
     seed: int = 0                   # shuffling, batch draws and dropout
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     precision: str = "auto"         # auto | fp32 | bf16 | fp16
-    threads: int = 0                # torch CPU threads; 0 = torch's default
+    threads: int = 0                # torch CPU threads, at most the machine's cores; 0 = torch's default
     ema: float = 0.0                # decay of an EMA of the weights (reslm.ema) used for evaluation and the saved model; 0 = off
 
     def validate(self) -> "TrainConfig":

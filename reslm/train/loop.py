@@ -34,7 +34,7 @@ import torch
 from reslm.batches import CharShards, step_seed
 from reslm.core import distributed as dist_
 from reslm.core.device import (autocast, device_name, grad_scaler, pick_device, resolve_precision, setup_cuda,
-                               synchronize)
+                               synchronize, use_threads)
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json, write_json
 from reslm.core.progress import bar as progress_bar
@@ -192,7 +192,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     dataset = open_dataset(cfg["data"])
     check_dataset(cfg, dataset)
     if tc.threads:
-        torch.set_num_threads(tc.threads)
+        use_threads(tc.threads)   # a saved count above this machine's cores: its cores, with a note
     device = pick_device(tc.device)
     if world > 1 and device.type == "cuda":
         device = torch.device("cuda", local_rank)
