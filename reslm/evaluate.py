@@ -5,7 +5,9 @@ What `evaluate_run` measures, on the run's own data (the char runs' test shard, 
   test_loss     CE (nats per position) on a fixed chunk: the first `score` positions after the first
                 `context` (chars for char runs, tokens for token runs; 0 = all of it, in pieces); token
                 runs score non-overlapping `context`-token windows and also give bits per character.
-                The loss is `reslm.models.base.estimate_loss`, the estimator training uses.
+                The loss is `reslm.models.base.estimate_loss`, the estimator training uses. Each character
+                is scored from its `context` preceding ones; a stream-mode rnn also gets test_stream_loss,
+                its state carried through the chunk.
   score_*       the time to score that chunk; generation_* the time to generate `length` symbols
                 closed-loop after a prompt (the first `context` symbols of the test text, at most 32 tokens).
   *_reservoir_seconds   the part of each time spent inside the fixed reservoir (every submodule named
@@ -237,6 +239,9 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
         chunk = tokens if score == 0 else tokens[:score + context]
         loss, score_s, score_res = _timed(lambda: _score_chars(model, chunk, context, position=a), model)
         positions, bpc = chunk.numel() - context, bits(loss)
+    # a stream-mode rnn is also scored with its state carried through the chunk (CharRNN.stream_loss)
+    stream = ({"test_stream_loss": model.stream_loss(chunk)[0]}
+              if not token_run and getattr(model, "all_positions", None) == "streams" else {})
     prompt = test[:prompt_len].tolist()
     # A recording (reservoir/recorded.py) cannot read the symbols it would generate: scored, no sample.
     drivable = not isinstance(model, ReservoirLM) or model.reservoir.drivable
@@ -251,7 +256,7 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
         run=run_dir.resolve().name if is_published(run_dir) else str(run_dir),   # published: no machine's path
         family=cfg["family"], preset=cfg.get("preset"), kind="tokens" if token_run else "chars",
         trainable_params=count_params(model)[0],
-        test_loss=loss, test_bits=bits(loss), test_bpc=bpc, score_positions=positions,
+        test_loss=loss, test_bits=bits(loss), test_bpc=bpc, score_positions=positions, **stream,
         score_seconds=score_s, score_reservoir_seconds=score_res, score_trainable_seconds=score_s - score_res,
         generation_length=length if drivable else 0, generation_seconds=gen_s, generation_reservoir_seconds=gen_res,
         generation_trainable_seconds=gen_s - gen_res,

@@ -135,3 +135,16 @@ def test_all_position_modes_refuse_what_they_cannot_do(chars, tmp_path, family, 
     with pytest.raises(ReslmError, match=msg):
         tt.create_run(tmp_path / "r", family, model, {**TINY, **train}, chars)
     assert not (tmp_path / "r").exists()
+
+
+def test_eval_of_a_stream_rnn_gives_both_metrics(chars, tmp_path):
+    from reslm.evaluate import evaluate_run
+    out = tt.create_run(tmp_path / "r", "rnn", dict(cell="gru", embed_dim=8, hidden=16, context_mode="stream"),
+                        {**TINY, "eval_samples": 100}, chars)
+    tt.train(out, progress=False)
+    result = evaluate_run(out, length=20, ns=(3,), score=0)
+    assert result["test_loss"] > 0 and result["test_stream_loss"] > 0
+    w = tt.create_run(tmp_path / "w", "rnn", dict(cell="gru", embed_dim=8, hidden=16), {**TINY, "eval_samples": 100},
+                      chars)
+    tt.train(w, progress=False)
+    assert "test_stream_loss" not in evaluate_run(w, length=20, ns=(3,), score=0)
