@@ -72,7 +72,7 @@ def test_ridge_run_never_reads_the_test_shard_while_fitting(chars, tmp_path, mon
     tokens, evaluate = rb.CharShards._tokens, rb.CharShards.evaluate
     monkeypatch.setattr(rb.CharShards, "_tokens", lambda self, shard, part="train": (
         calls.append((shard, part)), tokens(self, shard, part))[1])
-    monkeypatch.setattr(rb.CharShards, "evaluate", lambda self, *a: (calls.append("evaluate"), evaluate(self, *a))[1])
+    monkeypatch.setattr(rb.CharShards, "evaluate", lambda self, *a, **k: (calls.append("evaluate"), evaluate(self, *a, **k))[1])
     out = tt.create_run(tmp_path / "r", "rc", MODEL, RIDGE, chars)
     summary = tt.train(out, progress=False)
     fitting = calls[:calls.index("evaluate")]
