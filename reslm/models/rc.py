@@ -8,7 +8,7 @@ or a nonlinear head on the same state (`head` mlp | glu, width `head_hidden`: re
 optionally reading the current character beside it (`head_input`, reservoir_lm.py).
 
 Trained by cross-entropy with Adam, like the paper, or in closed form (`--optimizer ridge`,
-reslm/ridge.py: ridge regression with a fitted softmax temperature, written into the same head). Table 1: N = 250, 500, 750,
+reslm/train/ridge.py: ridge regression with a fitted softmax temperature, written into the same head). Table 1: N = 250, 500, 750,
 1750, 2600 -> 14809, 29559, 44309, 103309, 153459 trainable parameters (V = 59).
 """
 from __future__ import annotations

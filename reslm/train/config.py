@@ -12,18 +12,18 @@ from pathlib import Path
 
 import torch
 
-from reslm.batches import SAMPLERS, SOLVERS as _SOLVER_NAMES
 from reslm.core import distributed as dist_
 from reslm.core.device import PRECISIONS, state_dtype
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json, write_json
-from reslm.lbfgs import fit_lbfgs
 from reslm.models import complete_fields, family, make_config
 from reslm.models.base import config_dict
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.models.load import describe_dataset
-from reslm.ridge import fit_ridge
 from reslm.run import CONFIG, SUMMARY, check_same_run, create_run_dir, lock_run, read_config
+from reslm.train.batches import SAMPLERS, SOLVERS as _SOLVER_NAMES
+from reslm.train.lbfgs import fit_lbfgs
+from reslm.train.ridge import fit_ridge
 import reslm
 
 
@@ -42,7 +42,7 @@ _TOKENS = {"data": "tokens"}
 @dataclass
 class TrainConfig:
     # optimiser and schedule (family defaults: reslm.models CHAR_TRAIN / TOKEN_TRAIN)
-    optimizer: str = "adam"         # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.ridge) | lbfgs (rc: the linear readout's CE optimum, reslm.lbfgs)
+    optimizer: str = "adam"         # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.train.ridge) | lbfgs (rc: the linear readout's CE optimum, reslm.train.lbfgs)
     lr: float = 1e-4                # (peak) learning rate
     beta1: float = 0.9
     beta2: float = 0.999
@@ -83,7 +83,7 @@ class TrainConfig:
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     precision: str = "auto"         # auto | fp32 | bf16 | fp16
     threads: int = 0                # torch CPU threads, at most the machine's cores; 0 = torch's default
-    ema: float = 0.0                # decay of an EMA of the weights (reslm.ema) used for evaluation and the saved model; 0 = off
+    ema: float = 0.0                # decay of an EMA of the weights (reslm.train.ema) used for evaluation and the saved model; 0 = off
 
     def validate(self) -> "TrainConfig":
         for f in fields(self):
@@ -187,7 +187,7 @@ def lr_at(tc: TrainConfig, step: int, total: int) -> float:
 
 
 def sampler_for(family_name: str) -> type:
-    """The batch sampler class of a family (reslm.batches.SAMPLERS, by the kind of data it reads)."""
+    """The batch sampler class of a family (reslm.train.batches.SAMPLERS, by the kind of data it reads)."""
     return SAMPLERS[family(family_name).data]
 
 

@@ -96,7 +96,7 @@ class CharShards:
 
     The schedule is a list of shard-epochs (cycle, shard, epoch); shard-epoch k has ceil(n_k / batch)
     steps over a permutation seeded by step_seed(seed, k). Evaluation after every shard-epoch. A ridge
-    run's schedule is one step, the solve (reslm.ridge reads `train_features` / `heldout_features`).
+    run's schedule is one step, the solve (reslm.train.ridge reads `train_features` / `heldout_features`).
 
     holdout > 0 keeps the last fraction of each training shard's characters out of training: those
     are `heldout_features` (ridge's alpha and temperature, `reslm search`'s objective), never the test
