@@ -26,8 +26,9 @@ kind = the family's data kind, "chars" or "tokens") for:
   eval_batches fixed-seed val windows.
 
 The samplers take the model as an argument (its `features`, `forward_features`, `config.context`);
-this module imports no model or training code: the features helpers it shares with the models are
-reslm.features, the state cache is reslm.run.states.
+this module imports no model family and nothing of the loop: the features helpers it shares with the
+models are reslm.features, the state cache is reslm.run.states, the optimizers that solve a readout in one
+step are reslm.train.optim.SOLVERS.
 """
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ from reslm.core.progress import say
 from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
 from reslm.run.states import StateCache
+from reslm.train.optim import SOLVERS
 
 _EVAL_SEED = 0x5EED_E7A1
-SOLVERS = ("ridge", "lbfgs")   # optimizers that solve an rc readout in one step (reslm.train.SOLVERS)
 
 
 # --- seeding ------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The training configuration and the run it starts: `TrainConfig` (every field a `reslm train` flag;
 fields one kind of data uses carry it in their metadata, `data_fields`), the family's defaults
-(`train_config`), the learning-rate schedule (`lr_at`), and the run folder created from a family, its
-overrides and a dataset (`make_run_config`, `create_run`, `ensure_run`, `grow_cycles`, `is_finished`)."""
+(`train_config`), and the run folder created from a family, its overrides and a dataset
+(`make_run_config`, `create_run`, `ensure_run`, `grow_cycles`, `is_finished`). The optimizers and the
+learning-rate schedule are reslm.train.optim's."""
 from __future__ import annotations
 
 import hashlib
@@ -21,16 +22,11 @@ from reslm.models.base import config_dict
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.models.load import describe_dataset
 from reslm.run import CONFIG, SUMMARY, check_same_run, create_run_dir, lock_run, read_config
-from reslm.train.batches import SAMPLERS, SOLVERS as _SOLVER_NAMES
-from reslm.train.lbfgs import fit_lbfgs
-from reslm.train.ridge import fit_ridge
+from reslm.train.batches import SAMPLERS
+from reslm.train.optim import OPTIMIZERS, SCHEDULES, SOLVERS
 import reslm
 
 
-OPTIMIZERS = ("adam", "adamw", "ridge", "lbfgs")
-SOLVERS = {"ridge": fit_ridge, "lbfgs": fit_lbfgs}   # rc readouts fitted in one solve on the training shards
-assert set(SOLVERS) == set(_SOLVER_NAMES)
-SCHEDULES = ("constant", "cosine")
 CHECKPOINT_SECONDS = 600.0   # a checkpoint between evaluations after this much training (train())
 STATES = "states"            # RUN/states: train(cache_states=True)'s feature cache (StateCache)
 
@@ -169,21 +165,6 @@ def run_train_config(cfg: dict) -> TrainConfig:
     if unknown:
         raise ReslmError(f"the run config has unknown training field(s): {', '.join(unknown)}")
     return TrainConfig(**cfg["train"]).validate()
-
-
-
-def lr_at(tc: TrainConfig, step: int, total: int) -> float:
-    """Learning rate of optimizer step `step` (0-based) of `total`."""
-    if tc.schedule == "constant":
-        return tc.lr
-    if step < tc.warmup_steps:
-        return tc.lr * (step + 1) / tc.warmup_steps
-    start = tc.warmup_steps + tc.hold_steps
-    if step < start:
-        return tc.lr
-    progress = min(1.0, (step - start) / max(1, total - start))
-    floor = tc.lr * tc.min_lr_frac
-    return floor + (tc.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def sampler_for(family_name: str) -> type:

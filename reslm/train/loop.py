@@ -39,30 +39,15 @@ from reslm.core.files import read_json, write_json
 from reslm.core.progress import bar as progress_bar
 from reslm.core.progress import say
 from reslm.features import estimate_loss, feature_batches
-from reslm.models.base import bits, count_params, decay_groups
+from reslm.models.base import bits, count_params
 from reslm.models.budget import check_frontier
 from reslm.models.load import check_dataset, load_model, open_dataset
 from reslm.run import SUMMARY, MetricsLog, load_checkpoint, lock_run, read_config, read_metrics, save_checkpoint
 from reslm.train.batches import CharShards, step_seed
-from reslm.train.config import (CHECKPOINT_SECONDS, SOLVERS, STATES, TrainConfig, schedule_key, is_finished,
-                                lr_at, run_train_config, sampler_for)
+from reslm.train.config import (CHECKPOINT_SECONDS, STATES, TrainConfig, schedule_key, is_finished,
+                                run_train_config, sampler_for)
 from reslm.train.ema import EMA, checkpoint_weights
-
-
-def make_optimizer(model, tc: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """Adam over the trainable parameters, or AdamW with decay on linear weights only. A model may
-    give its own groups (`param_groups(weight_decay)`, e.g. a lower embedding lr as `lr_mult`)."""
-    if tc.optimizer == "adam":
-        groups = [dict(params=[p for p in model.parameters() if p.requires_grad])]
-    else:
-        groups = (model.param_groups(tc.weight_decay) if hasattr(model, "param_groups")
-                  else decay_groups(model, tc.weight_decay))
-    cls = torch.optim.Adam if tc.optimizer == "adam" else torch.optim.AdamW
-    extra = {"fused": True} if device.type == "cuda" and tc.optimizer == "adamw" else {}
-    opt = cls(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), **extra)
-    for g in opt.param_groups:
-        g.setdefault("lr_mult", 1.0)
-    return opt
+from reslm.train.optim import SOLVERS, lr_at, make_optimizer
 
 
 def _finite(loss: torch.Tensor, params) -> bool:
