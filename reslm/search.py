@@ -1,4 +1,4 @@
-"""Stage 7, hyperparameter search (`reslm search`): optuna's TPE over a reservoir substrate's knobs.
+"""Hyperparameter search (`reslm search`): optuna's TPE over a reservoir substrate's knobs.
 
     objective     CE in nats on the held-out tails of the training shards (TrainConfig.holdout): the
                   ridge readout's held-out CE (default: one pass and a few Cholesky solves per trial),

@@ -1,4 +1,4 @@
-"""Stage 3, the classic reservoir computer (echo state network) language model, paper section "Traditional
+"""The classic reservoir computer (echo state network) language model, paper section "Traditional
 Reservoir Computing":
 
     r_t = tanh(W_res r_{t-1} + W_in x_t)        fixed (reservoir/esn.py)

@@ -1,4 +1,4 @@
-"""Stage 3, the character-level transformer baseline (Köster & Uchida, "Reservoir Computing as a Language Model", Table 1).
+"""The character-level transformer baseline (Köster & Uchida, "Reservoir Computing as a Language Model", Table 1).
 
 The model maps a window of `context` (= 32) character ids to logits for the next character:
 

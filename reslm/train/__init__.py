@@ -1,4 +1,4 @@
-"""Stage 5, training (the loop: reslm.train.loop; the config and the run it starts: reslm.train.config;
+"""Training (the loop: reslm.train.loop; the config and the run it starts: reslm.train.config;
 the optimizers and the lr schedule: reslm.train.optim; the batch samplers: reslm.train.batches).
 
     train(run_dir)             train or continue the run in run_dir -> summary.json

@@ -1,4 +1,4 @@
-"""Stage 4, data -> batches: the two batch samplers the training loop draws from, and the features they batch.
+"""Data -> batches: the two batch samplers the training loop draws from, and the features they batch.
 
 The loop (reslm.train) knows nothing of characters or tokens; it asks its sampler (`SAMPLERS[kind]`,
 kind = the family's data kind, "chars" or "tokens") for:

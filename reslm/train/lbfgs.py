@@ -1,4 +1,4 @@
-"""Stage 5, training: the rc family's linear readout solved to its cross-entropy optimum, `--optimizer lbfgs`.
+"""Training: the rc family's linear readout solved to its cross-entropy optimum, `--optimizer lbfgs`.
 
 The readout of a fixed reservoir is multinomial logistic regression on the (normalised) states, a
 convex problem; Adam at the paper's 1e-4 only approaches its optimum. Here it is solved directly:

@@ -1,4 +1,4 @@
-"""Stage 5, training: one loop for every family; only the batch source differs.
+"""Training: one loop for every family; only the batch source differs.
 
     for step in 0..total-1:
         lr(step)                                   constant (chars) or warmup-hold-cosine (tokens)
