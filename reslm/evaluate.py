@@ -1,4 +1,4 @@
-"""Stage 6, evaluation of a trained run (`reslm eval`): test cross-entropy in nats and bits, a
+"""Evaluation of a trained run (`reslm eval`): test cross-entropy in nats and bits, a
 closed-loop sample, n-gram overlap, and timings with the reservoir's share apart.
 
 What `evaluate_run` measures, on the run's own data (the char runs' test shard, the token runs' val split):

@@ -2,7 +2,7 @@
 
 A model turns a token stream into *features* once (reservoir states, or windows; reslm.models.base
 describes the contract), and training, evaluation and the closed-form readouts draw batches from
-them. These helpers stand below the models and the batch samplers (reslm.batches) alike, so neither
+them. These helpers stand below the models and the batch samplers (reslm.train.batches) alike, so neither
 imports the other for them; reslm.models.base re-exports them.
 
 `estimate_loss` is the one cross-entropy estimator: training's evaluations and `reslm eval` both use it.

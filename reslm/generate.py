@@ -1,4 +1,4 @@
-"""Stage 6, closed-loop generation: each sampled token is fed back as the next input (paper).
+"""Closed-loop generation: each sampled token is fed back as the next input (paper).
 
 One sampler for every model. Stateful models (reservoir models in `stream` mode, the layered reservoir
 LM, the GPT baseline with its KV cache) carry their state:

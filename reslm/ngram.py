@@ -1,4 +1,4 @@
-"""Stage 6, evaluation of generated text: n-gram overlap / distinct-n, and the Kneser-Ney baseline.
+"""Evaluation of generated text: n-gram overlap / distinct-n, and the Kneser-Ney baseline.
 
 Everything works on 1-D integer id arrays (uint8/uint16/int64, ids in ``[0, base)``); the
 overlap and distinct functions also take ``str`` (characters, compared by code point).

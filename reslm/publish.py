@@ -1,4 +1,4 @@
-"""Stage 5, publishing a run into the results registry (`reslm publish RUN results/NAME`), and
+"""Publishing a run into the results registry (`reslm publish RUN results/NAME`), and
 continuing a published, unfinished run on any machine (`reslm train --out results/NAME --resume`).
 
 publish(run_dir, dest) writes the folder format of reslm.run.registry from the run's last checkpoint:

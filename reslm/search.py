@@ -1,4 +1,4 @@
-"""Stage 7, hyperparameter search (`reslm search`): optuna's TPE over a reservoir substrate's knobs.
+"""Hyperparameter search (`reslm search`): optuna's TPE over a reservoir substrate's knobs.
 
     objective     CE in nats on the held-out tails of the training shards (TrainConfig.holdout): the
                   ridge readout's held-out CE (default: one pass and a few Cholesky solves per trial),
@@ -52,9 +52,9 @@ from reslm.reservoir import RESERVOIRS, parse_options
 from reslm.reservoir.nvar import nvar_size
 from reslm.report.search import train_command, write_outputs
 from reslm.reservoir.seeding import child_seed
-from reslm.ridge import fit_ridge
-from reslm.batches import CharShards, check_holdout
 from reslm.train import TrainConfig, create_run, make_run_config, train
+from reslm.train.batches import CharShards, check_holdout
+from reslm.train.ridge import fit_ridge
 
 SEARCH_STAMP = "search.json"   # written first into a search folder: what check_search_folder looks for
 SEARCH_KEY = 200   # seeding key of the samplers (apart from the reservoir's and training's keys)

@@ -1,4 +1,4 @@
-"""Stage 4 (beside reslm.models.load), the files a physical reservoir exchanges with reslm: `reslm substrate
+"""The files a physical reservoir exchanges with reslm: `reslm substrate
 export | simulate | import`.
 
 A device in place of the digital reservoir is driven outside reslm. The round trip:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import reslm.models.rnn as rnn_mod
 from reslm import train as tt
-from reslm.batches import CharShards
+from reslm.train.batches import CharShards
 from reslm.core.errors import ReslmError
 from reslm.features import ChunkFeatures
 from reslm.models import build_model

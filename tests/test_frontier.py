@@ -10,7 +10,7 @@ from reslm.cli import main
 from reslm.models import build_model, check_frontier_config, make_config, preset, preset_table
 from reslm.models.budget import FRONTIER_BUDGET, check_frontier
 from reslm.models.rc import RC
-import reslm.batches as rb
+import reslm.train.batches as rb
 import reslm.run.states as rs
 
 
@@ -173,7 +173,7 @@ def test_headed_run_with_cached_states_resumes_bitwise(chars, tmp_path, monkeypa
 
 # --- EMA of the weights -----------------------------------------------------------------------------
 def test_ema_update_follows_the_formula_and_applied_restores():
-    from reslm.ema import EMA
+    from reslm.train.ema import EMA
     lin = nn.Linear(3, 2)
     ema = EMA(lin, 0.9)
     start = lin.weight.detach().clone()
@@ -297,7 +297,7 @@ LBFGS = dict(optimizer="lbfgs", lbfgs_samples=2000, lbfgs_iters=30, device="cpu"
 
 
 def test_lbfgs_reaches_a_lower_training_ce_than_adam_steps(chars):
-    import reslm.lbfgs as lb
+    import reslm.train.lbfgs as lb
     import reslm.train as tt
     m = build_model("rc", size=32, streams=8, vocab_size=chars.vocab_size)
     tc = tt.train_config("rc", **LBFGS)
@@ -326,7 +326,7 @@ def test_lbfgs_reaches_a_lower_training_ce_than_adam_steps(chars):
 
 
 def test_lbfgs_run_picks_l2_on_the_heldout_slice_and_never_reads_the_test_shard(chars, tmp_path, monkeypatch):
-    import reslm.lbfgs as lb
+    import reslm.train.lbfgs as lb
     import reslm.train as tt
     from reslm.run import read_metrics
     calls = []

@@ -1,4 +1,4 @@
-"""The closed-form readout (reslm.ridge, `--optimizer ridge`): the solve, streaming, temperature,
+"""The closed-form readout (reslm.train.ridge, `--optimizer ridge`): the solve, streaming, temperature,
 held-out selection (the test shard unread), and the run directory it writes."""
 import json
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import reslm.ridge as ridge
-import reslm.batches as rb
+import reslm.train.ridge as ridge
+import reslm.train.batches as rb
 import reslm.train as tt
 from reslm.cli import main
 from reslm.core.errors import ReslmError

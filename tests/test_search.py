@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import reslm.batches as rb
+import reslm.train.batches as rb
 import reslm.train as tt
 from reslm import search
 from reslm.cli import main

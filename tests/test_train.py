@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-import reslm.batches as rb
+import reslm.train.batches as rb
 import reslm.run.states as rs
 import reslm.train as tt
 from reslm.models import build_model

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from reslm import train as tt
-from reslm.batches import CharShards
+from reslm.train.batches import CharShards
 from reslm.core.errors import ReslmError
 from reslm.models import build_model
 from reslm.run import read_metrics

@@ -15,13 +15,13 @@ import math
 
 import torch
 
-from reslm.batches import TokenWindows
 from reslm.bench.timing import repeat
 from reslm.core.device import grad_scaler
 from reslm.models.base import count_params
 from reslm.models.gpt import GPT, GPTConfig
 from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.train import make_optimizer, train_config, train_step
+from reslm.train.batches import TokenWindows
 
 # matched pair (trainable parameters within ~3% at V = 4096; see the "cpu" sweep in reslm.experiments.plans)
 PAIR = {"laerc": dict(dim=64, n_layers=4), "gpt": dict(dim=88, n_layers=4, n_heads=4)}

@@ -1,4 +1,4 @@
-"""Stage 8, the command line: argparse subcommands that call the library; no logic of their own.
+"""The command line: argparse subcommands that call the library; no logic of their own.
 
 Model and training flags of `reslm train` are generated per family from the config dataclasses
 (reslm.models, reslm.train): every field is a flag, its type converts the value, the comment beside

@@ -14,8 +14,8 @@ from reslm.models import MODELS, PRESETS, preset
 from reslm.run import CONFIG, read_config
 
 
-RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.ridge)
-              "lbfgs_samples", "lbfgs_iters", "lbfgs_l2")                # and the L-BFGS one (reslm.lbfgs)
+RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.train.ridge)
+              "lbfgs_samples", "lbfgs_iters", "lbfgs_l2")                # and the L-BFGS one (reslm.train.lbfgs)
 RC_ONLY = ("holdout", *RIDGE_ONLY)
 def int_for_threads(text: str) -> int:
     """--threads N: an integer from 0 to this machine's usable cores (0: the default)."""

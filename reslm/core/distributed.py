@@ -1,4 +1,4 @@
-"""Stage 5 support, multi-process (DistributedDataParallel) helpers for `torchrun --nproc_per_node=K`.
+"""Multi-process (DistributedDataParallel) helpers for `torchrun --nproc_per_node=K`.
 
 torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without them everything here is a no-op for a single
 process: `init()` returns (0, 1, 0) and starts no process group. The backend is gloo on CPU and nccl on

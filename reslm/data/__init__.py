@@ -1,4 +1,4 @@
-"""Stage 1, corpus -> tokens: obtaining text and turning it into datasets.
+"""Corpus -> tokens: obtaining text and turning it into datasets.
 
 ``reslm.data.store`` is the one on-disk format (tokens.bin + meta.json, shards as views) and its
 fingerprints; ``reslm.data.tokenizer`` the one tokenizer interface (characters and byte-level BPE);

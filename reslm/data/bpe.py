@@ -1,4 +1,4 @@
-"""Stage 1, corpus -> tokens: byte-level BPE datasets (streaming encoding, the split, the dataset object).
+"""Corpus -> tokens: byte-level BPE datasets (streaming encoding, the split, the dataset object).
 
 The tokenizers (``gpt2``, ``bpe:K``) are reslm.data.tokenizer's; ``bpe:K`` is trained here on the
 *training* part of the corpus only (the validation text is never seen).

@@ -1,4 +1,4 @@
-"""Stage 1, corpus -> tokens: character datasets (vocabulary rule, train/test shards, on-disk format).
+"""Corpus -> tokens: character datasets (vocabulary rule, train/test shards, on-disk format).
 
 Pipeline (``prepare_shakespeare`` / ``prepare_text``)
 ----------------------------------------------------

@@ -1,4 +1,4 @@
-"""Stage 1, corpus -> tokens: obtaining raw text (the paper's Shakespeare corpus, plain text files).
+"""Corpus -> tokens: obtaining raw text (the paper's Shakespeare corpus, plain text files).
 
 Shakespeare
 -----------

@@ -1,4 +1,4 @@
-"""Stage 1, corpus -> tokens: token datasets streamed from a Hugging Face `datasets` source (OpenWebText).
+"""Corpus -> tokens: token datasets streamed from a Hugging Face `datasets` source (OpenWebText).
 
 The paper trains LAERC on OpenWebText with the GPT-2 vocabulary. With internet access::
 

@@ -1,4 +1,4 @@
-"""Stage 1, the one dataset format on disk, shared by character and BPE datasets.
+"""The one dataset format on disk, shared by character and BPE datasets.
 
 Dataset directory ``<root>/<name>/``
 ------------------------------------

@@ -1,4 +1,4 @@
-"""Stage 1, text <-> ids: the one tokenizer interface, for characters and for byte-level BPE.
+"""Text <-> ids: the one tokenizer interface, for characters and for byte-level BPE.
 
 Every tokenizer has ``encode(text) -> list[int]``, ``encode_array(text) -> np.ndarray``,
 ``decode(ids) -> str`` (ids: any integer sequence or 1-D array; out-of-range ids raise), ``vocab_size``

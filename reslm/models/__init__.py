@@ -1,4 +1,4 @@
-"""Stage 3, states/tokens -> logits: the model families, their registry and the paper's presets.
+"""States/tokens -> logits: the model families, their registry and the paper's presets.
 
 MODELS maps a family name to a `Family`: its config class, its model class, the kind of data it reads
 ("chars": the sharded character datasets of `reslm data shakespeare|text`; "tokens": the BPE datasets

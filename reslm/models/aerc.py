@@ -1,4 +1,4 @@
-"""Stage 3, the attention-enhanced reservoir computer (AERC), paper section "Attention-Enhanced Reservoir Computing".
+"""The attention-enhanced reservoir computer (AERC), paper section "Attention-Enhanced Reservoir Computing".
 
 Per step a small network F turns the reservoir state r (N) into a readout matrix:
 

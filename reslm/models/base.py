@@ -1,4 +1,4 @@
-"""Stage 3, the model contract every family follows, and the small helpers they share.
+"""The model contract every family follows, and the small helpers they share.
 
 Every model maps token ids to next-token logits, always as (B, T, V) (nanoGPT's habit):
 

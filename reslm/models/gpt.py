@@ -1,4 +1,4 @@
-"""Stage 3, the GPT baseline: a causal pre-LN transformer decoder, token-level (every position predicts the next).
+"""The GPT baseline: a causal pre-LN transformer decoder, token-level (every position predicts the next).
 
     x_0   = E[idx] + P[t]                        E (V, D) tied with the output projection, P (context, D) learned
     x'    = x + drop(Attn(LN_1(x)))              causal multi-head self-attention (F.scaled_dot_product_attention)

@@ -1,4 +1,4 @@
-"""Stage 3, readout heads a reservoir LM can put on its normalised state (rc: `--head`, `--head-hidden`).
+"""Readout heads a reservoir LM can put on its normalised state (rc: `--head`, `--head-hidden`).
 
     linear   logits = W u + b                                     V (D + 1)              (the paper's RC)
     mlp      logits = W_2 gelu(W_1 u + b_1) + b_2                 H (D + 1) + V (H + 1)

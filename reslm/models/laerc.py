@@ -1,4 +1,4 @@
-"""Stage 3, tokens -> logits (token family): the layered reservoir LM (LAERC), paper Appendix A (sec:app_1).
+"""Tokens -> logits (token family): the layered reservoir LM (LAERC), paper Appendix A (sec:app_1).
 
 A token-level causal LM: every position predicts the next token. Per block l = 1..L (input x, (B,T,D)):
 

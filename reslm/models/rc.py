@@ -1,4 +1,4 @@
-"""Stage 3, the classic reservoir computer (echo state network) language model, paper section "Traditional
+"""The classic reservoir computer (echo state network) language model, paper section "Traditional
 Reservoir Computing":
 
     r_t = tanh(W_res r_{t-1} + W_in x_t)        fixed (reservoir/esn.py)
@@ -8,7 +8,7 @@ or a nonlinear head on the same state (`head` mlp | glu, width `head_hidden`: re
 optionally reading the current character beside it (`head_input`, reservoir_lm.py).
 
 Trained by cross-entropy with Adam, like the paper, or in closed form (`--optimizer ridge`,
-reslm/ridge.py: ridge regression with a fitted softmax temperature, written into the same head). Table 1: N = 250, 500, 750,
+reslm/train/ridge.py: ridge regression with a fitted softmax temperature, written into the same head). Table 1: N = 250, 500, 750,
 1750, 2600 -> 14809, 29559, 44309, 103309, 153459 trainable parameters (V = 59).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stage 3, what the classic reservoir (rc.py) and the attention-enhanced reservoir (aerc.py) share.
+"""What the classic reservoir (rc.py) and the attention-enhanced reservoir (aerc.py) share.
 
     x_t = E[c_t]                       fixed random character embedding (V x d), E ~ N(0, 1/d)
     r_t = reservoir(x_1..x_t)          fixed recurrent network (reservoir/), no gradient

@@ -1,4 +1,4 @@
-"""Stage 3, a fully trainable recurrent character model: the reservoir frontier's ceiling (issue 26).
+"""A fully trainable recurrent character model: the reservoir frontier's ceiling (issue 26).
 
 The same task as the reservoir families and the transformer, the next character after a window of
 `context` (= 32) characters, read from a zero state exactly like window mode and like the transformer:
@@ -55,7 +55,7 @@ class RNNConfig:
 
     @property
     def all_positions(self) -> str | None:
-        """How training reads the text (reslm.batches): "streams" (stream mode: pieces side by side,
+        """How training reads the text (reslm.train.batches): "streams" (stream mode: pieces side by side,
         every position a target), or None (window: one target per window)."""
         return "streams" if self.context_mode == "stream" else None
 
@@ -84,7 +84,7 @@ class CharRNN(nn.Module):
         super().__init__()
         cfg = (cfg or RNNConfig()).validate()
         self.config = cfg
-        self.all_positions = cfg.all_positions   # how training reads the text (reslm.batches)
+        self.all_positions = cfg.all_positions   # how training reads the text (reslm.train.batches)
         self.stateful = cfg.context_mode == "stream"   # generation carries the state (window: re-reads it)
         self.carry = None                        # stream-mode training: the state after the last chunk
         with torch.random.fork_rng(devices=[]):   # the weights depend on cfg.seed, not the global RNG

@@ -1,4 +1,4 @@
-"""Stage 3, the character-level transformer baseline (Köster & Uchida, "Reservoir Computing as a Language Model", Table 1).
+"""The character-level transformer baseline (Köster & Uchida, "Reservoir Computing as a Language Model", Table 1).
 
 The model maps a window of `context` (= 32) character ids to logits for the next character:
 
@@ -78,7 +78,7 @@ class TransformerConfig:
 
     @property
     def all_positions(self) -> str | None:
-        """How training reads the text (reslm.batches): "chunks" (causal: every position of a chunk
+        """How training reads the text (reslm.train.batches): "chunks" (causal: every position of a chunk
         is a target), or None (window: one target per window)."""
         return "chunks" if self.context_mode == "causal" else None
 
@@ -242,7 +242,7 @@ class CharTransformer(nn.Module):
         super().__init__()
         cfg = (cfg or TransformerConfig()).validate()
         self.config = cfg
-        self.all_positions = cfg.all_positions   # how training reads the text (reslm.batches)
+        self.all_positions = cfg.all_positions   # how training reads the text (reslm.train.batches)
         d = cfg.embed_dim
         self.embed = nn.utils.skip_init(nn.Embedding, cfg.vocab_size, d)
         self.register_buffer("pe", sinusoidal_encoding(cfg.context, d), persistent=False)

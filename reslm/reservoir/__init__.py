@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states: fixed dynamical systems that turn input vectors into states.
+"""Tokens -> reservoir states: fixed dynamical systems that turn input vectors into states.
 
 Any reservoir plugs into the reservoir language models (models/reservoir_lm.py) and into LAERC's
 blocks (models/laerc.py) if it provides

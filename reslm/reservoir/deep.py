@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states: the deep ESN (Gallicchio et al. 2017), L stacked ESNs.
+"""Tokens -> reservoir states: the deep ESN (Gallicchio et al. 2017), L stacked ESNs.
 
     s^1_t = ESN_1(s^1_{t-1}, u_t)                        layer 1 reads the input
     s^l_t = ESN_l(s^l_{t-1}, s^{l-1}_t)     l = 2..L    layer l reads layer l-1's new state

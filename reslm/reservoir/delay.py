@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states: a delay-based reservoir, one nonlinear node with delayed feedback
+"""Tokens -> reservoir states: a delay-based reservoir, one nonlinear node with delayed feedback
 (Appeltant et al. 2011, Nat. Commun. 2, 468), N virtual nodes along the delay line.
 
 Each input u_t is held for one delay period and multiplied by the mask M (N x d): virtual node i sees

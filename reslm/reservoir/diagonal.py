@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states: a diagonal linear reservoir with complex eigenvalues, scanned in
+"""Tokens -> reservoir states: a diagonal linear reservoir with complex eigenvalues, scanned in
 parallel over time (the linear recurrent units of S4D / LRU, left untrained).
 
     h_t = lambda * h_{t-1} + B u_t              h, lambda, B u complex, K units, elementwise

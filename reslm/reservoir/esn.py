@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states: the echo state network, the one reservoir engine of reslm.
+"""Tokens -> reservoir states: the echo state network, the one reservoir engine of reslm.
 
     s_t = (1 - leak_rate) s_{t-1} + leak_rate tanh(W s_{t-1} + W_in u_t + b)        (paper eq. 1)
 

@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states: the multi-timescale leaky ESN, one leak rate per unit.
+"""Tokens -> reservoir states: the multi-timescale leaky ESN, one leak rate per unit.
 
     h_t = tanh(W s_{t-1} + W_in u_t + b)                the ESN of esn.py, unleaked
     s_t = (1 - a) * s_{t-1} + a * h_t                   a (N,), elementwise (torch.lerp)

@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states: the fixed random matrices and their radius scaling.
+"""Tokens -> reservoir states: the fixed random matrices and their radius scaling.
 
 reservoirpy's `mat_gen.py` vocabulary in a few functions: `random_sparse` draws W or W_in (uniform
 U(-1, 1) or normal N(0, 1) entries, a fraction `density` kept), `scale_radius` rescales a square W

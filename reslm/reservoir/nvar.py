@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states: the nonlinear vector autoregression (NVAR) of next-generation
+"""Tokens -> reservoir states: the nonlinear vector autoregression (NVAR) of next-generation
 reservoir computing (Gauthier et al. 2021, Nat. Commun. 12, 5564), no recurrence at all.
 
     lin_t  = [u_t, u_{t-1}, ..., u_{t-k+1}] * input_scaling          (k d,) the last k inputs

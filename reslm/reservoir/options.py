@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states: a substrate's own knobs from one "key=value,key=value" string.
+"""Tokens -> reservoir states: a substrate's own knobs from one "key=value,key=value" string.
 
 The character families (models/reservoir_lm.py) share a few reservoir fields (size, spectral_radius,
 ...); everything else a substrate has (leaky's a_min, deep's layers, ...) comes through

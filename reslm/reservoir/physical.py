@@ -1,4 +1,4 @@
-"""Stage 2, reservoir states -> measured states: the physical constraints of reading a substrate out.
+"""Reservoir states -> measured states: the physical constraints of reading a substrate out.
 
 A physical reservoir is read through sensors and an analogue-to-digital converter, so the readout
 never sees the exact state r_t. `Physical` models that measurement, in physical order:

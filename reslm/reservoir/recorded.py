@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states, for a physical substrate: the states a device measured, replayed.
+"""Tokens -> reservoir states, for a physical substrate: the states a device measured, replayed.
 
 The device is driven outside reslm: `reslm substrate export` writes the input vectors to play
 (reslm/substrate.py), the device writes one state row per input row, and `reslm substrate import`

@@ -1,4 +1,4 @@
-"""Stage 2 helper, seed -> random streams: one independent generator per (seed, key) for the fixed matrices.
+"""Seed -> random streams: one independent generator per (seed, key) for the fixed matrices.
 
 reservoirpy's habit (`Reservoir.initialize` spawns one RNG per matrix): a numpy SeedSequence with a
 spawn key, so child (seed, k) is `SeedSequence(seed).spawn(k + 1)[k]`. Adding a matrix, a layer or

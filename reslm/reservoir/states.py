@@ -1,4 +1,4 @@
-"""Stage 2, tokens -> reservoir states: the states of a whole shard, computed once and reused across
+"""Tokens -> reservoir states: the states of a whole shard, computed once and reused across
 epochs (paper: "reservoir responses are precomputed shard-wise and kept in memory").
 
 Sample i of a token stream tokens[0:S] is the context tokens[i : i + context] with target

@@ -1,4 +1,4 @@
-"""Stage 4, the run directory: the interface between training, generation, evaluation and reports.
+"""The run directory: the interface between training, generation, evaluation and reports.
 
     RUN_DIR/config.json      resolved config: family, preset, model fields, train fields, data, versions
     RUN_DIR/metrics.jsonl    one JSON row per logged step ("kind": "step"), per shard-epoch ("epoch"),

@@ -1,4 +1,4 @@
-"""Stage 4, a published run (results/NAME): the folder format, and loading a model back from it.
+"""A published run (results/NAME): the folder format, and loading a model back from it.
 
 A published folder is a run directory without what can be rebuilt or is too big to keep in git:
 

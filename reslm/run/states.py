@@ -1,5 +1,5 @@
 """RUN/states: a run's computed reservoir states kept on disk (`StateCache`), so that a resumed run
-reads them back instead of computing them again (reslm.train's cache_states; reslm.batches.CharShards
+reads them back instead of computing them again (reslm.train's cache_states; reslm.train.batches.CharShards
 reads and writes it)."""
 from __future__ import annotations
 

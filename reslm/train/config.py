@@ -1,7 +1,8 @@
 """The training configuration and the run it starts: `TrainConfig` (every field a `reslm train` flag;
 fields one kind of data uses carry it in their metadata, `data_fields`), the family's defaults
-(`train_config`), the learning-rate schedule (`lr_at`), and the run folder created from a family, its
-overrides and a dataset (`make_run_config`, `create_run`, `ensure_run`, `grow_cycles`, `is_finished`)."""
+(`train_config`), and the run folder created from a family, its overrides and a dataset
+(`make_run_config`, `create_run`, `ensure_run`, `grow_cycles`, `is_finished`). The optimizers and the
+learning-rate schedule are reslm.train.optim's."""
 from __future__ import annotations
 
 import hashlib
@@ -12,25 +13,20 @@ from pathlib import Path
 
 import torch
 
-from reslm.batches import SAMPLERS, SOLVERS as _SOLVER_NAMES
 from reslm.core import distributed as dist_
 from reslm.core.device import PRECISIONS, state_dtype
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json, write_json
-from reslm.lbfgs import fit_lbfgs
 from reslm.models import complete_fields, family, make_config
 from reslm.models.base import config_dict
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.models.load import describe_dataset
-from reslm.ridge import fit_ridge
 from reslm.run import CONFIG, SUMMARY, check_same_run, create_run_dir, lock_run, read_config
+from reslm.train.batches import SAMPLERS
+from reslm.train.optim import OPTIMIZERS, SCHEDULES, SOLVERS
 import reslm
 
 
-OPTIMIZERS = ("adam", "adamw", "ridge", "lbfgs")
-SOLVERS = {"ridge": fit_ridge, "lbfgs": fit_lbfgs}   # rc readouts fitted in one solve on the training shards
-assert set(SOLVERS) == set(_SOLVER_NAMES)
-SCHEDULES = ("constant", "cosine")
 CHECKPOINT_SECONDS = 600.0   # a checkpoint between evaluations after this much training (train())
 STATES = "states"            # RUN/states: train(cache_states=True)'s feature cache (StateCache)
 
@@ -42,7 +38,7 @@ _TOKENS = {"data": "tokens"}
 @dataclass
 class TrainConfig:
     # optimiser and schedule (family defaults: reslm.models CHAR_TRAIN / TOKEN_TRAIN)
-    optimizer: str = "adam"         # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.ridge) | lbfgs (rc: the linear readout's CE optimum, reslm.lbfgs)
+    optimizer: str = "adam"         # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.train.ridge) | lbfgs (rc: the linear readout's CE optimum, reslm.train.lbfgs)
     lr: float = 1e-4                # (peak) learning rate
     beta1: float = 0.9
     beta2: float = 0.999
@@ -83,7 +79,7 @@ class TrainConfig:
     device: str = "auto"            # auto | cpu | cuda | cuda:N
     precision: str = "auto"         # auto | fp32 | bf16 | fp16
     threads: int = 0                # torch CPU threads, at most the machine's cores; 0 = torch's default
-    ema: float = 0.0                # decay of an EMA of the weights (reslm.ema) used for evaluation and the saved model; 0 = off
+    ema: float = 0.0                # decay of an EMA of the weights (reslm.train.ema) used for evaluation and the saved model; 0 = off
 
     def validate(self) -> "TrainConfig":
         for f in fields(self):
@@ -171,23 +167,8 @@ def run_train_config(cfg: dict) -> TrainConfig:
     return TrainConfig(**cfg["train"]).validate()
 
 
-
-def lr_at(tc: TrainConfig, step: int, total: int) -> float:
-    """Learning rate of optimizer step `step` (0-based) of `total`."""
-    if tc.schedule == "constant":
-        return tc.lr
-    if step < tc.warmup_steps:
-        return tc.lr * (step + 1) / tc.warmup_steps
-    start = tc.warmup_steps + tc.hold_steps
-    if step < start:
-        return tc.lr
-    progress = min(1.0, (step - start) / max(1, total - start))
-    floor = tc.lr * tc.min_lr_frac
-    return floor + (tc.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 def sampler_for(family_name: str) -> type:
-    """The batch sampler class of a family (reslm.batches.SAMPLERS, by the kind of data it reads)."""
+    """The batch sampler class of a family (reslm.train.batches.SAMPLERS, by the kind of data it reads)."""
     return SAMPLERS[family(family_name).data]
 
 

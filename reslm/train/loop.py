@@ -1,4 +1,4 @@
-"""Stage 5, training: one loop for every family; only the batch source differs.
+"""Training: one loop for every family; only the batch source differs.
 
     for step in 0..total-1:
         lr(step)                                   constant (chars) or warmup-hold-cosine (tokens)
@@ -6,14 +6,14 @@
         Adam / AdamW step (clipping, fp16 loss scaling), non-finite loss or gradient -> stop
         at the source's evaluation points: evaluate, log, checkpoint (atomically)
 
-The batch source is the family's sampler (reslm.batches: `CharShards`, the paper's shard-cyclic
+The batch source is the family's sampler (reslm.train.batches: `CharShards`, the paper's shard-cyclic
 character protocol; `TokenWindows`, random token windows, Appendix A.3 and TOKEN_TRAIN in reslm.models).
 It gives the schedule, the micro-batches and their weights, and the held-out evaluation, so the loop
 has no branch on the kind of data. TrainConfig fields that only one kind uses carry it in their field
 metadata (`data_fields`), from which the CLI hides the other kind's flags.
 
-The rc family's readout can instead be solved in closed form (`optimizer="ridge"`, reslm.ridge; or to
-its cross-entropy optimum by full-batch L-BFGS, `optimizer="lbfgs"`, reslm.lbfgs): one
+The rc family's readout can instead be solved in closed form (`optimizer="ridge"`, reslm.train.ridge; or to
+its cross-entropy optimum by full-batch L-BFGS, `optimizer="lbfgs"`, reslm.train.lbfgs): one
 pass over the training shards' features, alpha and the softmax temperature chosen on held-out tails of
 the training shards, then the same test evaluation, checkpoint and summary as an Adam run.
 
@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-from reslm.batches import CharShards, step_seed
 from reslm.core import distributed as dist_
 from reslm.core.device import (autocast, device_name, grad_scaler, pick_device, resolve_precision, setup_cuda,
                                synchronize, use_threads)
@@ -39,30 +38,16 @@ from reslm.core.errors import ReslmError
 from reslm.core.files import read_json, write_json
 from reslm.core.progress import bar as progress_bar
 from reslm.core.progress import say
-from reslm.ema import EMA, checkpoint_weights
 from reslm.features import estimate_loss, feature_batches
-from reslm.models.base import bits, count_params, decay_groups
+from reslm.models.base import bits, count_params
 from reslm.models.budget import check_frontier
 from reslm.models.load import check_dataset, load_model, open_dataset
 from reslm.run import SUMMARY, MetricsLog, load_checkpoint, lock_run, read_config, read_metrics, save_checkpoint
-from reslm.train.config import (CHECKPOINT_SECONDS, SOLVERS, STATES, TrainConfig, schedule_key, is_finished,
-                                lr_at, run_train_config, sampler_for)
-
-
-def make_optimizer(model, tc: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """Adam over the trainable parameters, or AdamW with decay on linear weights only. A model may
-    give its own groups (`param_groups(weight_decay)`, e.g. a lower embedding lr as `lr_mult`)."""
-    if tc.optimizer == "adam":
-        groups = [dict(params=[p for p in model.parameters() if p.requires_grad])]
-    else:
-        groups = (model.param_groups(tc.weight_decay) if hasattr(model, "param_groups")
-                  else decay_groups(model, tc.weight_decay))
-    cls = torch.optim.Adam if tc.optimizer == "adam" else torch.optim.AdamW
-    extra = {"fused": True} if device.type == "cuda" and tc.optimizer == "adamw" else {}
-    opt = cls(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), **extra)
-    for g in opt.param_groups:
-        g.setdefault("lr_mult", 1.0)
-    return opt
+from reslm.train.batches import CharShards, step_seed
+from reslm.train.config import (CHECKPOINT_SECONDS, STATES, TrainConfig, schedule_key, is_finished,
+                                run_train_config, sampler_for)
+from reslm.train.ema import EMA, checkpoint_weights
+from reslm.train.optim import SOLVERS, lr_at, make_optimizer
 
 
 def _finite(loss: torch.Tensor, params) -> bool:
@@ -129,7 +114,7 @@ def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: 
     order whose norm the run has always summed (default: the optimiser's).
 
     weights: micro -> (each micro-batch's share of the step's loss, the step's weight), a sampler's
-    `weights` (reslm.batches); default: shares by sample count, weight = samples (characters). `ddp`: the DistributedDataParallel wrapper that
+    `weights` (reslm.train.batches); default: shares by sample count, weight = samples (characters). `ddp`: the DistributedDataParallel wrapper that
     `forward` is, so that only the last micro-batch all-reduces its gradients. Returns the step's
     loss (the weighted mean, a detached 0-dim tensor) and its weight."""
     device = device or torch.device("cpu")

@@ -1,4 +1,4 @@
-"""Stage 4, data -> batches: the two batch samplers the training loop draws from, and the features they batch.
+"""Data -> batches: the two batch samplers the training loop draws from, and the features they batch.
 
 The loop (reslm.train) knows nothing of characters or tokens; it asks its sampler (`SAMPLERS[kind]`,
 kind = the family's data kind, "chars" or "tokens") for:
@@ -26,8 +26,9 @@ kind = the family's data kind, "chars" or "tokens") for:
   eval_batches fixed-seed val windows.
 
 The samplers take the model as an argument (its `features`, `forward_features`, `config.context`);
-this module imports no model or training code: the features helpers it shares with the models are
-reslm.features, the state cache is reslm.run.states.
+this module imports no model family and nothing of the loop: the features helpers it shares with the
+models are reslm.features, the state cache is reslm.run.states, the optimizers that solve a readout in one
+step are reslm.train.optim.SOLVERS.
 """
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ from reslm.core.progress import say
 from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
 from reslm.run.states import StateCache
+from reslm.train.optim import SOLVERS
 
 _EVAL_SEED = 0x5EED_E7A1
-SOLVERS = ("ridge", "lbfgs")   # optimizers that solve an rc readout in one step (reslm.train.SOLVERS)
 
 
 # --- seeding ------------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ class CharShards:
 
     The schedule is a list of shard-epochs (cycle, shard, epoch); shard-epoch k has ceil(n_k / batch)
     steps over a permutation seeded by step_seed(seed, k). Evaluation after every shard-epoch. A ridge
-    run's schedule is one step, the solve (reslm.ridge reads `train_features` / `heldout_features`).
+    run's schedule is one step, the solve (reslm.train.ridge reads `train_features` / `heldout_features`).
 
     holdout > 0 keeps the last fraction of each training shard's characters out of training: those
     are `heldout_features` (ridge's alpha and temperature, `reslm search`'s objective), never the test

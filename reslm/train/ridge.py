@@ -1,4 +1,4 @@
-"""Stage 5, training: the closed-form (ridge regression) readout of the rc family, `--optimizer ridge`.
+"""Training: the closed-form (ridge regression) readout of the rc family, `--optimizer ridge`.
 
 The rc readout is linear, so instead of Adam on cross-entropy it can be solved in one pass
 (reservoirpy's Ridge: accumulate, then solve):

@@ -1,4 +1,4 @@
-"""Stage 5, training: the rc family's linear readout solved to its cross-entropy optimum, `--optimizer lbfgs`.
+"""Training: the rc family's linear readout solved to its cross-entropy optimum, `--optimizer lbfgs`.
 
 The readout of a fixed reservoir is multinomial logistic regression on the (normalised) states, a
 convex problem; Adam at the paper's 1e-4 only approaches its optimum. Here it is solved directly:
@@ -14,7 +14,7 @@ convex problem; Adam at the paper's 1e-4 only approaches its optimum. Here it is
                (CharShards(holdout=...), up to `ridge_heldout_samples` of them, evenly spread) wins
 
 The test shard is never read while fitting. W and b are written into the model's linear head, so the
-run is an ordinary rc run (eval, generate and resume read it as any other), as with reslm.ridge.
+run is an ordinary rc run (eval, generate and resume read it as any other), as with reslm.train.ridge.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from reslm.core.errors import ReslmError
 from reslm.core.progress import say
-from reslm.ridge import _spread
 from reslm.reservoir.seeding import child_seed
+from reslm.train.ridge import _spread
 
 L2_GRID = (1e-3, 1e-4, 1e-5, 1e-6)   # lambdas tried, largest first, when lbfgs_l2 = 0
 LBFGS_KEY = 101                       # seeding key of the training-sample draw (train.TRAIN_KEY is 100)

@@ -1,4 +1,4 @@
-"""Stage 5, training: an exponential moving average (EMA) of the trainable weights, `--ema DECAY`.
+"""Training: an exponential moving average (EMA) of the trainable weights, `--ema DECAY`.
 
 After optimizer step t (1-based) every trainable parameter's shadow moves towards it:
 
