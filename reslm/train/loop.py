@@ -194,7 +194,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     if tc.optimizer in SOLVERS:
         return _train_ridge(run_dir, cfg, model, source, log, precision, progress)
     evaluate = (HeldoutLoss(source) if tc.heldout_eval else
-                HeldoutLoss(source, "val", with_test=True) if getattr(tc, "val_fraction", 0) else source.evaluate)
+                HeldoutLoss(source, "val", with_test=True) if tc.val_fraction else source.evaluate)
     opt = make_optimizer(model, tc, device)
     scaler = grad_scaler(precision, device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -298,7 +298,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
                                           scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
                                           metrics_rows=log.rows, sampler=_sampler_state(source),
-                                          device=device_name(device), segment=dict(loss=seg_loss, n=seg_n, start=seg_start, seconds=now - t_seg,
+                                          device=device_name(device),
+                                          segment=dict(loss=seg_loss, n=seg_n, start=seg_start, seconds=now - t_seg,
                                                        win_loss=win_loss, win_steps=win_steps)))
             t_saved = time.perf_counter()
     bar.close()
