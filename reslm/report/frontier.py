@@ -17,7 +17,8 @@ from reslm.run import CONFIG, read_metrics
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
 # the training fields a lab route may change, with the paper's values (what the frontier table lists)
 PAPER_ROUTE = dict(optimizer="adam", lr=1e-4, schedule="constant", warmup_steps=0, hold_steps=0, cycles=1, ema=0.0,
-                   weight_decay=0.0, grad_clip=0.0, batch_size=1024, epochs_per_shard=5, state_dtype="float32")
+                   weight_decay=0.0, grad_clip=0.0, batch_size=1024, epochs_per_shard=5, shard_chars=0,
+                   epoch_samples=0, state_dtype="float32")
 
 
 def _route(cfg: dict) -> list[str]:
@@ -81,7 +82,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
          "`reslm search` use held-out slices of the training shards, and a run with a validation split "
          "(`--val-fraction`) is ranked by its validation CE (the val column), its test CE reported beside it. The "
          "rows without a validation split were compared, and their recipes chosen, on the test shard itself "
-         f"(marked *test* in the selection column): {configs} strict configurations within 10% of the budget so far, so the "
+         f"(marked *test* in the selection column; a dash: a run that chose nothing, the paper's protocol): {configs} strict configurations within 10% of the budget so far, so the "
          "best of them is a best-of-many figure. Fully trained networks (tf, rnn) are ceilings to read the "
          "reservoirs against.", "",
          "The lab budget: the paper's data and sampling (5 epochs on each full training shard, batch 1024), stream "
@@ -101,9 +102,13 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
         link = f"[{p['folder']}](../{p['folder']})" + ("" if p["finished"] else " (in progress)") if p["folder"] \
             else NOT_PUBLISHED
         val = p.get("val_loss")
+        # what was chosen, and on what: nothing (the paper's protocol, a context mode at most), or a
+        # recipe compared on validation, or on the test shard itself
+        chose = any(not (r.endswith(" context") or r.startswith("state_dtype=")) for r in p["route"])
+        selection = "validation" if val is not None else "*test*" if chose else "-"
         L.append(f"| {p['name']} | {p['family']} | {p['trainable_params']:,} | {'yes' if p['strict'] else 'no'} | "
                  f"{'-' if val is None else f'{val:.4f}'} | {p['test_loss']:.4f} | {p['test_loss'] / LN2:.3f} | "
-                 f"{'validation' if val is not None else '*test*'} | {p['cycle']} | {'; '.join(p['route']) or '-'} | "
+                 f"{selection} | {p['cycle']} | {'; '.join(p['route']) or '-'} | "
                  f"{link} |")
     L += ["", f"References: the paper's largest models (RC {TEST_CE['rc']}, AERC {TEST_CE['aerc']}, transformer "
                   f"{TEST_CE['tf']} nats)"]
