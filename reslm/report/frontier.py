@@ -15,6 +15,7 @@ from reslm.report.rows import NOT_PUBLISHED, _variant, whole_shard_final
 from reslm.run import CONFIG, read_metrics
 
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
+CEILING_BUDGET = 155_803   # the trained ceilings: at most tf-256-16-16's trainable count, the paper's largest
 # the training fields a lab route may change, with the paper's values (what the frontier table lists)
 PAPER_ROUTE = dict(optimizer="adam", lr=1e-4, schedule="constant", warmup_steps=0, hold_steps=0, cycles=1, ema=0.0,
                    weight_decay=0.0, grad_clip=0.0, batch_size=1024, epochs_per_shard=5, shard_chars=0,
@@ -96,6 +97,14 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
               f"trainable parameters ({how}).** Targets: {TEST_CE['tf']} (the paper's transformer), moonshot 1.60."
               if best.get("folder")
               else f"**Best strict reservoir-family run so far: {best['name']} at {best['test_loss']:.4f} nats.**", ""]
+    # the trained networks of the same size (the ceilings: tf-256-16-16's count is the largest the paper has)
+    ceilings = [p for p in points if not p["strict"] and p["trainable_params"] <= CEILING_BUDGET
+                and p.get("folder") and p["finished"] and p["trainable_params"] >= 0.9 * FRONTIER_BUDGET]
+    if ceilings:
+        c = min(ceilings, key=lambda p: p["test_loss"])
+        L += [f"**Best trained ceiling of the same size so far: [{c['name']}](../{c['folder']}) at "
+              f"{c['test_loss']:.4f} nats, {c['trainable_params']:,} trainable parameters, "
+              f"the paper's recipe{' in ' + '; '.join(c['route']) if c['route'] else ''}.**", ""]
     L += ["| run | family | trainable | strict | val CE | test CE (nats) | bits/char | selection | cycle | what differs "
           "from the paper's protocol | weights |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
