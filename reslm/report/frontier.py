@@ -64,6 +64,13 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
     return sorted(pts, key=lambda p: (p.get("val_loss") is None, p.get("val_loss") or p["test_loss"], p["name"]))
 
 
+def _recipe(route: list[str]) -> str:
+    """A run's route in words: the paper's recipe (in a context mode), or what it changed."""
+    if all(r.endswith(" context") for r in route):
+        return "the paper's recipe" + (f" in {route[0]}" if route else "")
+    return "with " + "; ".join(route)
+
+
 def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
     strict = [p for p in points if p["strict"] and p["trainable_params"] <= FRONTIER_BUDGET]
     best = strict[0] if strict else None
@@ -104,7 +111,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
         c = min(ceilings, key=lambda p: p["test_loss"])
         L += [f"**Best trained ceiling of the same size so far: [{c['name']}](../{c['folder']}) at "
               f"{c['test_loss']:.4f} nats, {c['trainable_params']:,} trainable parameters, "
-              f"the paper's recipe{' in ' + '; '.join(c['route']) if c['route'] else ''}.**", ""]
+              f"{_recipe(c['route'])}.**", ""]
     L += ["| run | family | trainable | strict | val CE | test CE (nats) | bits/char | selection | cycle | what differs "
           "from the paper's protocol | weights |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
