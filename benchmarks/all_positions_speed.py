@@ -20,6 +20,7 @@ import torch
 from reslm.bench.plan import BenchPlan
 from reslm.bench.training import training_rows
 from reslm.core.device import cpu_name
+from reslm.models import PRESETS
 
 
 def main(argv=None) -> int:
@@ -28,6 +29,11 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="tf-128-8-8,tf-256-16-16,rnn-gru-32-200")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
+    unknown = [m for m in args.models.split(",") if m not in PRESETS or PRESETS[m][0] not in ("tf", "rnn")]
+    if unknown or args.threads < 1:
+        print(f"all_positions_speed: --models takes tf and rnn presets (not {', '.join(unknown)}), --threads >= 1"
+              if unknown else "all_positions_speed: --threads must be >= 1", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     plan = replace(BenchPlan.quick(), models=tuple(args.models.split(",")), reps=3, max_reps=5, budget_s=30.0)
     rows = training_rows(plan, torch.device("cpu"), {}, lambda msg: print(msg, file=sys.stderr, flush=True))

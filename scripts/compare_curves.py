@@ -34,15 +34,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     table, names, info = {}, [], []
     for run in args.runs:
-        if not (run / "metrics.jsonl").is_file():
-            print(f"compare_curves: {run} has no metrics.jsonl", file=sys.stderr)
+        try:
+            cfg = json.loads((run / "config.json").read_text(encoding="utf-8"))
+            rows = read_rows(run)
+            tc = cfg["train"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"compare_curves: {run} is not a readable run folder ({type(e).__name__}: {e})", file=sys.stderr)
             return 2
-        cfg = json.loads((run / "config.json").read_text(encoding="utf-8"))
-        rows = read_rows(run)
         names.append(run.name)
         for r in rows:
             table.setdefault(r["step"], {})[run.name] = r
-        tc = cfg["train"]
         last = rows[-1] if rows else {}
         n = tc.get("eval_samples", 0)
         info.append((run.name, last.get("wall"), tc["batch_size"], last.get("samples_per_s"),
