@@ -89,16 +89,41 @@ def test_check_names_what_is_out_of_date(repo, capsys):
 
 
 def test_frontier_page_ranks_runs_and_names_the_best_strict_one():
-    """docs/frontier.md: every whole-shard character run ranked by test CE, the strict-rules verdict per
-    run (a transformer never qualifies), the best strict run named, the Kneser-Ney reference from data."""
+    """docs/frontier.md: every whole-shard character run ranked by validation CE (runs with a split) and
+    then by test CE, the strict-rules verdict per run (a transformer never qualifies), the best strict
+    single run named, the Kneser-Ney reference from data."""
     outputs, figs = build(REPO)
     page = outputs["docs/frontier.md"]
     points = figs["frontier"]
-    assert [p["test_loss"] for p in points] == sorted(p["test_loss"] for p in points)
-    best = next(p for p in points if p["strict"])
-    assert f"Best strict reservoir-family run so far: [{best['name']}]" in page
+    with_val = [p for p in points if p.get("val_loss") is not None]
+    assert points[:len(with_val)] == with_val and [p["val_loss"] for p in with_val] == sorted(p["val_loss"] for p in with_val)
+    rest = points[len(with_val):]
+    assert [p["test_loss"] for p in rest] == sorted(p["test_loss"] for p in rest)
+    best = min((p for p in points if p["strict"]), key=lambda p: p["test_loss"])
+    assert f"Best single strict reservoir-family run: [{best['name']}]" in page
     assert all(not p["strict"] for p in points if p["family"] in ("tf", "rnn"))
     assert "Kneser-Ney character 10-gram" in page and "results/kneser-ney.json" in page
+
+
+def test_seed_groups_give_mean_and_spread_of_one_configuration_over_seeds():
+    """Runs of one configuration at several seeds become one row: mean and sample standard deviation of
+    the validation CE, the final test CE and the test CE at the best validation CE; a configuration at one
+    seed, or an unfinished run, is no group."""
+    from reslm.report.frontier import seed_groups
+
+    def point(name, config, seed, test, val=None, at_best=None, finished=True):
+        return dict(name=name, config=config, seed=seed, test_loss=test, val_loss=val, test_at_best_val=at_best,
+                    folder=f"results/{name}", finished=finished, family="rc", strict=True, trainable_params=100,
+                    route=[])
+
+    groups = seed_groups([point("a", "A", 0, 1.60, 1.50, 1.59), point("a-s1", "A", 1, 1.64, 1.52, 1.62),
+                          point("a-s2", "A", 2, 1.62, 1.51, 1.61, finished=False),
+                          point("b", "B", 0, 1.70), point("b-s1", "B", 1, 1.80), point("c", "C", 0, 1.0)])
+    assert [[r["name"] for r in g["runs"]] for g in groups] == [["a", "a-s1"], ["b", "b-s1"]]   # val first
+    mean, sd, lo, hi = groups[0]["test"]
+    assert mean == pytest.approx(1.62) and sd == pytest.approx(0.04 / 2 ** 0.5) and (lo, hi) == (1.60, 1.64)
+    assert groups[0]["val"][0] == pytest.approx(1.51) and groups[0]["test_at_best_val"][0] == pytest.approx(1.605)
+    assert groups[1]["val"] is None and groups[1]["test"][0] == pytest.approx(1.75)
 
 
 def test_report_refuses_a_folder_without_results(tmp_path, capsys):

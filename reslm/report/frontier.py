@@ -3,6 +3,7 @@ every character run scored on the whole test shard, with the strict-rules verdic
 """
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from reslm.core.files import read_json
@@ -12,7 +13,7 @@ from reslm.models.base import LN2
 from reslm.paper import LARGEST, TEST_CE
 from reslm.run.registry import is_published, read_manifest
 from reslm.report.rows import NOT_PUBLISHED, _variant, whole_shard_final
-from reslm.run import CONFIG, read_metrics
+from reslm.run import CONFIG, SUMMARY, read_metrics
 
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
 CEILING_BUDGET = 155_803   # the trained ceilings: at most tf-256-16-16's trainable count, the paper's largest
@@ -45,10 +46,15 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
             continue   # an unfinished run's last score is on fewer positions than the whole shard
         verdict = check_frontier_config(cfg["family"], make_config(cfg["family"], **cfg["model"]))
         route = _route(cfg)
-        model_cfg = {k: v for k, v in cfg["model"].items() if k != "seed"}   # a configuration: seeds aside
+        # a configuration: the model's and the training's fields, seeds aside
+        model_cfg = {k: v for k, v in cfg["model"].items() if k != "seed"}
+        train_cfg = {k: v for k, v in cfg["train"].items() if k not in ("seed", "threads", "device")}
+        summary = read_json(folder / SUMMARY) or {}
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
                         test_loss=rows[-1]["test_loss"], val_loss=rows[-1].get("val_loss"), strict=verdict.ok,
-                        config=repr((cfg["family"], sorted(model_cfg.items()), sorted(cfg["train"].items()))),
+                        config=repr((cfg["family"], sorted(model_cfg.items()), sorted(train_cfg.items()))),
+                        seed=cfg["train"].get("seed", 0), test_at_best_val=summary.get("test_loss_at_best_val"),
+                        best_val_loss=summary.get("best_val_loss"),
                         published=True,
                         source="lab" if route else "paper", route=route, finished=read_manifest(folder).get("finished"),
                         cycle=rows[-1].get("cycle", 0) + 1, folder=f"results/{folder.name}"))   # a solve: one pass
@@ -64,6 +70,37 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
     return sorted(pts, key=lambda p: (p.get("val_loss") is None, p.get("val_loss") or p["test_loss"], p["name"]))
 
 
+def seed_groups(points: list[dict]) -> list[dict]:
+    """Finished published runs of one configuration at several seeds: their number, and the mean and
+    sample standard deviation of the validation CE, the final test CE and (with a validation split) the
+    test CE at the best-validation evaluation. Ranked by mean validation CE, then mean test CE."""
+    by: dict[str, list[dict]] = {}
+    for p in points:
+        if p.get("folder") and p["finished"] and p.get("config"):
+            by.setdefault(p["config"], []).append(p)
+
+    def stats(values):
+        values = [v for v in values if isinstance(v, (int, float))]
+        if len(values) < 2:
+            return None
+        return statistics.mean(values), statistics.stdev(values), min(values), max(values)
+
+    groups = []
+    for runs in by.values():
+        if len({r["seed"] for r in runs}) < 2:
+            continue
+        runs = sorted(runs, key=lambda r: r["seed"])
+        groups.append(dict(runs=runs, family=runs[0]["family"], strict=runs[0]["strict"],
+                           trainable_params=runs[0]["trainable_params"], route=runs[0]["route"],
+                           val=stats([r.get("val_loss") for r in runs]), test=stats([r["test_loss"] for r in runs]),
+                           test_at_best_val=stats([r.get("test_at_best_val") for r in runs])))
+    return sorted(groups, key=lambda g: (g["val"] is None, (g["val"] or g["test"])[0]))
+
+
+def _mean_sd(st) -> str:
+    return "-" if st is None else f"{st[0]:.4f} ± {st[1]:.4f}"
+
+
 def _recipe(route: list[str]) -> str:
     """A run's route in words: the paper's recipe (in a context mode), or what it changed."""
     if all(r.endswith(" context") for r in route):
@@ -73,7 +110,7 @@ def _recipe(route: list[str]) -> str:
 
 def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
     strict = [p for p in points if p["strict"] and p["trainable_params"] <= FRONTIER_BUDGET]
-    best = strict[0] if strict else None
+    best = min(strict, key=lambda p: p["test_loss"]) if strict else None
     # published configurations near the budget (seeds aside): the ones compared with each other
     configs = len({p["config"] for p in strict if p.get("config") and p["trainable_params"] >= 0.9 * FRONTIER_BUDGET})
     L = ["# The reservoir frontier", "",
@@ -96,10 +133,18 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
          "The lab budget: the paper's data and sampling (5 epochs on each full training shard, batch 1024), stream "
          "context (the state carried through the text; 1/32 of window context's reservoir steps), one cycle unless "
          "the row says otherwise.", ""]
+    groups = [g for g in seed_groups(points) if g["trainable_params"] >= 0.9 * FRONTIER_BUDGET]
+    top = next((g for g in groups if g["strict"] and g["val"] and g["trainable_params"] <= FRONTIER_BUDGET), None)
+    if top:
+        r0 = top["runs"][0]
+        L += [f"**Best strict reservoir-family configuration on validation: [{r0['name']}](../{r0['folder']}) and its "
+              f"other seeds at {_mean_sd(top['test'])} nats test CE (mean ± sd over {len(top['runs'])} seeds; "
+              f"{_mean_sd(top['test_at_best_val'])} at each seed's best validation CE), "
+              f"{top['trainable_params']:,} trainable parameters.**", ""]
     if best:
         how = ("selected on validation" if best.get("val_loss") is not None else
                f"the best test CE of {configs} configurations, chosen on test")
-        L += [f"**Best strict reservoir-family run so far: [{best['name']}](../{best['folder']}) at "
+        L += [f"**Best single strict reservoir-family run: [{best['name']}](../{best['folder']}) at "
               f"{best['test_loss']:.4f} nats ({best['test_loss'] / LN2:.3f} bits/char), {best['trainable_params']:,} "
               f"trainable parameters ({how}).** Targets: {TEST_CE['tf']} (the paper's transformer), moonshot 1.60."
               if best.get("folder")
@@ -112,6 +157,20 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
         L += [f"**Best trained ceiling of the same size so far: [{c['name']}](../{c['folder']}) at "
               f"{c['test_loss']:.4f} nats, {c['trainable_params']:,} trainable parameters, "
               f"{_recipe(c['route'])}.**", ""]
+    if groups:
+        L += ["## Over seeds", "",
+              "Configurations within 10% of the budget published at several seeds (`--seed` changes the reservoir, "
+              "the weights and the shuffling): mean ± sample standard deviation over the seeds, ranked by mean "
+              "validation CE, then mean test CE. *Test CE at best val*: each seed's test CE at its lowest validation "
+              "CE, what selecting the evaluation on validation gives.", "",
+              "| configuration | family | trainable | strict | seeds | val CE | test CE | test CE range | "
+              "test CE at best val |", "|---|---|---|---|---|---|---|---|---|"]
+        for g in groups:
+            links = ", ".join(f"[{r['seed']}](../{r['folder']})" for r in g["runs"])
+            L.append(f"| {g['runs'][0]['name']} | {g['family']} | {g['trainable_params']:,} | "
+                     f"{'yes' if g['strict'] else 'no'} | {links} | {_mean_sd(g['val'])} | {_mean_sd(g['test'])} | "
+                     f"{g['test'][2]:.4f}-{g['test'][3]:.4f} | {_mean_sd(g['test_at_best_val'])} |")
+        L += ["", "## Every run", ""]
     L += ["| run | family | trainable | strict | val CE | test CE (nats) | bits/char | selection | cycle | what differs "
           "from the paper's protocol | weights |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:

@@ -1,0 +1,26 @@
+#!/bin/sh
+# Runs that choose on the validation split (--val-fraction 0.05), one after another on one thread,
+# each published into results/ when it finishes; rerunning the script continues an interrupted run
+# (--resume) and skips published ones. Usage: scripts/val_chain.sh frontier|ceilings
+set -e
+R=${RESLM:-.venv/bin/reslm}
+run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
+  name=$1; shift
+  if [ -f results/$name/summary.json ] && grep -q '"finished": true' results/$name/summary.json; then
+    echo "skip $name (published)"; return; fi
+  if [ -f runs/$name/checkpoint.pt ]; then $R train --out runs/$name --resume --no-progress
+  else $R train "$@" --out runs/$name --no-progress; fi
+  $R publish runs/$name results/$name
+}
+MLP="--preset rc-750 --head mlp --head-hidden 191 --spectral-radius 1.1111 --input-scaling 1.1111
+     --reservoir-options input_init=normal --lr 3e-3 --schedule cosine --warmup-steps 500 --ema 0.999
+     --context-mode stream --eval-samples 0 --state-dtype bfloat16 --val-fraction 0.05 --threads 1"
+TUNED="--context-mode stream --schedule cosine --warmup-steps 500 --ema 0.999 --val-fraction 0.05
+       --eval-samples 65536 --final-eval-samples 0 --threads 1"
+case "$1" in
+  frontier)
+    for s in 0 1 2; do run rc-750-mlp191-authors-cos3e-3-ema-val-s$s $MLP --seed $s; done ;;
+  ceilings)
+    for lr in 3e-3 1e-3; do run rnn-gru-32-200-stream-cos$lr-ema-val --preset rnn-gru-32-200 $TUNED --lr $lr; done ;;
+  *) echo "usage: scripts/val_chain.sh frontier|ceilings" >&2; exit 2 ;;
+esac
