@@ -78,7 +78,7 @@ def headed(family, over, **kw):
 
 
 @pytest.mark.parametrize("kind,hi,width", [("linear", "state", 24), ("mlp", "state", 24), ("glu", "state+onehot", 24 + V),
-                                           ("mlp", "state+embed", 24 + 6)])
+                                           ("mlp", "state+embed", 24 + 6), ("mlp2", "state", 24)])
 def test_head_trainable_counts_are_exact(kind, hi, width):
     hidden = 0 if kind == "linear" else 11
     m = headed("rc", dict(head=kind, head_hidden=hidden, head_input=hi))
@@ -89,6 +89,26 @@ def test_head_trainable_counts_are_exact(kind, hi, width):
     h = widest_hidden(kind if kind != "linear" else "mlp", 1000 + V, 59, FRONTIER_BUDGET)
     k = kind if kind != "linear" else "mlp"
     assert head_params(k, 1000 + V, h, 59) <= FRONTIER_BUDGET < head_params(k, 1000 + V, h + 1, 59)
+
+
+def test_mlp2_head_and_head_dropout():
+    """mlp2 stacks two GELU layers of width H; head dropout drops hidden units while training only (the
+    same seed, the same mask), and a linear head has no hidden units to drop."""
+    m = headed("rc", dict(head="mlp2", head_hidden=6, head_dropout=0.5))
+    h, u = m.head, torch.randn(5, 24)
+    gelu = torch.nn.functional.gelu
+    h.eval()
+    torch.testing.assert_close(h(u), gelu(gelu(u @ h.fc.weight.T + h.fc.bias) @ h.fc2.weight.T + h.fc2.bias)
+                               @ h.out.weight.T + h.out.bias)
+    h.train()
+    torch.manual_seed(3)
+    a = h(u)
+    torch.manual_seed(3)
+    assert torch.equal(a, h(u)) and not torch.allclose(a, h.eval()(u))
+    with pytest.raises(ReslmError, match="head_dropout"):
+        headed("rc", dict(head_dropout=0.1))
+    with pytest.raises(ReslmError, match="head_dropout"):
+        headed("rc", dict(head="mlp", head_hidden=4, head_dropout=1.0))
 
 
 def test_glu_and_mlp_heads_compute_what_they_say():
