@@ -58,8 +58,53 @@ def test_the_last_evaluation_can_score_the_whole_test_shard(chars, tmp_path):
 
 @pytest.mark.parametrize("train,msg", [(dict(val_fraction=0.2, heldout_eval=True), "val_fraction is a validation"),
                                        (dict(val_fraction=1.0), "val_fraction must be in"),
-                                       (dict(final_eval_samples=-2), "final_eval_samples must be")])
+                                       (dict(final_eval_samples=-2), "final_eval_samples must be"),
+                                       (dict(keep_best_val=True), "keep_best_val keeps")])
 def test_bad_split_settings_are_refused(chars, tmp_path, train, msg):
     with pytest.raises(ReslmError, match=msg):
         tt.create_run(tmp_path / "r", "tf", {}, {**TINY, **train}, chars)
     assert not (tmp_path / "r").exists()
+
+
+def _val_dips_at_the_second_evaluation(monkeypatch):
+    """Validation CE 1.0 at the second evaluation and 2.0 elsewhere: the best is not the last."""
+    from reslm.train.loop import HeldoutLoss
+    call, seen = HeldoutLoss.__call__, []
+
+    def fake(self, model, precision, final=False):
+        row = call(self, model, precision, final)
+        seen.append(1)
+        return {**row, "val_loss": 1.0 if len(seen) == 2 else 2.0}
+    monkeypatch.setattr(HeldoutLoss, "__call__", fake)
+
+
+@pytest.mark.parametrize("ema", [0.0, 0.9])
+def test_keep_best_val_makes_the_best_evaluation_the_runs_model(chars, tmp_path, monkeypatch, ema):
+    """keep_best_val: the finished run's model (what eval, generate and publish read) is the weights of
+    its best evaluation on validation, scored again on the whole test shard; the summary says so; the
+    last weights stay in the checkpoint, and a run stopped and resumed ends the same."""
+    from reslm.evaluate import evaluate_run
+    from reslm.run import load_checkpoint
+    _val_dips_at_the_second_evaluation(monkeypatch)
+    train = {**TINY, "val_fraction": 0.2, "eval_samples": 64, "final_eval_samples": 0, "keep_best_val": True,
+             "ema": ema}
+    out = tt.create_run(tmp_path / "r", "rc", dict(size=32, head="mlp", head_hidden=8), train, chars)
+    summary = tt.train(out, progress=False)
+    evals = [r for r in read_metrics(out) if r["kind"] == "eval"]
+    assert summary["weights"] == "best-val" and summary["weights_step"] == evals[1]["step"] < evals[-1]["step"]
+    assert summary["weights_val_loss"] == 2.0 and summary["weights_test_samples"] == evals[-1]["test_samples"]
+    ck = load_checkpoint(out)
+    assert all(torch.equal(ck["best"]["model"][k], ck["model"][k]) for k in ck["model"])
+    assert not torch.equal(ck["model"]["head.out.weight"], ck["last"]["head.out.weight"])
+    scored = evaluate_run(out, write=False, score=0, length=8)
+    assert scored["test_loss"] == pytest.approx(summary["weights_test_loss"], abs=1e-5)
+
+    monkeypatch.undo()
+    _val_dips_at_the_second_evaluation(monkeypatch)
+    again = tt.create_run(tmp_path / "s", "rc", dict(size=32, head="mlp", head_hidden=8), train, chars)
+    tt.train(again, progress=False, stop_at=evals[2]["step"])
+    resumed = tt.train(again, progress=False)
+    assert {k: v for k, v in resumed.items() if "seconds" not in k} == \
+        {k: v for k, v in summary.items() if "seconds" not in k}
+    ck2 = load_checkpoint(again)
+    assert all(torch.equal(ck2["model"][k], ck["model"][k]) for k in ck["model"])

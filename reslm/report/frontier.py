@@ -51,7 +51,9 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         train_cfg = {k: v for k, v in cfg["train"].items() if k not in ("seed", "threads", "device")}
         summary = read_json(folder / SUMMARY) or {}
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
-                        test_loss=rows[-1]["test_loss"], val_loss=rows[-1].get("val_loss"), strict=verdict.ok,
+                        test_loss=summary.get("weights_test_loss", rows[-1]["test_loss"]),
+                        val_loss=summary.get("weights_val_loss", rows[-1].get("val_loss")), strict=verdict.ok,
+                        weights=summary.get("weights", "last"),
                         config=repr((cfg["family"], sorted(model_cfg.items()), sorted(train_cfg.items()))),
                         seed=cfg["train"].get("seed", 0), test_at_best_val=summary.get("test_loss_at_best_val"),
                         best_val_loss=summary.get("best_val_loss"),

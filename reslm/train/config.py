@@ -63,6 +63,7 @@ class TrainConfig:
     holdout: float = 0.1            # ridge, lbfgs and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it unless heldout_eval
     heldout_eval: bool = False      # characters, adam/adamw: train without the held-out tails (holdout) and evaluate on them, never reading the test shard (`reslm search`'s objective)
     val_fraction: float = field(default=0.0, metadata=_CHARS)  # the validation split: the last fraction of each training shard, never trained on, its CE logged beside the test CE after every shard-epoch (select on it, not on test); 0 = off (the paper trains on whole shards)
+    keep_best_val: bool = field(default=False, metadata=_CHARS)  # with a validation split: the finished run's model is its best-on-validation evaluation's weights (the summary says which; the last weights stay in the checkpoint for --resume)
     ridge_alpha: float = 0.0        # ridge: penalty relative to the mean state power; 0 = the best of 1e-8..1 on the held-out slice
     ridge_refit: bool = True        # ridge: solve again on all training samples (held-out included) with the chosen alpha
     ridge_heldout_samples: int = 65536  # ridge and lbfgs: held-out samples (evenly spread) that score each alpha (lambda) and fit the temperature
@@ -121,6 +122,9 @@ class TrainConfig:
             raise ReslmError("val_fraction is a validation split for gradient training without heldout_eval "
                              f"(optimizer {self.optimizer}, heldout_eval {self.heldout_eval}): the held-out tails "
                              "(holdout) already play that part there")
+        if self.keep_best_val and not self.val_fraction:
+            raise ReslmError("keep_best_val keeps the best-on-validation weights: it needs a validation split "
+                             "(val_fraction > 0)")
         if self.final_eval_samples < -1:
             raise ReslmError(f"final_eval_samples must be >= 0, or -1 (= eval_samples), got {self.final_eval_samples}")
         if self.lbfgs_samples < 1 or self.lbfgs_iters < 1 or self.lbfgs_l2 < 0:

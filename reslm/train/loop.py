@@ -93,6 +93,17 @@ class HeldoutLoss:
         return {**row, f"{self.name}_loss": loss, f"{self.name}_bpc": bits(loss)}
 
 
+def _score(model, state: dict, evaluate, precision: str) -> dict:
+    """The final evaluation (whole test shard, validation split) of the weights `state`; the model's
+    own weights are put back afterwards."""
+    own = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    try:
+        return evaluate(model, precision, final=True)
+    finally:
+        model.load_state_dict(own)
+
+
 def _sampler_state(source) -> dict:
     """What the batch source needs kept in a checkpoint besides the weights (CharShards.state_dict)."""
     return source.state_dict() if hasattr(source, "state_dict") else {}
@@ -199,6 +210,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     scaler = grad_scaler(precision, device)
     params = [p for p in model.parameters() if p.requires_grad]
     ema = EMA(model, tc.ema) if tc.ema else None
+    best = None   # keep_best_val: {step, val_loss, model} of the best evaluation on validation so far
 
     step, train_seconds = 0, 0.0
     # the segment since the last evaluation: summed train loss, its sample count, first step, seconds
@@ -206,9 +218,11 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     ck = load_checkpoint(run_dir, map_location=device)
     if ck is not None:
         try:
-            model.load_state_dict(ck["raw"] if ema is not None else ck["model"])
+            last = ck.get("last", ck["model"])   # a finished keep_best_val run's "model" is its best
+            model.load_state_dict(ck["raw"] if ema is not None else last)
             if ema is not None:
-                ema.load(ck["model"])
+                ema.load(last)
+            best = ck.get("best")
             opt.load_state_dict(ck["optimizer"])
             scaler.load_state_dict(ck["scaler"])
             step, train_seconds = int(ck["step"]), float(ck["train_seconds"])
@@ -276,6 +290,10 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             train_seconds += seconds
             with ema.applied() if ema is not None else contextlib.nullcontext():
                 row = evaluate(model, precision, final=step == source.total)  # every rank evaluates; rank 0 logs
+            weights = checkpoint_weights(model, ema)
+            if tc.keep_best_val and (best is None or row["val_loss"] < best["val_loss"]):
+                best = dict(step=step, val_loss=row["val_loss"],
+                            model={k: v.detach().clone() for k, v in weights["model"].items()})
             if main:
                 seg = source.segment(step - 1)
                 log.write(dict(kind="eval", step=step, **seg, train_loss=seg_loss / max(seg_n, 1), **row,
@@ -285,7 +303,11 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                 say(f"step {step}/{source.total}" + "".join(f" {k} {v}" for k, v in seg.items())
                     + f": train {seg_loss / max(seg_n, 1):.4f}  {first} {row[first]:.4f} nats "
                     f"({bits(row[first]):.3f} bits)", enabled=progress)
-                save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
+                if best is not None and step == source.total:   # the finished run's model: the best weights
+                    log.write(dict(kind="weights", step=best["step"],
+                                   **(row if best["step"] == step else _score(model, best["model"], evaluate, precision))))
+                    weights = dict(weights, model=best["model"], last=weights["model"])
+                save_checkpoint(run_dir, dict(**weights, optimizer=opt.state_dict(), best=best,
                                               scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
                                               metrics_rows=log.rows, sampler=_sampler_state(source),
                                               device=device_name(device)))
@@ -295,7 +317,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             t_seg = t_log = t_saved = time.perf_counter()
         elif main and time.perf_counter() - t_saved >= checkpoint_seconds:
             now = time.perf_counter()
-            save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(),
+            save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(), best=best,
                                           scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
                                           metrics_rows=log.rows, sampler=_sampler_state(source),
                                           device=device_name(device),
@@ -368,6 +390,10 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
                        selection="validation")
     # wall times are per attempt (a resumed run's differ from an uninterrupted one's); every other figure
     # of the log and summary is the same. reservoir_seconds: the time of each shard's first computation
+    kept = next((r for r in rows if r["kind"] == "weights"), None)
+    if kept:   # keep_best_val: the model is the best-on-validation evaluation's, scored again at the end
+        summary.update(weights="best-val", weights_step=kept["step"],
+                       **{f"weights_{k}": v for k, v in kept.items() if k.startswith(("test_", "val_"))})
     summary["train_seconds"] = last.get("wall")
     summary["reservoir_seconds"] = round(sum(r["seconds"] for r in rows if r["kind"] == "states"), 3)
     summary.update(source.summary_fields(cfg, summary["steps"]))
