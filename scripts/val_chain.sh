@@ -14,8 +14,8 @@ run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to r
 }
 MLP="--preset rc-750 --head mlp --head-hidden 191 --spectral-radius 1.1111 --input-scaling 1.1111
      --reservoir-options input_init=normal --lr 3e-3 --schedule cosine --warmup-steps 500 --ema 0.999
-     --context-mode stream --eval-samples 0 --state-dtype bfloat16 --val-fraction 0.05 --threads 1"
-TUNED="--context-mode stream --schedule cosine --warmup-steps 500 --ema 0.999 --val-fraction 0.05
+     --context-mode stream --eval-samples 0 --state-dtype bfloat16 --val-fraction 0.05 --keep-best-val --threads 1"
+TUNED="--context-mode stream --schedule cosine --warmup-steps 500 --ema 0.999 --val-fraction 0.05 --keep-best-val
        --eval-samples 65536 --final-eval-samples 0 --threads 1"
 case "$1" in
   frontier)
