@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs that choose on the validation split (--val-fraction 0.05), one after another on one thread,
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
-# (--resume) and skips published ones. Usage: scripts/val_chain.sh frontier|ceilings
+# (--resume) and skips published ones. Usage: scripts/val_chain.sh frontier|ceilings|routes
 set -e
 R=${RESLM:-.venv/bin/reslm}
 run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
@@ -22,5 +22,10 @@ case "$1" in
     for s in 0 1 2; do run rc-750-mlp191-authors-cos3e-3-ema-val-s$s $MLP --seed $s; done ;;
   ceilings)
     for lr in 3e-3 1e-3; do run rnn-gru-32-200-stream-cos$lr-ema-val --preset rnn-gru-32-200 $TUNED --lr $lr; done ;;
-  *) echo "usage: scripts/val_chain.sh frontier|ceilings" >&2; exit 2 ;;
+  routes)   # the push toward 1.60, each route at seed 0 against the recipe above, judged on validation
+    run rc-750-mlp191-drop0.1-authors-cos3e-3-ema-val $MLP --head-dropout 0.1
+    run rc-750-mlp2-160-authors-cos3e-3-ema-val $(echo $MLP | sed 's/--head mlp --head-hidden 191/--head mlp2 --head-hidden 160/')
+    run rc-750-leaky-mlp191-authors-cos3e-3-ema-val $MLP --reservoir leaky --reservoir-options input_init=normal,a_min=0.1
+    run rc-750-mlp191-authors-cos3e-3-ema-val-2c $MLP --cycles 2 ;;
+  *) echo "usage: scripts/val_chain.sh frontier|ceilings|routes" >&2; exit 2 ;;
 esac
