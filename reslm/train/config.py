@@ -1,7 +1,7 @@
 """The training configuration and the run it starts: `TrainConfig` (every field a `reslm train` flag;
 fields one kind of data uses carry it in their metadata, `data_fields`), the family's defaults
 (`train_config`), and the run folder created from a family, its overrides and a dataset
-(`make_run_config`, `create_run`, `ensure_run`, `grow_cycles`, `is_finished`). The optimizers and the
+(`make_run_config`, `create_run`, `ensure_run`, `resume_run`, `grow_cycles`, `is_finished`). The optimizers and the
 learning-rate schedule are reslm.train.optim's."""
 from __future__ import annotations
 
@@ -227,6 +227,22 @@ def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrid
         return "done" if is_finished(out) else f"resuming{f' to {grown} cycles' if grown else ''}"
     create_run_dir(Path(out), cfg)
     return "starting"
+
+
+def resume_run(run_dir: Path, train_overrides: dict) -> tuple[int, dict]:
+    """What a resume (`reslm train --resume`) may change in the run's saved config before it goes on:
+    more `cycles` grow the run (grow_cycles), and `threads` replaces the saved count (where the run
+    runs, not what it computes). Returns (the cycles it grew to, or 0; the overrides it did not take:
+    for everything else the saved config wins)."""
+    rest = dict(train_overrides)
+    grown = grow_cycles(run_dir, rest["cycles"]) if "cycles" in rest else 0
+    if grown:
+        del rest["cycles"]
+    if "threads" in rest:
+        with lock_run(run_dir):
+            cfg = read_config(run_dir)
+            write_json(Path(run_dir) / CONFIG, {**cfg, "train": {**cfg["train"], "threads": rest.pop("threads")}})
+    return grown, rest
 
 
 def grow_cycles(run_dir: Path, cycles: int) -> int:
