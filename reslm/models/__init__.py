@@ -6,8 +6,8 @@ of `reslm data bpe`) and the training defaults that differ from `reslm.train.Tra
 other list of families (the CLI's, reproduce's, the sweep's) derives from it.
 
 PRESETS maps a preset name to its family, config overrides and the paper's trainable count: Table 1's
-fifteen, then the reservoir frontier's ceilings (issue 26: fully trained networks of at most 155,459
-parameters, paper count None), which `reslm reproduce` does not train unless named.
+fifteen, then the reservoir frontier's ceilings (fully trained networks of at most 155,459 parameters,
+paper count None: docs/frontier.md), which `reslm reproduce` does not train unless named.
 """
 from __future__ import annotations
 

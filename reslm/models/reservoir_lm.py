@@ -9,9 +9,8 @@
                                        normalisation and give it no parameters, so counts match
                                        Table 1 and nothing is left untrained by accident)
 
-Defaults: the paper gives no reservoir hyperparameters. spectral_radius 0.9 and input_scaling 2.0
-are the best of a small sweep of rc-750 at the `reslm demo` budget (its test losses:
-docs/design-figures.md). A short budget favours strong inputs; tune for your own budget.
+Defaults: the paper gives no reservoir hyperparameters; spectral_radius 0.9 and input_scaling 2.0
+are tuned for short budgets (the sweep behind them: docs/design-figures.md).
 
 Physical constraints (reservoir/physical.py): the readout sees the measured state, gain mismatch ->
 additive noise -> b-bit ADC, applied before the normalisation in the precomputed features, in forward()

@@ -25,8 +25,8 @@ change). States come back in the compute dtype.
 Kernels (`backend`): "loop" is `tanh_recurrence`, one GEMM + tanh per step in place, the reference;
 "sigmoid" is the same loop with tanh(z) evaluated as 2 sigmoid(2z) - 1 in float32 on a CPU (the 2 is
 the GEMM's alpha and beta, so one sigmoid pass and one affine pass replace torch.tanh, which costs
-several sigmoids there: its vectorised tanh is the slow, 1-ulp kind; docs/design-figures.md); one tanh differs from torch.tanh's by
-at most 1.8e-7 and 32-step states at N = 750 by at most 9e-7; in other dtypes or on a GPU it is loop. "blocked" is the
+several sigmoids there; its error against torch.tanh: docs/design-figures.md); in other dtypes or on
+a GPU it is loop. "blocked" is the
 loop cut into blocks of BLOCK_ROWS sequences (GEMM then tanh per block, cache-resident); "rnn" is
 `torch.rnn_tanh` (cuDNN's fused RNN on a GPU; it also runs on a CPU) and needs leak_rate = 1; "auto"
 picks rnn on CUDA when leak_rate = 1, loop elsewhere on a GPU, and sigmoid on a CPU.

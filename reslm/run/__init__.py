@@ -1,8 +1,10 @@
 """The run directory: the interface between training, generation, evaluation and reports.
 
     RUN_DIR/config.json      resolved config: family, preset, model fields, train fields, data, versions
-    RUN_DIR/metrics.jsonl    one JSON row per logged step ("kind": "step"), per shard-epoch ("epoch"),
-                             per shard's reservoir precomputation ("states"), and a final "done" row
+    RUN_DIR/metrics.jsonl    one JSON row per logged step ("kind": "step"), per evaluation ("eval":
+                             after each shard-epoch or every eval_every steps), per shard's reservoir
+                             precomputation ("states"), per alpha or L2 penalty a solver tried
+                             ("ridge", "lbfgs")
     RUN_DIR/checkpoint.pt    model + optimizer + grad scaler + schedule position, the identity of the
                              run it belongs to and a sha256 checksum over all of it
     RUN_DIR/summary.json     written by train at the end (write_json)
