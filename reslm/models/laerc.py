@@ -33,7 +33,7 @@ Precision and kernels (Appendix A.3: "reservoir parameters are stored in low pre
 possible"): the float32 buffers are what a checkpoint holds; the recurrence runs in
 `reservoir_dtype` ("auto" = float16 on CUDA, where the ESN uses cuDNN's fused tanh RNN through
 `torch.rnn_tanh`, and float32 on CPU, the `tanh_recurrence` loop); states in [-1, 1] lose little in
-float16. The low-precision copies are cast once and cached. README has measured speeds.
+float16. The low-precision copies are cast once and cached (speeds: docs/laerc.md).
 
 Gradients. Appendix: "gradients are not propagated through the reservoir dynamics". With
 reservoir_grad = False (default) the recurrence runs under no_grad on a detached x~, so nothing
@@ -87,9 +87,8 @@ training-side values:
 * embedding learning rate x0.2 (embed_lr_mult=0.2), lr 4e-4, a hold of 10% and a warm-up of 1% of
   the steps (AUTHORS_TRAIN); the text gives neither.
 The rest agrees: R = 4D, LN_res present (2D per block), tied embeddings, final LN, ReZero FFN of
-width 4D. With these, the trainable count equals the authors' model instantiated at V = 50,257,
-T = 512: 7,494,536 at (D, L) = (128, 4) and 93,046,304 at (512, 16). The closed form above with
-R = 4D, H = D and the two-layer gate: V D + 2 D + L (16 D^2 + 25 D + 2).
+width 4D, so the trainable count is the authors' model's (checked: docs/design-figures.md). The
+closed form above with R = 4D, H = D and the two-layer gate: V D + 2 D + L (16 D^2 + 25 D + 2).
 
 Generation: `init_state(batch)` gives each block's reservoir state (zeros) and a position counter;
 `step(idx_t, state)` advances every block by one token (one (B,R)x(R,R) product per block), so a
