@@ -37,7 +37,8 @@ _TOKENS = {"data": "tokens"}
 
 @dataclass
 class TrainConfig:
-    # optimiser and schedule (family defaults: reslm.models CHAR_TRAIN / TOKEN_TRAIN)
+    # optimiser and schedule. These defaults are the paper's character protocol; the token families
+    # override some of them (reslm.models TOKEN_TRAIN: their lr, schedule, batches)
     optimizer: str = "adam"         # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.train.ridge) | lbfgs (rc: the linear readout's CE optimum, reslm.train.lbfgs)
     lr: float = 1e-4                # (peak) learning rate
     beta1: float = 0.9
