@@ -16,6 +16,7 @@ from reslm.experiments import ALL_FAMILIES, BUDGETS, LAB_BUDGETS, STATE_DTYPES, 
 from reslm.generate import MAX_LENGTH
 from reslm.models import MODELS
 from reslm.models.reservoir_lm import ReservoirLMConfig
+from reslm.reservoir import KNOBS
 from reslm.search import FAMILIES as SEARCH_FAMILIES
 from reslm.train import CHECKPOINT_SECONDS, TrainConfig, data_fields, sampler_for
 
@@ -145,8 +146,7 @@ def _substrate_parser(sub):
                     "(default 0)")
     si.add_argument("--noise-seed", type=int_range(*SEED), default=0, help="seed of the noise (default 0)")
     si.add_argument("--out", required=True, help="the states file to write (.npy)")
-    knobs = ("spectral_radius", "input_scaling", "leak_rate", "density", "input_density", "bias_scaling",
-             "reservoir_options")
+    knobs = {*KNOBS, "reservoir_options"} - {"size", "seed"}
     res_fields = add_flags(si.add_argument_group("reservoir options (as in `reslm train`)"), ReservoirLMConfig, {},
                             skip=[f.name for f in fields(ReservoirLMConfig) if f.name not in knobs])
     shared(si, "--no-progress", "--threads")
