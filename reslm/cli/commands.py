@@ -26,7 +26,8 @@ from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
 from reslm.run import CONFIG, check_runs_folder, drop_stale_evals, lock_new_run, read_config
-from reslm.models.load import ensure_dataset, find_dataset, load_run
+from reslm.data.datasets import ensure_dataset, find_dataset
+from reslm.models.load import load_run
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.train import authors_variant, create_run, resume_run, sampler_for, train

@@ -21,8 +21,8 @@ One package writes and reads these files, side by side, by job:
     reslm.run.states         StateCache: a character run's reservoir states kept on disk for --resume
     reslm.run.registry       published runs (results/NAME): manifest.json, weights.safetensors, checks
 
-Opening a run back as a model (its dataset, its model with the checkpoint's weights) is
-reslm.models.load: it stands on the data and model layers, which this package stays below.
+Opening a run back as a model (its model with the checkpoint's weights) is reslm.models.load, and its
+dataset reslm.data.datasets: they stand on the data and model layers, which this package stays below.
 
 Files are written atomically and durably, so a kill or a power cut leaves the last complete
 checkpoint, never a half-written one; a failed write (disk full) raises ReslmError "could not write

@@ -20,7 +20,7 @@ from reslm.core.files import read_json, write_json
 from reslm.models import complete_fields, family, make_config
 from reslm.models.base import config_dict
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
-from reslm.models.load import describe_dataset
+from reslm.data.datasets import describe_dataset
 from reslm.run import CONFIG, SUMMARY, check_same_run, create_run_dir, lock_run, read_config
 from reslm.train.batches import SAMPLERS
 from reslm.train.optim import OPTIMIZERS, SCHEDULES, SOLVERS

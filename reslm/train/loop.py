@@ -41,7 +41,8 @@ from reslm.core.progress import say
 from reslm.features import estimate_loss, feature_batches
 from reslm.models.base import bits, count_params
 from reslm.models.budget import check_frontier
-from reslm.models.load import check_dataset, load_model, open_dataset
+from reslm.data.datasets import check_dataset, open_dataset
+from reslm.models.load import load_model
 from reslm.run import SUMMARY, MetricsLog, load_checkpoint, lock_run, read_config, read_metrics, save_checkpoint
 from reslm.train.batches import CharShards, step_seed
 from reslm.train.config import (CHECKPOINT_SECONDS, STATES, TrainConfig, schedule_key, is_finished,
