@@ -29,7 +29,7 @@ from reslm.run import CONFIG, check_runs_folder, drop_stale_evals, lock_new_run,
 from reslm.data.datasets import ensure_dataset, find_dataset
 from reslm.models.load import load_run
 from reslm.search import run_search
-from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
+from reslm.recording import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.train import authors_variant, create_run, resume_run, sampler_for, train
 
 

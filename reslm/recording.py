@@ -1,5 +1,5 @@
-"""The files a physical reservoir exchanges with reslm: `reslm substrate
-export | simulate | import`.
+"""Recording a physical reservoir: the files a device exchanges with reslm (`reslm substrate
+export | simulate | import`), which make its recorded states a substrate (reservoir/recorded.py).
 
 A device in place of the digital reservoir is driven outside reslm. The round trip:
 
