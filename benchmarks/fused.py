@@ -2,7 +2,7 @@
 it (tf_speed.py imports it from this folder): CharTransformer's
 forward written for torch.compile, with dropout masks from a hash of the element index instead of
 torch's generator, and optionally the pointwise attention. Training does not use it (compiled, it
-trained slower than the eager path on the CPUs measured); tf_speed.py times it and tests/test_fused.py
+trained slower than the eager path on the CPUs measured); tf_speed.py times it and tests/benchmarks/test_fused.py
 keeps it equal to the plain path, for the next attempt."""
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from reslm.core.errors import ReslmError
 from reslm.models.transformer import CharTransformer, TransformerConfig
 
 _spec = importlib.util.spec_from_file_location(
-    "fused", Path(__file__).resolve().parents[1] / "benchmarks" / "fused.py")
+    "fused", Path(__file__).resolve().parents[2] / "benchmarks" / "fused.py")
 fused = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fused)
 DROPOUT_SITES, HashedDropout, draw_seeds = fused.DROPOUT_SITES, fused.HashedDropout, fused.draw_seeds
