@@ -18,7 +18,7 @@ One package writes and reads these files, side by side, by job:
     reslm.run.lock           lock_run, lock_new_run (a failed command's run folder undone), stale temp files,
                              check_output_folder
     reslm.run.checkpoint     save_checkpoint, load_checkpoint, run_identity
-    reslm.run.states         StateCache: a character run's reservoir states kept on disk for --resume
+    reslm.run.state_cache    StateCache: a character run's reservoir states kept on disk for --resume
     reslm.run.registry       published runs (results/NAME): manifest.json, weights.safetensors, checks
 
 Opening a run back as a model (its model with the checkpoint's weights) is reslm.models.load, and its
