@@ -23,7 +23,7 @@ import torch
 
 from reslm.core.device import cpu_name, grad_scaler
 from reslm.models import PRESETS, build_model
-from reslm.bench.fused import draw_seeds, fused_forward
+from fused import draw_seeds, fused_forward   # benchmarks/fused.py, beside this script
 from reslm.bench.reference import ReferenceTransformer
 from reslm.models.transformer import training_flops_per_sample
 from reslm.train import make_optimizer, train_config, train_step

@@ -53,7 +53,8 @@ from reslm.run.registry import is_published, record_file, weights_digest
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
 from reslm.core.files import atomic_write, write_json
 from reslm.run import lock_run
-from reslm.models.load import check_dataset, data_kind, load_run, open_dataset
+from reslm.data.datasets import check_dataset, data_kind, open_dataset
+from reslm.models.load import load_run
 
 EVAL_FILE = "eval.json"
 GRID_FILE = "eval-physical"   # .json and .csv

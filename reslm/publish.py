@@ -146,7 +146,7 @@ def _provenance(prior: dict | None, cfg: dict, ck: dict, rows: list[dict], finis
 
 def published_config(cfg: dict) -> dict:
     """The config.json of a published folder: the run's, with the dataset named by its name only (the
-    path of the machine that trained it means nothing elsewhere; reslm.models.load.open_dataset finds
+    path of the machine that trained it means nothing elsewhere; reslm.data.datasets.open_dataset finds
     it by name under the data root)."""
     data = cfg["data"]
     return {**cfg, "data": {**data, "path": data.get("name") or Path(data["path"]).name}}

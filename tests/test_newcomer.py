@@ -11,7 +11,8 @@ import reslm.reservoir.matrices as mats
 import reslm.train as tt
 from reslm.cli import main
 from reslm.core import radii
-from reslm.models.load import load_run, prepare_command
+from reslm.data.datasets import prepare_command
+from reslm.models.load import load_run
 from reslm.publish import publish
 from reslm.run.registry import MANIFEST
 

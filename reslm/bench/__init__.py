@@ -43,8 +43,8 @@ drop many times; the report then carries a warning. `meets_target` compares with
 
 The package: plan.py (BenchPlan, what to measure), kernels.py (sections 1, 2 and the substrates),
 training.py (3, 4: every training step is `reslm.train.train_step`, the loop's own step),
-tokens.py (5), run.py (`run_bench`, the report), timing.py (the clock), reference.py (the authors'
-models, re-implemented for timing) and fused.py (the transformer's compiled-path experiment).
+tokens.py (5), run.py (`run_bench`, the report), timing.py (the clock) and reference.py (the authors'
+models, re-implemented for timing).
 Nothing in the library's core imports this package.
 """
 from reslm.bench.plan import SECTIONS, TARGETS, BenchPlan, parse_sections

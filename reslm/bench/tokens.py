@@ -6,7 +6,7 @@
   each block's reservoir state, GPT its KV cache) against re-running the whole prefix for every new
   token (what the authors' sampler does). The cost of producing the token at length n is measured
   directly: `step()` after n tokens have been read, versus one full forward pass over n tokens.
-Targets (issue 3): stateful per-token time at 1024 <= 1.2 x that at 64, and >= 20x faster than
+Targets: stateful per-token time at 1024 <= 1.2 x that at 64, and >= 20x faster than
 re-running the prefix at 1024. Timing goes through `reslm.bench.timing.repeat` (best repetition).
 """
 from __future__ import annotations

@@ -15,7 +15,6 @@ from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
-from reslm.core.files import write_json
 from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
 from reslm.experiments import run_demo, run_lab, run_sweep
 from reslm.experiments.reproduce import reproduce
@@ -27,10 +26,11 @@ from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
 from reslm.run import CONFIG, check_runs_folder, drop_stale_evals, lock_new_run, read_config
-from reslm.models.load import ensure_dataset, find_dataset, load_run
+from reslm.data.datasets import ensure_dataset, find_dataset
+from reslm.models.load import load_run
 from reslm.search import run_search
-from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
-from reslm.train import authors_variant, create_run, grow_cycles, sampler_for, train
+from reslm.recording import DRIVE_FILE, export_drive, import_states, simulate
+from reslm.train import authors_variant, create_run, resume_run, sampler_for, train
 
 
 def cmd_data(args):
@@ -98,11 +98,9 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
     if not fresh:
         if not args.resume:
             raise ReslmError(f"{out} already holds a run (add --resume to continue it, or pick another --out)")
-        if "cycles" in train_over and grow_cycles(out, train_over["cycles"]):
-            print(f"reslm: {out} goes on to {train_over.pop('cycles')} cycles", file=sys.stderr)
-        if "threads" in train_over:   # where it runs, not what it computes: a resume may change it
-            cfg = read_config(out)
-            write_json(out / CONFIG, {**cfg, "train": {**cfg["train"], "threads": train_over.pop("threads")}})
+        grown, train_over = resume_run(out, train_over)
+        if grown:
+            print(f"reslm: {out} goes on to {grown} cycles", file=sys.stderr)
         if model_over or train_over or args.preset or args.family:
             print(f"reslm: resuming {out} with its saved config (other flags ignored)", file=sys.stderr)
     else:

@@ -16,6 +16,7 @@ from reslm.experiments import ALL_FAMILIES, BUDGETS, LAB_BUDGETS, STATE_DTYPES, 
 from reslm.generate import MAX_LENGTH
 from reslm.models import MODELS
 from reslm.models.reservoir_lm import ReservoirLMConfig
+from reslm.reservoir import KNOBS
 from reslm.search import FAMILIES as SEARCH_FAMILIES
 from reslm.train import CHECKPOINT_SECONDS, TrainConfig, data_fields, sampler_for
 
@@ -109,7 +110,7 @@ def _search_parser(sub, fam_name: str):
 
 
 def _substrate_parser(sub):
-    """`reslm substrate export | simulate | import`: a physical reservoir's files (reslm/substrate.py)."""
+    """`reslm substrate export | simulate | import`: a physical reservoir's files (reslm/recording.py)."""
     sp = sub.add_parser("substrate", help="a physical reservoir: export its drive, simulate one, import its states",
                         formatter_class=argparse.RawDescriptionHelpFormatter, description=textwrap.dedent("""\
         Use a physical (or any external) reservoir: export the input vectors of a dataset's character
@@ -119,7 +120,7 @@ def _substrate_parser(sub):
           simulate  play DRIVE/ through an in-process substrate (+ noise): a stand-in device and a reference
           import    check STATES (.npy / .safetensors, (S, N)) against DRIVE/ and write SUBSTRATE/
         The device starts every shard from rest and runs through it; row t = its state after drive[t].
-        The in-process equivalent is --context-mode stream --streams 1 (see reslm/substrate.py)."""))
+        The in-process equivalent is --context-mode stream --streams 1 (see reslm/recording.py)."""))
     acts = sp.add_subparsers(dest="action", required=True, metavar="ACTION")
     ex = acts.add_parser("export", help="write the drive signal of a dataset for a device to play",
                          description="Write OUT/drive.npy (float32 (S, d): the fixed random embedding of every "
@@ -145,8 +146,7 @@ def _substrate_parser(sub):
                     "(default 0)")
     si.add_argument("--noise-seed", type=int_range(*SEED), default=0, help="seed of the noise (default 0)")
     si.add_argument("--out", required=True, help="the states file to write (.npy)")
-    knobs = ("spectral_radius", "input_scaling", "leak_rate", "density", "input_density", "bias_scaling",
-             "reservoir_options")
+    knobs = {*KNOBS, "reservoir_options"} - {"size", "seed"}
     res_fields = add_flags(si.add_argument_group("reservoir options (as in `reslm train`)"), ReservoirLMConfig, {},
                             skip=[f.name for f in fields(ReservoirLMConfig) if f.name not in knobs])
     shared(si, "--no-progress", "--threads")

@@ -50,7 +50,8 @@ import numpy as np
 
 from reslm.data.store import (
     FINGERPRINT_VERSION, META, TOKENS, TokenFile, _json_sha256, building, check_name, check_target,
-    commit_dataset, default_data_root, logger, read_meta, reslm_version, sample_blocks, write_meta as write_meta_file,
+    commit_dataset, default_data_root, logger, meta_checker, read_meta, reslm_version, sample_blocks,
+    write_meta as write_meta_file,
 )
 from reslm.data.tokenizer import (  # noqa: F401 (EOT, GPT2_*, BpeTokenizer, parse_spec, train_bpe: re-exported)
     EOT, GPT2_EOT_ID, GPT2_VOCAB_SIZE, MAX_VOCAB, BpeTokenizer, _gpt2_tokenizer, _import_tokenizers,
@@ -193,16 +194,7 @@ class TokenDataset(TokenFile):
 
 
 def _check_meta(meta: Any, meta_path: Path) -> None:
-    def bad(why: str) -> ReslmError:
-        return ReslmError(f"invalid {meta_path}: {why}")
-
-    if not isinstance(meta, dict):
-        raise bad("not a JSON object")
-    if meta.get("kind") != "bpe":
-        raise bad(f"kind is {meta.get('kind')!r}, expected 'bpe'")
-    for key in ("name", "tokenizer", "vocab_size", "dtype", "n_tokens"):
-        if key not in meta:
-            raise bad(f"missing {key!r}")
+    bad = meta_checker(meta, meta_path, "bpe", ("name", "tokenizer", "vocab_size", "dtype", "n_tokens"))
     v = meta["vocab_size"]
     if not isinstance(v, int) or not 0 < v <= MAX_VOCAB:
         raise bad(f"vocab_size must be an integer in [1, {MAX_VOCAB}]")

@@ -62,7 +62,7 @@ from reslm.data.corpus import (
 from reslm.data.store import (  # noqa: F401 (check_fingerprint, file_*, sample_sha256: re-exported)
     FINGERPRINT_VERSION, META, SAMPLE_BLOCK_BYTES, SAMPLE_BLOCKS, TOKENS, TokenFile, _json_sha256, building,
     check_fingerprint, check_name, check_shards, check_target, commit_dataset, default_data_root,
-    file_fingerprint, file_sha256, logger, read_meta, reslm_version, sample_sha256, write_meta,
+    file_fingerprint, file_sha256, logger, meta_checker, read_meta, reslm_version, sample_sha256, write_meta,
 )
 from reslm.data.tokenizer import CharTokenizer, codepoints
 from reslm.core.errors import ReslmError, writing
@@ -132,16 +132,8 @@ class CharDataset(TokenFile):
 
 
 def _check_meta(meta: Any, meta_path: Path) -> None:
-    def bad(why: str) -> ReslmError:
-        return ReslmError(f"invalid {meta_path}: {why}")
-
-    if not isinstance(meta, dict):
-        raise bad("not a JSON object")
-    if meta.get("kind") != "char":
-        raise bad(f"kind is {meta.get('kind')!r}, expected 'char'")
-    for key in ("name", "vocab", "vocab_size", "dtype", "n_chars", "shards", "train_shards", "test_shard"):
-        if key not in meta:
-            raise bad(f"missing {key!r}")
+    bad = meta_checker(meta, meta_path, "char", ("name", "vocab", "vocab_size", "dtype", "n_chars", "shards",
+                                                  "train_shards", "test_shard"))
     vocab = meta["vocab"]
     if not (isinstance(vocab, list) and all(isinstance(c, str) and len(c) == 1 for c in vocab)):
         raise bad("vocab must be a list of single characters")

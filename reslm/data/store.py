@@ -139,6 +139,22 @@ def sample_blocks(tokens: np.ndarray, block: int = 1 << 14, n_blocks: int = 16) 
     return np.concatenate([np.asarray(tokens[s:s + block]) for s in starts.tolist()])
 
 
+def meta_checker(meta: Any, meta_path: Path, kind: str, keys: tuple[str, ...]):
+    """The checks every dataset's meta.json passes (a JSON object of this `kind` with these `keys`);
+    returns `bad(why)`, the ReslmError naming the file, for the format's own checks."""
+    def bad(why: str) -> ReslmError:
+        return ReslmError(f"invalid {meta_path}: {why}")
+
+    if not isinstance(meta, dict):
+        raise bad("not a JSON object")
+    if meta.get("kind") != kind:
+        raise bad(f"kind is {meta.get('kind')!r}, expected {kind!r}")
+    for key in keys:
+        if key not in meta:
+            raise bad(f"missing {key!r}")
+    return bad
+
+
 def check_shards(meta: dict[str, Any], n: Any, bad) -> None:
     """Raise bad(why) unless meta's shards are contiguous [start, end) views covering [0, n) and
     train_shards / test_shard are distinct indices into them."""

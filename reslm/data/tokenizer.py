@@ -3,7 +3,7 @@
 Every tokenizer has ``encode(text) -> list[int]``, ``encode_array(text) -> np.ndarray``,
 ``decode(ids) -> str`` (ids: any integer sequence or 1-D array; out-of-range ids raise), ``vocab_size``
 and ``to_json()``; ``tokenizer_from_json(d)`` gives it back. Datasets (reslm.data.chars, reslm.data.bpe),
-runs (reslm.models.load), evaluation and generation all go through it.
+runs (reslm.data.datasets.codec_of), evaluation and generation all go through it.
 
 ``CharTokenizer``   a character vocabulary (ids in codepoint order); lowercases the text first when
                     the vocabulary is lowercase (a character dataset's ``lowercase``, or for a run,

@@ -19,7 +19,8 @@ from reslm.experiments.plans import DEMO_PRESETS, DEMO_PROMPT, demo_plan
 from reslm.core.files import write_json
 from reslm.experiments.runner import run_plan
 from reslm.generate import sample
-from reslm.models.load import find_dataset, load_run
+from reslm.data.datasets import find_dataset
+from reslm.models.load import load_run
 from reslm.run import check_runs_folder
 
 

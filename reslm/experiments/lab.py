@@ -27,7 +27,7 @@ from reslm.experiments.plans import (BITS_GRID, BUDGETS, LAB_BUDGETS, LAB_FAMILI
                                      lab_plan, parse_names)
 from reslm.experiments.runner import run_plan, stamped_folder, validate
 from reslm.core.files import write_json
-from reslm.models.load import find_dataset
+from reslm.data.datasets import find_dataset
 
 
 def _log(msg: str) -> None:

@@ -39,7 +39,7 @@ from reslm.models.base import bits
 from reslm.ngram import KneserNey, NgramReference, distinct_n, select_order
 from reslm.paper import PAPER
 from reslm.run import CONFIG, SUMMARY
-from reslm.models.load import find_dataset
+from reslm.data.datasets import find_dataset
 
 
 def _log(msg: str) -> None:

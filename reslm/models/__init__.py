@@ -6,8 +6,8 @@ of `reslm data bpe`) and the training defaults that differ from `reslm.train.Tra
 other list of families (the CLI's, reproduce's, the sweep's) derives from it.
 
 PRESETS maps a preset name to its family, config overrides and the paper's trainable count: Table 1's
-fifteen, then the reservoir frontier's ceilings (issue 26: fully trained networks of at most 155,459
-parameters, paper count None), which `reslm reproduce` does not train unless named.
+fifteen, then the reservoir frontier's ceilings (fully trained networks of at most 155,459 parameters,
+paper count None: docs/frontier.md), which `reslm reproduce` does not train unless named.
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ class Family(NamedTuple):
     help: str             # one line for --help
 
 
-# The paper's character protocol: Adam 1e-4, batch 1024, 5 epochs per shard, constant lr.
-CHAR_TRAIN = dict(optimizer="adam", lr=1e-4, batch_size=1024, schedule="constant", weight_decay=0.0,
-                  grad_clip=0.0, log_every=100)
+# The paper's character protocol (Adam 1e-4, batch 1024, 5 epochs per shard, constant lr) is
+# TrainConfig's own defaults: the character families change none of them.
+CHAR_TRAIN: dict = {}
 # Token level (Appendix A.3 and the authors' code): AdamW, warmup-hold-cosine, accumulation, clipping.
 TOKEN_TRAIN = dict(optimizer="adamw", lr=6e-4, batch_size=32, grad_accum=4, schedule="cosine",
                    warmup_steps=100, max_steps=1000, weight_decay=0.1, grad_clip=1.0, eval_every=100,

@@ -1,4 +1,4 @@
-"""The reservoir frontier's rules as code (issue 26): does a model play by the strict reservoir-family
+"""The reservoir frontier's rules as code (docs/frontier.md): does a model play by the strict reservoir-family
 rules, and how many trainable parameters does it spend?
 
 The rules, each checked by `check_frontier`:

@@ -19,8 +19,8 @@ same name, as the character models') with size R, input
 size D and the fields below, so any registered reservoir runs inside LAERC. With the ESN (fixed
 buffers, never seen by the optimiser):
 * W_res (R x R): dense U(-1, 1), rescaled so that its spectral radius (radius_norm="spectral") or its
-  largest singular value (radius_norm="singular") equals rho_l = radius_start + (radius_end -
-  radius_start) (l-1)/max(1, L-1); the paper's 0.95 + 0.04 (l-1)/max(1, L-1) is the default.
+  largest singular value (radius_norm="singular") equals rho_l = spectral_radius + (spectral_radius_end -
+  spectral_radius) (l-1)/max(1, L-1); the paper's 0.95 + 0.04 (l-1)/max(1, L-1) is the default.
 * W_in (R x D): U(-1, 1) (input_init="uniform") or N(0, 1) ("normal"), times input_scaling / sqrt(D).
   The appendix gives no input distribution; the 1/sqrt(D) keeps the pre-activation variance (x~ is
   layer-normed, unit scale) at input_scaling^2/3 (uniform) whatever D is, so the reservoir does not
@@ -33,7 +33,7 @@ Precision and kernels (Appendix A.3: "reservoir parameters are stored in low pre
 possible"): the float32 buffers are what a checkpoint holds; the recurrence runs in
 `reservoir_dtype` ("auto" = float16 on CUDA, where the ESN uses cuDNN's fused tanh RNN through
 `torch.rnn_tanh`, and float32 on CPU, the `tanh_recurrence` loop); states in [-1, 1] lose little in
-float16. The low-precision copies are cast once and cached. README has measured speeds.
+float16. The low-precision copies are cast once and cached (speeds: docs/laerc.md).
 
 Gradients. Appendix: "gradients are not propagated through the reservoir dynamics". With
 reservoir_grad = False (default) the recurrence runs under no_grad on a detached x~, so nothing
@@ -87,9 +87,8 @@ training-side values:
 * embedding learning rate x0.2 (embed_lr_mult=0.2), lr 4e-4, a hold of 10% and a warm-up of 1% of
   the steps (AUTHORS_TRAIN); the text gives neither.
 The rest agrees: R = 4D, LN_res present (2D per block), tied embeddings, final LN, ReZero FFN of
-width 4D. With these, the trainable count equals the authors' model instantiated at V = 50,257,
-T = 512: 7,494,536 at (D, L) = (128, 4) and 93,046,304 at (512, 16). The closed form above with
-R = 4D, H = D and the two-layer gate: V D + 2 D + L (16 D^2 + 25 D + 2).
+width 4D, so the trainable count is the authors' model's (checked: docs/design-figures.md). The
+closed form above with R = 4D, H = D and the two-layer gate: V D + 2 D + L (16 D^2 + 25 D + 2).
 
 Generation: `init_state(batch)` gives each block's reservoir state (zeros) and a position counter;
 `step(idx_t, state)` advances every block by one token (one (B,R)x(R,R) product per block), so a
@@ -115,11 +114,12 @@ RADIUS_NORMS = ("spectral", "singular")
 RESERVOIR_DTYPES = ("auto", "float32", "bfloat16", "float16")
 INPUT_INITS = ("uniform", "normal")
 READOUT_HIDDEN = ("res", "dim")
+RENAMED = {"radius_start": "spectral_radius", "radius_end": "spectral_radius_end"}   # old field -> today's
 
 # Config overrides that turn the appendix model into the authors' released variant (see docstring).
 AUTHORS_VARIANT = dict(r_mult=4, readout_hidden="dim", alpha_res=1.0, reservoir_grad=True, gate_layers=2,
                        input_init="normal", input_scaling=1.0, bias_scaling=0.0, radius_norm="singular",
-                       radius_start=0.9, radius_end=0.9, pos_encoding="none", embed_lr_mult=0.2)
+                       spectral_radius=0.9, spectral_radius_end=0.9, pos_encoding="none", embed_lr_mult=0.2)
 # Their training-side values (read by the training loop): peak lr, warm-up and hold as fractions of the steps.
 AUTHORS_TRAIN = dict(lr=4e-4, warmup_frac=0.01, hold_frac=0.10)
 
@@ -133,8 +133,8 @@ class LAERCConfig:
     r_mult: int = 4                 # R = r_mult * D
     alpha_res: float = 1.0          # readout hidden width H = alpha_res * R (or * D, see readout_hidden)
     readout_hidden: str = "res"     # H = alpha_res * R ("res", appendix) or alpha_res * D ("dim", authors' code)
-    radius_start: float = 0.95      # rho_1
-    radius_end: float = 0.99        # rho_L
+    spectral_radius: float = 0.95   # rho_1, the first block's radius (the ESN's field, by its name)
+    spectral_radius_end: float = 0.99  # rho_L, the last block's
     radius_norm: str = "spectral"   # "spectral": rho(W_res) = rho_l; "singular": sigma_max(W_res) = rho_l
     input_scaling: float = 1.0      # W_in ~ U(-1, 1) (or N(0, 1)) * input_scaling / sqrt(D)
     input_init: str = "uniform"     # W_in entries: "uniform" U(-1, 1) or "normal" N(0, 1) (authors' code)
@@ -161,7 +161,7 @@ class LAERCConfig:
     def radius(self, layer: int) -> float:
         """rho_l for layer l = 1..L (linear depth schedule)."""
         frac = (layer - 1) / max(1, self.n_layers - 1)
-        return self.radius_start + (self.radius_end - self.radius_start) * frac
+        return self.spectral_radius + (self.spectral_radius_end - self.spectral_radius) * frac
 
     def reservoir_config(self, layer: int):
         """The config of layer l's reservoir (l = 1..L): RESERVOIRS[reservoir]'s config class with
@@ -179,11 +179,16 @@ class LAERCConfig:
 
     @classmethod
     def complete(cls, overrides: dict) -> dict:
-        """`overrides` with the fields of run configs written before the rename: `reservoir` was the
-        ablation switch (a bool: False = no reservoir) and `reservoir_type` the registry name, now
-        `no_reservoir` and `reservoir` (the character models' name). Old run folders load and compare
-        as the same model."""
+        """`overrides` with the fields of run configs written before a rename, under their current
+        names: `reservoir` was the ablation switch (a bool: False = no reservoir) and `reservoir_type`
+        the registry name, now `no_reservoir` and `reservoir` (the character models' name);
+        `radius_start` and `radius_end` are now `spectral_radius` (the ESN's name) and
+        `spectral_radius_end`. Old run folders load and compare as the same model."""
         out = dict(overrides)
+        for old, new in RENAMED.items():
+            if old in out:
+                value = out.pop(old)
+                out.setdefault(new, value)
         if isinstance(out.get("reservoir"), bool):
             out["no_reservoir"] = not out.pop("reservoir")
         if "reservoir_type" in out:
@@ -198,7 +203,7 @@ class LAERCConfig:
                 raise ReslmError(f"{name} must be an integer, got {v!r}")
         check_positive(vocab_size=self.vocab_size, dim=self.dim, n_layers=self.n_layers,
                        context=self.context, r_mult=self.r_mult, alpha_res=self.alpha_res,
-                       radius_start=self.radius_start, radius_end=self.radius_end,
+                       spectral_radius=self.spectral_radius, spectral_radius_end=self.spectral_radius_end,
                        embed_lr_mult=self.embed_lr_mult)
         if self.seed < 0:
             raise ReslmError(f"seed must be >= 0, got {self.seed}")

@@ -9,9 +9,8 @@
                                        normalisation and give it no parameters, so counts match
                                        Table 1 and nothing is left untrained by accident)
 
-Defaults: the paper gives no reservoir hyperparameters. spectral_radius 0.9 and input_scaling 2.0
-are the best of a small sweep of rc-750 at the `reslm demo` budget (its test losses:
-docs/design-figures.md). A short budget favours strong inputs; tune for your own budget.
+Defaults: the paper gives no reservoir hyperparameters; spectral_radius 0.9 and input_scaling 2.0
+are tuned for short budgets (the sweep behind them: docs/design-figures.md).
 
 Physical constraints (reservoir/physical.py): the readout sees the measured state, gain mismatch ->
 additive noise -> b-bit ADC, applied before the normalisation in the precomputed features, in forward()
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 from reslm.core.errors import ReslmError
 from reslm.models.base import TensorFeatures, next_token_loss
-from reslm.reservoir import CONTEXT_MODES, RESERVOIRS, parse_options, shard_states
+from reslm.reservoir import CONTEXT_MODES, KNOBS, RESERVOIRS, ReservoirKnobs, parse_options, shard_states
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.reservoir.physical import OTHER_KEY, Physical, PhysicalConfig
 
@@ -40,7 +39,10 @@ HEAD_INPUTS = ("state", "state+onehot", "state+embed")   # what a head may read 
 
 
 @dataclass
-class ReservoirLMConfig:
+class ReservoirLMConfig(ReservoirKnobs):
+    """The reservoir's knobs (size, spectral_radius, input_scaling, leak_rate, density, input_density,
+    bias_scaling, seed: reservoir.ReservoirKnobs, declared there once) and the model's own fields. The
+    seed also draws the embedding; the head's init uses seed + 1."""
     vocab_size: int = 59
     embed_dim: int = 16             # d: fixed random embedding size
     context: int = 32               # characters per sample (window length)
@@ -50,14 +52,6 @@ class ReservoirLMConfig:
     state_norm: bool = True         # parameter-free LayerNorm on the state before the head
     head_input: str = "state"       # what the head reads: state | state+onehot | state+embed (the current character's one-hot or fixed embedding beside the state)
     reservoir: str = "esn"          # key in reslm.reservoir.RESERVOIRS
-    size: int = 750                 # N: reservoir units
-    spectral_radius: float = 0.9    # largest |eigenvalue| of W after scaling
-    input_scaling: float = 2.0      # multiplies W_in (entries U(-1, 1)); see docstring
-    leak_rate: float = 1.0          # s <- (1-a) s + a tanh(...); 1 = no leak (paper)
-    density: float = 1.0            # fraction of non-zero entries in W
-    input_density: float = 1.0      # fraction of non-zero entries in W_in
-    bias_scaling: float = 0.0       # bias ~ U(-b, b); 0 = no bias (paper)
-    seed: int = 0                   # reservoir + embedding seed; head init uses seed + 1
     reservoir_options: str = ""     # the substrate's own knobs as key=value,... e.g. a_min=0.02,a_max=0.5 (see reslm.reservoir)
     # readout-side physical constraints (reservoir/physical.py); `reslm eval` can override them
     gain_mismatch: float = 0.0      # per-unit gain 1 + g N(0,1), fixed by the seed; 0 = off
@@ -105,7 +99,7 @@ class ReservoirLMConfig:
 
     def reservoir_config(self):
         cfg_cls, _ = RESERVOIRS[self.reservoir]
-        own = {k: getattr(self, k) for k in cfg_cls.__dataclass_fields__ if hasattr(self, k)}
+        own = {k: getattr(self, k) for k in KNOBS if k in cfg_cls.__dataclass_fields__}   # the knobs it has
         extra = parse_options(self.reservoir, cfg_cls, self.reservoir_options,
                               reserved={*self.__dataclass_fields__, "input_dim"})
         return cfg_cls(**own, **extra, input_dim=self.embed_dim)

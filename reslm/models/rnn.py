@@ -1,4 +1,4 @@
-"""A fully trainable recurrent character model: the reservoir frontier's ceiling (issue 26).
+"""A fully trainable recurrent character model: the reservoir frontier's ceiling (docs/frontier.md).
 
 The same task as the reservoir families and the transformer, the next character after a window of
 `context` (= 32) characters, read from a zero state exactly like window mode and like the transformer:

@@ -165,7 +165,7 @@ class SelfAttention(nn.Module):
         out-projection is applied by EncoderLayer (which folds the next dropout's rescaling into it).
         `causal`: query t attends to keys <= t only (the last query, which sees them all, needs no mask).
 
-        `drop` is the dropout function (`dropout`, or `reslm.bench.fused.HashedDropout` on the
+        `drop` is the dropout function (`dropout`, or `HashedDropout` of benchmarks/fused.py on the
         compiled path that the bench keeps for the next attempt; training uses `dropout`).
         `pointwise` writes the two attention products as broadcast multiply + sum over the head
         dimension instead of batched matmuls: the same numbers up to float rounding; compiled, the

@@ -55,7 +55,7 @@ differs: `pure` (forward depends on its arguments only: window states may share 
 fields it fixes itself, applied by ReservoirLMConfig.complete).
 """
 from reslm.reservoir.base import Reservoir, ReservoirConfig
-from reslm.reservoir.esn import ESN, ESNConfig, tanh_recurrence
+from reslm.reservoir.esn import ESN, KNOBS, ESNConfig, ReservoirKnobs, tanh_recurrence
 from reslm.core.radii import recorded_radii, remember_radii
 from reslm.reservoir.matrices import random_sparse, scale_radius, scale_spectral_radius, spectral_radius
 from reslm.reservoir.seeding import child_seed, generator
@@ -77,7 +77,7 @@ def model_radii(model) -> dict[str, float]:
     return recorded_radii(sorted({m.radius_name for m in model.modules() if hasattr(m, "radius_name")}))
 
 
-__all__ = ["Reservoir", "ReservoirConfig", "ESN", "ESNConfig", "RESERVOIRS", "CONTEXT_MODES", "shard_states", "spectral_radius",
+__all__ = ["Reservoir", "ReservoirConfig", "ReservoirKnobs", "KNOBS", "ESN", "ESNConfig", "RESERVOIRS", "CONTEXT_MODES", "shard_states", "spectral_radius",
            "scale_spectral_radius", "scale_radius", "random_sparse", "recorded_radii", "remember_radii", "model_radii", "tanh_recurrence", "child_seed",
            "generator", "LeakyESN", "LeakyESNConfig", "DeepESN", "DeepESNConfig", "NVAR", "NVARConfig",
            "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "RecordedConfig",

@@ -25,8 +25,8 @@ change). States come back in the compute dtype.
 Kernels (`backend`): "loop" is `tanh_recurrence`, one GEMM + tanh per step in place, the reference;
 "sigmoid" is the same loop with tanh(z) evaluated as 2 sigmoid(2z) - 1 in float32 on a CPU (the 2 is
 the GEMM's alpha and beta, so one sigmoid pass and one affine pass replace torch.tanh, which costs
-several sigmoids there: its vectorised tanh is the slow, 1-ulp kind; docs/design-figures.md); one tanh differs from torch.tanh's by
-at most 1.8e-7 and 32-step states at N = 750 by at most 9e-7; in other dtypes or on a GPU it is loop. "blocked" is the
+several sigmoids there; its error against torch.tanh: docs/design-figures.md); in other dtypes or on
+a GPU it is loop. "blocked" is the
 loop cut into blocks of BLOCK_ROWS sequences (GEMM then tanh per block, cache-resident); "rnn" is
 `torch.rnn_tanh` (cuDNN's fused RNN on a GPU; it also runs on a CPU) and needs leak_rate = 1; "auto"
 picks rnn on CUDA when leak_rate = 1, loop elsewhere on a GPU, and sigmoid on a CPU.
@@ -38,7 +38,7 @@ reservoir_grad, the authors' variant). Otherwise it runs under no_grad, in place
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -54,26 +54,36 @@ BACKENDS = ("auto", "loop", "sigmoid", "blocked", "rnn")
 BLOCK_ROWS = 256                      # the blocked backend's rows per GEMM + tanh
 W_KEY, W_IN_KEY, BIAS_KEY = 0, 1, 2   # seeding keys: one generator per matrix
 
-__all__ = ["ESN", "ESNConfig", "tanh_recurrence", "random_sparse", "spectral_radius", "scale_spectral_radius",
+__all__ = ["ESN", "ESNConfig", "KNOBS", "ReservoirKnobs", "tanh_recurrence", "random_sparse", "spectral_radius", "scale_spectral_radius",
            "scale_radius"]
 
 
 @dataclass
-class ESNConfig(ReservoirConfig):
+class ReservoirKnobs:
+    """The reservoir knobs a character model sets (models/reservoir_lm.py inherits them): declared here
+    once, with their defaults, and handed to whichever substrate's config has a field of the same name
+    (ESNConfig has all of them). The defaults are tuned for short budgets (docs/design-figures.md)."""
     size: int = 750                 # N, reservoir units
-    input_dim: int = 16             # d, input vector size (the char embedding)
     spectral_radius: float = 0.9    # radius of W after scaling: rho(W) or sigma_max(W), see radius_norm
-    radius_norm: str = "spectral"   # "spectral": rho(W) = spectral_radius; "singular": largest singular value
-    input_scaling: float = 2.0      # multiplies W_in
-    input_init: str = "uniform"     # W_in entries: "uniform" U(-1, 1) or "normal" N(0, 1)
-    input_scale_by_dim: bool = False  # also divide W_in by sqrt(input_dim)
-    leak_rate: float = 1.0          # 1 = no leak (paper)
+    input_scaling: float = 2.0      # multiplies W_in (entries U(-1, 1))
+    leak_rate: float = 1.0          # s <- (1-a) s + a tanh(...); 1 = no leak (paper)
     density: float = 1.0            # fraction of non-zero entries in W
     input_density: float = 1.0      # fraction of non-zero entries in W_in
     bias_scaling: float = 0.0       # b ~ U(-bias_scaling, bias_scaling); 0 = no bias (paper)
+    seed: int = 0                   # the reservoir's seed: one generator per matrix (seeding.py)
+
+
+KNOBS = tuple(f.name for f in fields(ReservoirKnobs))
+
+
+@dataclass
+class ESNConfig(ReservoirKnobs, ReservoirConfig):
+    input_dim: int = 16             # d, input vector size (the char embedding)
+    radius_norm: str = "spectral"   # "spectral": rho(W) = spectral_radius; "singular": largest singular value
+    input_init: str = "uniform"     # W_in entries: "uniform" U(-1, 1) or "normal" N(0, 1)
+    input_scale_by_dim: bool = False  # also divide W_in by sqrt(input_dim)
     dtype: str = "input"            # compute precision: input (u's dtype) | auto (float16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16
     backend: str = "auto"           # loop (tanh_recurrence) | sigmoid (loop, tanh as 2 sigmoid(2z) - 1 on CPU fp32) | blocked (the loop in row blocks) | rnn (torch.rnn_tanh, cuDNN on CUDA) | auto (rnn on CUDA if no leak, sigmoid on CPU)
-    seed: int = 0
 
     def validate(self):
         if self.size < 1 or self.input_dim < 1:

@@ -1,7 +1,7 @@
 """Tokens -> reservoir states, for a physical substrate: the states a device measured, replayed.
 
 The device is driven outside reslm: `reslm substrate export` writes the input vectors to play
-(reslm/substrate.py), the device writes one state row per input row, and `reslm substrate import`
+(reslm/recording.py), the device writes one state row per input row, and `reslm substrate import`
 checks that file and writes a small substrate folder this module reads:
 
     SUBSTRATE/manifest.json   format "reslm-recorded", the states file (absolute path, bytes, sampled
@@ -11,7 +11,7 @@ checks that file and writes a small substrate folder this module reads:
 
 Row t of the states is the device's state right after reading token t of the dataset's whole stream;
 the device returns to rest at every shard start and runs continuously within a shard (the in-process
-equivalent is stream context with `streams 1`: see reslm/substrate.py).
+equivalent is stream context with `streams 1`: see reslm/recording.py).
 
 `RecordedReservoir` serves the reservoir LMs (rc, aerc) in stream context only: for the tokens
 tokens[a:b] of the stream, ReservoirLM.features(tokens, position=a) calls `replay`, which checks that

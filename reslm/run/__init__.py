@@ -1,8 +1,11 @@
 """The run directory: the interface between training, generation, evaluation and reports.
 
     RUN_DIR/config.json      resolved config: family, preset, model fields, train fields, data, versions
-    RUN_DIR/metrics.jsonl    one JSON row per logged step ("kind": "step"), per shard-epoch ("epoch"),
-                             per shard's reservoir precomputation ("states"), and a final "done" row
+    RUN_DIR/metrics.jsonl    one JSON row per logged step ("kind": "step"), per evaluation ("eval":
+                             after each shard-epoch or every eval_every steps), per shard's reservoir
+                             precomputation ("states"), per alpha or L2 penalty a solver tried
+                             ("ridge", "lbfgs"), and a keep_best_val run's kept weights scored at
+                             the end ("weights")
     RUN_DIR/checkpoint.pt    model + optimizer + grad scaler + schedule position, the identity of the
                              run it belongs to and a sha256 checksum over all of it
     RUN_DIR/summary.json     written by train at the end (write_json)
@@ -16,11 +19,11 @@ One package writes and reads these files, side by side, by job:
     reslm.run.lock           lock_run, lock_new_run (a failed command's run folder undone), stale temp files,
                              check_output_folder
     reslm.run.checkpoint     save_checkpoint, load_checkpoint, run_identity
-    reslm.run.states         StateCache: a character run's reservoir states kept on disk for --resume
+    reslm.run.state_cache    StateCache: a character run's reservoir states kept on disk for --resume
     reslm.run.registry       published runs (results/NAME): manifest.json, weights.safetensors, checks
 
-Opening a run back as a model (its dataset, its model with the checkpoint's weights) is
-reslm.models.load: it stands on the data and model layers, which this package stays below.
+Opening a run back as a model (its model with the checkpoint's weights) is reslm.models.load, and its
+dataset reslm.data.datasets: they stand on the data and model layers, which this package stays below.
 
 Files are written atomically and durably, so a kill or a power cut leaves the last complete
 checkpoint, never a half-written one; a failed write (disk full) raises ReslmError "could not write

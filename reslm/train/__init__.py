@@ -5,13 +5,14 @@ the optimizers and the lr schedule: reslm.train.optim; the batch samplers: reslm
     train_step(...)            the one optimiser step (the loop and the bench call it)
     TrainConfig, train_config  the training fields and a family's defaults
     create_run, ensure_run     a run folder from a family, its overrides and a dataset
+    resume_run                 what a resume may change: more cycles, the thread count
 """
 from reslm.train.config import (CHECKPOINT_SECONDS, STATES, TrainConfig, authors_variant, create_run, data_fields,
-                                ensure_run, grow_cycles, is_finished, make_run_config, run_train_config, sampler_for,
-                                train_config)
+                                ensure_run, grow_cycles, is_finished, make_run_config, resume_run, run_train_config,
+                                sampler_for, train_config)
 from reslm.train.loop import HeldoutLoss, summarize, train, train_step
 from reslm.train.optim import SOLVERS, lr_at, make_optimizer
 
 __all__ = ["CHECKPOINT_SECONDS", "SOLVERS", "STATES", "TrainConfig", "authors_variant", "create_run", "data_fields",
-           "ensure_run", "grow_cycles", "is_finished", "lr_at", "make_run_config", "run_train_config", "sampler_for",
+           "ensure_run", "grow_cycles", "is_finished", "lr_at", "make_run_config", "resume_run", "run_train_config", "sampler_for",
            "train_config", "HeldoutLoss", "make_optimizer", "summarize", "train", "train_step"]

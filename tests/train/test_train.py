@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import reslm.train.batches as rb
-import reslm.run.states as rs
+import reslm.run.state_cache as rs
 import reslm.train as tt
 from reslm.models import build_model
 from reslm.models.base import bits, decay_groups

