@@ -284,7 +284,11 @@ def cmd_sweep(args):
     dataset = find_dataset(args.data or "shakespeare-bpe4096", "tokens", Path(args.root) if args.root else None)
     over = {k: v for k, v in dict(max_steps=args.max_steps, device=args.device, precision=args.precision,
                                   threads=args.threads).items() if v is not None}
-    rows = run_sweep(out, dataset, args.sweep, tuple(args.families.split(",")), over, progress=not args.no_progress)
+    publish = Path(args.publish) if args.publish else None
+    if publish is not None and publish.exists() and not publish.is_dir():
+        raise ReslmError(f"--publish {publish}: not a folder")
+    rows = run_sweep(out, dataset, args.sweep, tuple(args.families.split(",")), over, progress=not args.no_progress,
+                     publish=publish, extras=not args.no_extras)
     result = write_scaling(out, rows)
     if result["note"]:
         print(f"reslm: {result['note']}", file=sys.stderr)
