@@ -263,7 +263,8 @@ def sweep_rows(plan: list[Run], summaries: list[dict]) -> list[dict]:
     """One row per sweep run (reslm.report.scaling.CSV_FIELDS) from its summary."""
     return [dict(family=r.family, name=r.name, dim=r.model["dim"], n_layers=r.model["n_layers"],
                  trainable_params=s["trainable_params"], fixed_params=s.get("fixed_params", 0),
-                 min_train_loss=s.get("min_train_loss"), final_val_loss=s.get("final_val_loss"),
+                 min_train_loss=s.get("min_train_loss"), best_val_loss=s.get("best_val_loss"),
+                 final_val_loss=s.get("final_val_loss"),
                  steps=s.get("steps"), train_seconds=s.get("train_seconds")) for r, s in zip(plan, summaries)]
 
 
