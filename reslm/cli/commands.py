@@ -27,7 +27,7 @@ from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
 from reslm.run import CONFIG, check_runs_folder, drop_stale_evals, lock_new_run, read_config
-from reslm.models.load import ensure_dataset, find_dataset, load_run
+from reslm.models.load import data_kind, ensure_dataset, find_dataset, load_run
 from reslm.search import run_search
 from reslm.substrate import DRIVE_FILE, export_drive, import_states, simulate
 from reslm.train import authors_variant, create_run, grow_cycles, sampler_for, train
@@ -145,6 +145,9 @@ def _check_sampling(args):
 
 def cmd_generate(args):
     _check_sampling(args)
+    cfg = read_config(Path(args.run_dir))
+    if data_kind(cfg["data"]) == "tokens":   # its tokenizer is the dataset's: built in a fresh clone, as eval does
+        ensure_dataset(cfg)
     model, codec, _ = load_run(Path(args.run_dir), pick_device(args.device))
     if not args.prompt:
         raise ReslmError("--prompt must not be empty")

@@ -46,6 +46,7 @@ SIZE_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "context", "r_mult", 
 FIELDS = ("name", "family", "group", "variant", "dim", "n_layers", "trainable_params", "fixed_params", "steps",
           "tokens_seen", "epochs", "min_train_loss", "best_val_loss", "best_val_step", "final_val_loss",
           "val_change_last_20pct", "val_split_loss", "val_split_bpc", "train_seconds", "cpu", "threads")
+TRAIN_IGNORE = ("threads", "device", "precision", "log_every")   # how a run was executed, not what it trained
 PAPER_A = {"laerc": SLOPES["a_Res"], "gpt": SLOPES["a_TF"]}
 NAMES = {"laerc": "LAERC", "gpt": "GPT"}
 
@@ -73,6 +74,19 @@ def _change(evals: list[dict], steps: int):
         return None
     ref = min(evals[:-1], key=lambda r: abs(r["step"] - 0.8 * steps))
     return evals[-1]["val_loss"] - ref["val_loss"]
+
+
+def _train_variants(rows: list[dict]) -> None:
+    """Within each group, a run trained otherwise than most of the group's runs (another lr, say) is a
+    variant: its differing training fields join its `variant` text (the authors' variant keeps its name)."""
+    for g in dict.fromkeys(r["group"] for r in rows):
+        mine = [r for r in rows if r["group"] == g]
+        keys = [json.dumps(r["train"], sort_keys=True) for r in mine]
+        common = json.loads(max(dict.fromkeys(keys), key=keys.count))
+        for r in mine:
+            diff = [f"{k}={v}" for k, v in sorted(r["train"].items()) if common.get(k) != v]
+            if diff and r["variant"] != "authors' variant":
+                r["variant"] = ", ".join(x for x in (r["variant"], *diff) if x)
 
 
 def token_rows(repo: Path) -> list[dict]:
@@ -104,7 +118,9 @@ runs before variants, trainable parameters."""
             val_change_last_20pct=_change(evals, steps), val_split_loss=ev.get("test_loss") if whole else None,
             val_split_bpc=ev.get("test_bpc") if whole else None,
             train_seconds=(prov.get("wall") or {}).get("train_seconds"), cpu=prov.get("cpu", "?"),
-            threads=prov.get("threads"), finished=bool(m.get("finished"))))
+            threads=prov.get("threads"), finished=bool(m.get("finished")),
+            train={k: v for k, v in cfg["train"].items() if k not in TRAIN_IGNORE}))
+    _train_variants(rows)
     order = {fam: i for i, fam in enumerate(("laerc", "gpt"))}
     return sorted(rows, key=lambda r: (r["group"], order.get(r["family"], 9), bool(r["variant"]), r["trainable_params"],
                                        r["name"]))
@@ -205,19 +221,15 @@ def token_md(rows: list[dict], fits: dict, fig: bool) -> str:
 
 
 def readme_block(rows: list[dict], fits: dict) -> str:
-    """The README's token-level lines: per family of the largest group, its sizes, best run and slopes."""
+    """The README's token-level lines: per family of the largest group, its sizes and slopes."""
     if not fits:
         return "No token-level run is published yet."
     g = max(fits, key=lambda k: sum(r["group"] == k for r in rows))
     sized = [r for r in rows if r["group"] == g and not r["variant"] and r["finished"]]
-    L = ["| family | trainable N | best val loss (largest) | a, min train loss [95% CI] | a, best val loss | "
-         "paper's a |", "|---|---|---|---|---|---|"]
+    L = ["| family | trainable N | a, min train loss [95% CI] | a, best val loss | paper |", "|---|---|---|---|---|"]
     for fam, fit in fits[g]["min_train_loss"].items():
-        mine = sorted((r for r in sized if r["family"] == fam), key=lambda r: r["trainable_params"])
-        top = mine[-1]
-        L.append(f"| {NAMES.get(fam, fam)} | {mine[0]['trainable_params'] / 1e3:,.0f}k-"
-                 f"{top['trainable_params'] / 1e6:.2f}M | {_f(top['best_val_loss'])} "
-                 f"([{top['name']}](results/{top['name']})) | {_slope(fit)} | "
+        ns = [r["trainable_params"] for r in sized if r["family"] == fam]
+        L.append(f"| {NAMES.get(fam, fam)} | {min(ns) / 1e3:,.0f}k-{max(ns) / 1e6:.2f}M | {_slope(fit)} | "
                  f"{_slope(fits[g]['best_val_loss'].get(fam))} | {PAPER_A.get(fam, '-')} |")
     return "\n".join(L)
 
