@@ -126,7 +126,7 @@ def test_eval_and_generate_a_published_laerc(published, dataset, monkeypatch, ca
     monkeypatch.setenv("RESLM_DATA", str(dataset.path.parent))
     assert main(["eval", str(folder), "--score", "0", "--length", "12", "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    assert "laerc" in out and "nats/token" in out and "(the whole test text)" in out
+    assert "laerc" in out and "val CE" in out and "nats/token" in out and "(the whole val split)" in out
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before      # a published folder is only read
     assert main(["generate", str(folder), "--prompt", "the cat", "--length", "8", "--threads", "1"]) == 0
     assert capsys.readouterr().out.startswith("the cat")

@@ -216,10 +216,11 @@ def cmd_eval(args):
         return
     unit = "token" if r["kind"] == "tokens" else "char"
     print(f"{r['run']}: {r['family']} {r.get('preset') or ''} ({r['trainable_params']:,} trainable parameters)")
-    print(f"test CE {r['test_loss']:.4f} nats/{unit} = {r['test_bits']:.3f} bits/{unit}"
+    split = "val split" if unit == "token" else "test text"   # token datasets have train and val only
+    print(f"{split.split()[0]} CE {r['test_loss']:.4f} nats/{unit} = {r['test_bits']:.3f} bits/{unit}"
           + (f" = {r['test_bpc']:.3f} bits/char" if unit == "token" else "")
           + f" over {r['score_positions']:,} positions "
-          + ("(the whole test text)" if args.score == 0 else "(the start of the test text only; --score 0 scores "
+          + (f"(the whole {split})" if args.score == 0 else f"(the start of the {split} only; --score 0 scores "
              "all of it, as the README's table does)")
           + f"; scored in {r['score_seconds']:.2f} s "
           f"(reservoir {r['score_reservoir_seconds']:.2f} s)")
