@@ -220,6 +220,10 @@ def token_md(rows: list[dict], fits: dict, fig: bool) -> str:
     return "\n".join(L)
 
 
+def _short(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+
+
 def readme_block(rows: list[dict], fits: dict) -> str:
     """The README's token-level lines: per family of the largest group, its sizes and slopes."""
     if not fits:
@@ -229,7 +233,7 @@ def readme_block(rows: list[dict], fits: dict) -> str:
     L = ["| family | trainable N | a, min train loss [95% CI] | a, best val loss | paper |", "|---|---|---|---|---|"]
     for fam, fit in fits[g]["min_train_loss"].items():
         ns = [r["trainable_params"] for r in sized if r["family"] == fam]
-        L.append(f"| {NAMES.get(fam, fam)} | {min(ns) / 1e3:,.0f}k-{max(ns) / 1e6:.2f}M | {_slope(fit)} | "
+        L.append(f"| {NAMES.get(fam, fam)} | {_short(min(ns))}-{_short(max(ns))} | {_slope(fit)} | "
                  f"{_slope(fits[g]['best_val_loss'].get(fam))} | {PAPER_A.get(fam, '-')} |")
     return "\n".join(L)
 
