@@ -13,6 +13,7 @@ from reslm.cli import main
 from reslm.core.errors import ReslmError
 from reslm.experiments import Sweep, run_sweep
 from reslm.experiments.plans import extras_plan, sweep_plan
+from reslm.publish import evaluate_and_publish
 from reslm.report import report
 from reslm.report.scaling import fit_log10, fit_log10_ci, t_quantile
 from reslm.report.tokens import TOKENS_BEGIN, TOKENS_END, token_rows
@@ -80,7 +81,8 @@ def published(dataset, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     (repo / "README.md").write_text("# x\n\n<!-- results:begin -->\n<!-- results:end -->\n\n"
                                     f"{TOKENS_BEGIN}\n{TOKENS_END}\n")
-    rows = run_sweep(repo / "runs", dataset, TINY, progress=False, publish=repo / "results")
+    rows = run_sweep(repo / "runs", dataset, TINY, progress=False,
+                     after=lambda run_dir: evaluate_and_publish(run_dir, repo / "results"))
     return repo, rows
 
 

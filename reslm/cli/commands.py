@@ -22,7 +22,7 @@ from reslm.experiments.reproduce import reproduce
 from reslm.experiments.sweep import SWEEP_OUTPUTS
 from reslm.generate import check_length, sample
 from reslm.models import MODELS, preset, preset_table
-from reslm.publish import publish, unpacked
+from reslm.publish import evaluate_and_publish, publish, unpacked
 from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
@@ -291,8 +291,10 @@ def cmd_sweep(args):
     publish = Path(args.publish) if args.publish else None
     if publish is not None and publish.exists() and not publish.is_dir():
         raise ReslmError(f"--publish {publish}: not a folder")
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.no_progress else None
+    after = (lambda run_dir: evaluate_and_publish(run_dir, publish, say)) if publish is not None else None
     rows = run_sweep(out, dataset, args.sweep, tuple(args.families.split(",")), over, progress=not args.no_progress,
-                     publish=publish, extras=not args.no_extras)
+                     after=after, extras=not args.no_extras)
     result = write_scaling(out, rows)
     if result["note"]:
         print(f"reslm: {result['note']}", file=sys.stderr)

@@ -38,7 +38,7 @@ from reslm.models.laerc import AUTHORS_VARIANT
 from reslm.paper import SLOPES
 from reslm.run import CONFIG, SUMMARY, read_metrics
 from reslm.run.registry import EVAL, PROVENANCE, is_published, read_manifest
-from reslm.report.scaling import FIT_KEYS, fit_all
+from reslm.report.scaling import FIT_KEYS, fit_all, plot_scaling
 
 TOKENS_BEGIN, TOKENS_END = "<!-- tokens:begin -->", "<!-- tokens:end -->"
 PAGE, STEM = "docs/token-scaling.md", "token-scaling"
@@ -272,7 +272,6 @@ def token_outputs(repo: Path, readme: str | None) -> tuple[dict[str, str], list[
 
 def plot_tokens(plt, repo: Path, rows: list[dict], fits: dict) -> None:
     """docs/token-scaling.png of the largest group (reslm.report.scaling.plot_scaling)."""
-    from reslm.report.scaling import plot_scaling
     if not fits:
         return
     g = max(fits, key=lambda k: sum(r["group"] == k for r in rows))
