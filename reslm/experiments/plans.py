@@ -16,8 +16,9 @@ trainable-parameter count is closest to LAERC's (`param_table`: within 5%). At V
 embedding is a large share of every count, so N spans less than a decade and the fitted slopes are
 noisy. "cpu-scaling" (the published sweep, docs/laerc.md) has five sizes per family over 1.6 decades at
 1,500 steps each (about one epoch of that corpus), ordered size by size, then its `extras`: the
---no-reservoir ablation at two sizes and the authors' variant at one. "paper" has larger models for a GPT-2 vocabulary at context 512, micro-batch 32, grad
-accumulation 4 (Appendix A.3), 5000 steps: it needs a GPU. The paper does not list its sizes; these
+--no-reservoir ablation at two sizes and the authors' variant at one. "paper" has larger models for a
+GPT-2 vocabulary at context 512, micro-batch 32, grad accumulation 4 (Appendix A.3), 5000 steps: it
+needs a GPU. The paper does not list its sizes; these
 only span the same kind of range. "smoke": two tiny sizes per family (numbers meaningless).
 """
 from __future__ import annotations
