@@ -46,6 +46,7 @@ from reslm.run.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, eva
                                 verify_published, weights_digest)
 from reslm.run import (CHECKPOINT, CONFIG, LOCK, METRICS, SUMMARY, load_checkpoint, lock_run, read_config, read_metrics,
                        run_identity, save_checkpoint)
+from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.models.load import load_run_model
 from reslm.train import is_finished, train_config
 
@@ -340,4 +341,27 @@ def unpacked(folder: Path):
     publish(folder, folder)
 
 
-__all__ = ["publish", "published_config", "unpack", "unpacked", "train_command", "git_commit", "TIMING"]
+EVAL_TOKENS = 500       # tokens a token run generates in evaluate_and_publish's evaluation (after its val-split score)
+
+
+def _evaluated(run_dir: Path) -> bool:
+    """Whether run_dir/eval.json scored the whole val (or test) text after the last checkpoint was written."""
+    ev, path = read_json(run_dir / EVAL_FILE), run_dir / EVAL_FILE
+    return (ev is not None and ev.get("settings", {}).get("score") == 0
+            and path.stat().st_mtime >= (run_dir / CHECKPOINT).stat().st_mtime)
+
+
+def evaluate_and_publish(run_dir: Path, dest_root: Path, say=None) -> dict:
+    """Score a trained run on the whole of its held-out text (eval.json, unless it has one already:
+    `evaluate_run` with score=0) and publish it into dest_root/<run folder name>; returns the manifest.
+    `reslm sweep --publish DIR` calls it on each run once trained."""
+    run_dir = Path(run_dir)
+    if not _evaluated(run_dir):
+        evaluate_run(run_dir, length=EVAL_TOKENS, score=0, seed=0)
+    manifest = publish(run_dir, Path(dest_root) / run_dir.name)
+    if say:
+        say(f"published {run_dir.name} into {Path(dest_root) / run_dir.name} (step {manifest['step']:,})")
+    return manifest
+
+
+__all__ = ["publish", "evaluate_and_publish", "published_config", "unpack", "unpacked", "train_command", "git_commit", "TIMING"]

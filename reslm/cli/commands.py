@@ -21,12 +21,12 @@ from reslm.experiments.reproduce import reproduce
 from reslm.experiments.sweep import SWEEP_OUTPUTS
 from reslm.generate import check_length, sample
 from reslm.models import MODELS, preset, preset_table
-from reslm.publish import publish, unpacked
+from reslm.publish import evaluate_and_publish, publish, unpacked
 from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
 from reslm.run import CONFIG, check_runs_folder, drop_stale_evals, lock_new_run, read_config
-from reslm.data.datasets import ensure_dataset, find_dataset
+from reslm.data.datasets import data_kind, ensure_dataset, find_dataset
 from reslm.models.load import load_run
 from reslm.search import run_search
 from reslm.recording import DRIVE_FILE, export_drive, import_states, simulate
@@ -143,6 +143,9 @@ def _check_sampling(args):
 
 def cmd_generate(args):
     _check_sampling(args)
+    cfg = read_config(Path(args.run_dir))
+    if data_kind(cfg["data"]) == "tokens":   # its tokenizer is the dataset's: built in a fresh clone, as eval does
+        ensure_dataset(cfg)
     model, codec, _ = load_run(Path(args.run_dir), pick_device(args.device))
     if not args.prompt:
         raise ReslmError("--prompt must not be empty")
@@ -211,10 +214,11 @@ def cmd_eval(args):
         return
     unit = "token" if r["kind"] == "tokens" else "char"
     print(f"{r['run']}: {r['family']} {r.get('preset') or ''} ({r['trainable_params']:,} trainable parameters)")
-    print(f"test CE {r['test_loss']:.4f} nats/{unit} = {r['test_bits']:.3f} bits/{unit}"
+    split = "val split" if unit == "token" else "test text"   # token datasets have train and val only
+    print(f"{split.split()[0]} CE {r['test_loss']:.4f} nats/{unit} = {r['test_bits']:.3f} bits/{unit}"
           + (f" = {r['test_bpc']:.3f} bits/char" if unit == "token" else "")
           + f" over {r['score_positions']:,} positions "
-          + ("(the whole test text)" if args.score == 0 else "(the start of the test text only; --score 0 scores "
+          + (f"(the whole {split})" if args.score == 0 else f"(the start of the {split} only; --score 0 scores "
              "all of it, as the README's table does)")
           + f"; scored in {r['score_seconds']:.2f} s "
           f"(reservoir {r['score_reservoir_seconds']:.2f} s)")
@@ -282,7 +286,13 @@ def cmd_sweep(args):
     dataset = find_dataset(args.data or "shakespeare-bpe4096", "tokens", Path(args.root) if args.root else None)
     over = {k: v for k, v in dict(max_steps=args.max_steps, device=args.device, precision=args.precision,
                                   threads=args.threads).items() if v is not None}
-    rows = run_sweep(out, dataset, args.sweep, tuple(args.families.split(",")), over, progress=not args.no_progress)
+    publish = Path(args.publish) if args.publish else None
+    if publish is not None and publish.exists() and not publish.is_dir():
+        raise ReslmError(f"--publish {publish}: not a folder")
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.no_progress else None
+    after = (lambda run_dir: evaluate_and_publish(run_dir, publish, say)) if publish is not None else None
+    rows = run_sweep(out, dataset, args.sweep, tuple(args.families.split(",")), over, progress=not args.no_progress,
+                     after=after, extras=not args.no_extras)
     result = write_scaling(out, rows)
     if result["note"]:
         print(f"reslm: {result['note']}", file=sys.stderr)

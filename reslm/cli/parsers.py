@@ -374,7 +374,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "fit L_min = a log10 N + b per family, write scaling.csv, scaling_fit.json and scaling.png. "
                         "Re-running skips finished runs and resumes unfinished ones.")
     sw.add_argument("--sweep", default="cpu", choices=list(SWEEPS),
-                    help="cpu: bpe:4096-sized for 2 CPU cores; paper: Appendix A.3 budget (GPU)")
+                    help="cpu: bpe:4096-sized for 2 CPU cores, minutes; cpu-scaling: 5 sizes per family over 1.6 "
+                    "decades, ~1 epoch per run, plus ablations (about 1.5 h of one core); paper: Appendix A.3 "
+                    "budget (GPU)")
+    sw.add_argument("--publish", metavar="DIR", help="evaluate each run on the whole val split once it is trained "
+                    "and publish it into DIR/<run name> (e.g. results)")
+    sw.add_argument("--no-extras", action="store_true", help="skip the sweep's extra runs (ablations)")
     sw.add_argument("--families", default="laerc,gpt", help="comma-separated (default laerc,gpt)")
     sw.add_argument("--data", help="BPE dataset name or path (default shakespeare-bpe4096)")
     sw.add_argument("--out", help="sweep folder (default runs/sweep-<sweep>)")

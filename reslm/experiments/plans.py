@@ -14,8 +14,11 @@ Sweeps: "cpu" is sized for `bpe:4096` on Shakespeare on 2 CPU cores (context 128
 steps); GPT has the same number of layers as its LAERC partner and the width (multiple of 8) whose
 trainable-parameter count is closest to LAERC's (`param_table`: within 5%). At V = 4096 the tied
 embedding is a large share of every count, so N spans less than a decade and the fitted slopes are
-noisy. "paper" has larger models for a GPT-2 vocabulary at context 512, micro-batch 32, grad
-accumulation 4 (Appendix A.3), 5000 steps: it needs a GPU. The paper does not list its sizes; these
+noisy. "cpu-scaling" (the published sweep, docs/laerc.md) has five sizes per family over 1.6 decades at
+1,500 steps each (about one epoch of that corpus), ordered size by size, then its `extras`: the
+--no-reservoir ablation at two sizes and the authors' variant at one. "paper" has larger models for a
+GPT-2 vocabulary at context 512, micro-batch 32, grad accumulation 4 (Appendix A.3), 5000 steps: it
+needs a GPU. The paper does not list its sizes; these
 only span the same kind of range. "smoke": two tiny sizes per family (numbers meaningless).
 """
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from reslm.core.errors import ReslmError
 from reslm.models import PRESETS, families, preset
 from reslm.models.gpt import GPTConfig, gpt_param_count
-from reslm.models.laerc import LAERCConfig, laerc_param_count
+from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT, LAERCConfig, laerc_param_count
 from reslm.models.substrates import BUDGET_PRESET, SUBSTRATES, model_overrides  # noqa: F401 (the lab plan's table)
 
 
@@ -156,6 +159,10 @@ class Sweep:
     sizes: dict[str, list[dict]]
     train: dict
     note: str = ""
+    order: str = "family"          # "family": every LAERC size, then every GPT size; "size": LAERC and GPT
+                                   # of one size, then the next size up (a partial sweep holds both families)
+    extras: list = field(default_factory=list)   # (name, family, model overrides, train overrides): trained
+                                   # after the sizes with the sweep's budget under their own overrides (ablations)
 
 
 def _sizes(shapes, context: int, **common) -> list[dict]:
@@ -164,6 +171,10 @@ def _sizes(shapes, context: int, **common) -> list[dict]:
 
 _CPU_TRAIN = dict(batch_size=16, grad_accum=1, max_steps=300, warmup_steps=30,
                   eval_every=100, eval_batches=10, log_every=10, lr=1e-3)
+# "cpu-scaling": 1,500 steps of 16 x 128 tokens (3.07 M tokens, about one epoch over the 3.02 M-token train
+# split of shakespeare-bpe4096) at every size; warm-up 5% of the steps, cosine to 10% of the peak.
+_SCALING_TRAIN = dict(batch_size=16, grad_accum=1, max_steps=1500, warmup_steps=75,
+                      eval_every=150, eval_batches=20, log_every=10, lr=1e-3, threads=1)
 _PAPER_TRAIN = dict(batch_size=32, grad_accum=4, max_steps=5000, warmup_steps=100,
                     eval_every=250, eval_batches=20, log_every=10, lr=6e-4)
 
@@ -174,6 +185,23 @@ SWEEPS: dict[str, Sweep] = {
                "gpt": _sizes([(40, 2), (64, 3), (88, 4), (136, 4)], 128, n_heads=4)},
         train=_CPU_TRAIN,
         note="bpe:4096 Shakespeare, sized for 2 CPU cores"),
+    "cpu-scaling": Sweep(
+        name="cpu-scaling",
+        # LAERC 35,946 .. 1,521,992 trainable parameters (1.63 decades); each GPT the width (heads of width
+        # 16-20) whose count is closest to its partner's: within 3.6%
+        sizes={"laerc": _sizes([(8, 1), (16, 1), (32, 2), (48, 3), (96, 4)], 128, r_mult=4),
+               "gpt": [dict(dim=d, n_layers=n, context=128, n_heads=h)
+                       for d, n, h in [(8, 1, 1), (17, 1, 1), (38, 2, 2), (64, 3, 4), (140, 4, 7)]]},
+        train=_SCALING_TRAIN, order="size",
+        extras=[("laerc-d32-l2-noreservoir", "laerc", dict(dim=32, n_layers=2, context=128, r_mult=4,
+                                                           no_reservoir=True), {}),
+                ("laerc-d96-l4-noreservoir", "laerc", dict(dim=96, n_layers=4, context=128, r_mult=4,
+                                                           no_reservoir=True), {}),
+                ("laerc-d32-l2-authors", "laerc", dict(dim=32, n_layers=2, context=128, **AUTHORS_VARIANT),
+                 dict(lr=AUTHORS_TRAIN["lr"], warmup_steps=round(AUTHORS_TRAIN["warmup_frac"] * 1500),
+                      hold_steps=round(AUTHORS_TRAIN["hold_frac"] * 1500)))],
+        note="bpe:4096 Shakespeare, 5 sizes per family over 1.6 decades, ~1 epoch per run, one CPU thread; "
+             "then the --no-reservoir ablation at two sizes and the authors' variant at one"),
     "smoke": Sweep(
         name="smoke",
         sizes={"laerc": _sizes([(16, 1), (24, 2)], 128, r_mult=4),
@@ -212,15 +240,34 @@ def sweep_plan(sweep: str | Sweep, fams, train_overrides: dict | None = None) ->
             raise ReslmError(f"sweep {sw.name!r} has no sizes for family {fam!r}")
     train_over = {**sw.train, **(train_overrides or {})}
     context = train_over.pop("context", None)
-    models = [(fam, dict(m, **({"context": context} if context else {}))) for fam in fams for m in sw.sizes[fam]]
+    ctx = {"context": context} if context else {}
+    if sw.order == "size":
+        n = max(len(sw.sizes[fam]) for fam in fams)
+        models = [(fam, dict(sw.sizes[fam][i], **ctx)) for i in range(n) for fam in fams if i < len(sw.sizes[fam])]
+    else:
+        models = [(fam, dict(m, **ctx)) for fam in fams for m in sw.sizes[fam]]
     return [Run(sweep_run_name(fam, m), fam, m, train_over) for fam, m in models]
+
+
+def extras_plan(sweep: str | Sweep, fams, train_overrides: dict | None = None) -> list[Run]:
+    """The sweep's extra runs (ablations) of the families in `fams`: the sweep's budget under each run's
+    own training overrides, then `train_overrides`; not part of the scaling fit."""
+    runs = []
+    for name, fam, model, train in get_sweep(sweep).extras:
+        if fam not in fams:
+            continue
+        over = {**get_sweep(sweep).train, **train, **(train_overrides or {})}
+        context = over.pop("context", None)
+        runs.append(Run(name, fam, dict(model, **({"context": context} if context else {})), over))
+    return runs
 
 
 def sweep_rows(plan: list[Run], summaries: list[dict]) -> list[dict]:
     """One row per sweep run (reslm.report.scaling.CSV_FIELDS) from its summary."""
     return [dict(family=r.family, name=r.name, dim=r.model["dim"], n_layers=r.model["n_layers"],
                  trainable_params=s["trainable_params"], fixed_params=s.get("fixed_params", 0),
-                 min_train_loss=s.get("min_train_loss"), final_val_loss=s.get("final_val_loss"),
+                 min_train_loss=s.get("min_train_loss"), best_val_loss=s.get("best_val_loss"),
+                 final_val_loss=s.get("final_val_loss"),
                  steps=s.get("steps"), train_seconds=s.get("train_seconds")) for r, s in zip(plan, summaries)]
 
 

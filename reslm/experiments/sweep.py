@@ -4,8 +4,12 @@ The paper (section "Results: optimization behavior and scaling laws") trains tra
 models of several sizes with the same hyperparameters, takes each run's best (minimum) training loss
 and fits L_min(N) = a log10 N + b against the number of trainable parameters N (the fit and its figure:
 reslm.report.scaling). `run_sweep` trains every run into out/<family>-d<D>-l<L> (an ordinary token run
-directory); it skips finished runs and continues unfinished ones from their checkpoint, so an
-interrupted sweep is resumed by running it again.
+directory), then the sweep's extra runs (ablations, out/<name>); it skips finished runs and continues
+unfinished ones from their checkpoint, so an interrupted sweep is resumed by running it again.
+
+`after(run_dir)` is called on each run as soon as it is trained: `reslm sweep --publish DIR` passes
+reslm.publish.evaluate_and_publish (the whole val split scored, then published into DIR/<name>), so an
+interrupted sweep keeps what it finished.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import sys
 from pathlib import Path
 
 from reslm.data.bpe import TokenDataset
-from reslm.experiments.plans import Sweep, sweep_plan, sweep_rows
+from reslm.experiments.plans import Sweep, extras_plan, sweep_plan, sweep_rows
 from reslm.experiments.runner import run_plan
 from reslm.run import check_runs_folder
 
@@ -21,10 +25,15 @@ SWEEP_OUTPUTS = ("scaling.csv", "scaling_fit.json", "scaling.png")   # reslm.rep
 
 
 def run_sweep(out: Path, dataset: TokenDataset, sweep: str | Sweep = "cpu", families=("laerc", "gpt"),
-              train_overrides: dict | None = None, progress: bool = True) -> list[dict]:
-    """Train every (family, size) of the sweep into out/<family>-d<D>-l<L>; returns one row per run
-    (reslm.report.scaling.CSV_FIELDS). Finished runs are skipped, unfinished ones continued from their checkpoint."""
+              train_overrides: dict | None = None, progress: bool = True, after=None,
+              extras: bool = True) -> list[dict]:
+    """Train every (family, size) of the sweep into out/<family>-d<D>-l<L>, then (extras) its extra runs
+    into out/<name>; returns one row per sized run (reslm.report.scaling.CSV_FIELDS; the extras are not
+    in the fit). Finished runs are skipped, unfinished ones continued from their checkpoint; after(run_dir)
+    is called on each run once it is trained (`reslm sweep --publish DIR`: reslm.publish.evaluate_and_publish)."""
     plan = sweep_plan(sweep, tuple(families), train_overrides)
+    more = extras_plan(sweep, tuple(families), train_overrides) if extras else []
     check_runs_folder(out, SWEEP_OUTPUTS, "a sweep")   # never write scaling.* over a folder of the user's
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else None
-    return sweep_rows(plan, run_plan(Path(out), plan, dataset, progress=progress, say=say, lock=True))
+    summaries = run_plan(Path(out), plan + more, dataset, progress=progress, say=say, after=after, lock=True)
+    return sweep_rows(plan, summaries[:len(plan)])

@@ -2,12 +2,14 @@
 (run folders: config, summary, metrics, eval JSON; results/; a command's results.json). It imports no
 experiment: a command measures, then this package draws.
 
-    docs.py          `reslm report`: docs/results.md, docs/speed.md, docs/frontier.md, the README's table
+    docs.py          `reslm report`: docs/results.md, docs/speed.md, docs/frontier.md, docs/token-scaling.md,
+                     the README's tables
     rows.py          the runs that report tabulates: published ones (results/) and results/legacy.csv
     frontier.py      docs/frontier.md: every character run at the paper's largest trainable budget
     figures.py       the paper's Fig. 2, 3, 4 and 6 (plain rows in, a PNG and its CSV out)
     plots.py         the lab's substrate and physical-constraint plots, the frontier plot
-    scaling.py       Fig. 7: the scaling-law fit L_min = a log10 N + b and its figure
+    scaling.py       Fig. 7: the scaling-law fit L = a log10 N + b, the slope's t interval, its figure
+    tokens.py        docs/token-scaling.md: the published LAERC / GPT runs, their fits and ablations
     reproduction.py  `reslm reproduce`'s figures and report.md
     lab.py           `reslm lab`'s figures and report.md
     search.py        `reslm search`'s trials.csv, best.json, best command and plots

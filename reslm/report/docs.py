@@ -13,7 +13,9 @@ Writes (the tables: here; the rows: reslm.report.rows; the frontier page: reslm.
     docs/results-fig2.png and .csv   Fig. 2 of the paper-protocol runs (reslm.report.figures.plot_char_losses)
     docs/speed.md         the bench tables, one row per JSON, each with its CPU
     docs/frontier.md and docs/frontier.png and .csv   the reservoir frontier
-    README.md             the table between README_BEGIN and README_END (the rest is left as it is)
+    docs/token-scaling.md and .png, .csv, .json   the token-level runs, fits and ablations (reslm.report.tokens)
+    README.md             the table between README_BEGIN and README_END and the token-level lines between
+                          TOKENS_BEGIN and TOKENS_END (the rest is left as it is)
 
 Every input is checked before a row is drawn from it (check_inputs): each published folder's files
 against the sha256 in its manifest (an edited metrics.jsonl is a one-line error, never a silently
@@ -31,13 +33,16 @@ from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import atomic_write, plain_stat, read_json
+from reslm.models import families
 from reslm.models.budget import FRONTIER_BUDGET
 from reslm.report import figures, plots
 from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, frontier_md, frontier_points
 from reslm.report.rows import LEGACY, NOT_PUBLISHED, _read_csv, legacy_rows, published_rows
+from reslm.report.tokens import plot_tokens, token_outputs
 from reslm.run.registry import is_published, verify_published
 
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
+TOKEN_FAMILIES = families("tokens")
 BENCH_CPUS = "docs/bench-cpus.csv"
 FIG = "results-fig2"
 
@@ -255,6 +260,7 @@ def build(repo: Path) -> tuple[dict[str, str], list[dict]]:
     repo = Path(repo)
     check_inputs(repo)
     paper, other = published_rows(repo)
+    other = [r for r in other if r["family"] not in TOKEN_FAMILIES]   # docs/token-scaling.md has those
     order = {"rc": 0, "aerc": 1, "tf": 2}
     paper = sorted(paper + legacy_rows(repo, paper),   # by family and size; a size's window row first
                    key=lambda r: (order.get(r["family"], 9), r["trainable"], r["context"] != "window", r["cycle"],
@@ -266,7 +272,10 @@ def build(repo: Path) -> tuple[dict[str, str], list[dict]]:
     readme = repo / "README.md"
     if readme.is_file():
         outputs["README.md"] = replace_readme_table(readme.read_text(encoding="utf-8"), readme_table(paper))
-    return outputs, dict(curves=_curves(paper), frontier=points, references=_references(kn))
+    tokens, token_runs, token_fits = token_outputs(repo, outputs.get("README.md"))
+    outputs.update(tokens)
+    return outputs, dict(curves=_curves(paper), frontier=points, references=_references(kn),
+                         token_rows=token_runs, token_fits=token_fits)
 
 
 def report(repo: Path = Path("."), check: bool = False) -> list[str]:
@@ -289,6 +298,10 @@ def report(repo: Path = Path("."), check: bool = False) -> list[str]:
         made = figures.plot_char_losses(curves, repo / "docs", stem=FIG)
         if made.get("note"):
             print(f"reslm: {made['note']}")
+    if figs["token_fits"] and not check:
+        plt = figures._pyplot()
+        if plt is not None:
+            plot_tokens(plt, repo, figs["token_rows"], figs["token_fits"])
     if figs["frontier"] and not check:
         plots.plot_frontier([{k: p[k] for k in plots.FRONTIER_FIELDS} for p in figs["frontier"]], repo / "docs",
                               stem=FRONTIER_FIG, references=figs["references"], budget=FRONTIER_BUDGET)

@@ -105,12 +105,15 @@ def test_bad_names(dataset, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("name,vocab", [("cpu", 4096), ("paper", 50257)])
-def test_builtin_sweeps_are_param_matched(name, vocab):
+@pytest.mark.parametrize("name,vocab,sizes", [("cpu", 4096, 4), ("paper", 50257, 4), ("cpu-scaling", 4096, 5)])
+def test_builtin_sweeps_are_param_matched(name, vocab, sizes):
     table = param_table(name, vocab)
     laerc = [r["trainable_params"] for r in table if r["family"] == "laerc"]
     gpt = [r["trainable_params"] for r in table if r["family"] == "gpt"]
-    assert len(laerc) == len(gpt) == 4 and laerc == sorted(laerc) and gpt == sorted(gpt)
+    assert len(laerc) == len(gpt) == sizes and laerc == sorted(laerc) and gpt == sorted(gpt)
     for x, y in zip(laerc, gpt):
         assert 0.9 < y / x < 1.1
     assert SWEEPS[name].train["max_steps"] > 0
+    if name == "cpu-scaling":   # the published sweep: at least 1.5 decades per family, GPT within 5% of LAERC
+        assert np.log10(laerc[-1] / laerc[0]) >= 1.5 and np.log10(gpt[-1] / gpt[0]) >= 1.5
+        assert all(abs(y / x - 1) < 0.05 for x, y in zip(laerc, gpt))
