@@ -282,13 +282,13 @@ def cmd_bench(args):
 
 def cmd_sweep(args):
     out = Path(args.out or f"runs/sweep-{args.sweep}")
-    check_runs_folder(out, SWEEP_OUTPUTS, "a sweep")   # before the dataset is looked for or built
-    dataset = find_dataset(args.data or "shakespeare-bpe4096", "tokens", Path(args.root) if args.root else None)
-    over = {k: v for k, v in dict(max_steps=args.max_steps, device=args.device, precision=args.precision,
-                                  threads=args.threads).items() if v is not None}
+    check_runs_folder(out, SWEEP_OUTPUTS, "a sweep")   # flags and folders before the dataset is looked for
     publish = Path(args.publish) if args.publish else None
     if publish is not None and publish.exists() and not publish.is_dir():
         raise ReslmError(f"--publish {publish}: not a folder")
+    dataset = find_dataset(args.data or "shakespeare-bpe4096", "tokens", Path(args.root) if args.root else None)
+    over = {k: v for k, v in dict(max_steps=args.max_steps, device=args.device, precision=args.precision,
+                                  threads=args.threads).items() if v is not None}
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.no_progress else None
     after = (lambda run_dir: evaluate_and_publish(run_dir, publish, say)) if publish is not None else None
     rows = run_sweep(out, dataset, args.sweep, tuple(args.families.split(",")), over, progress=not args.no_progress,
