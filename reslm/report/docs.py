@@ -37,7 +37,7 @@ from reslm.models import families
 from reslm.models.budget import FRONTIER_BUDGET
 from reslm.report import figures, plots
 from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, frontier_md, frontier_points
-from reslm.report.rows import LEGACY, NOT_PUBLISHED, _read_csv, legacy_rows, published_rows
+from reslm.report.rows import LEGACY, NOT_PUBLISHED, _read_csv, legacy_rows, published_rows, replace_between
 from reslm.report.tokens import plot_tokens, token_outputs
 from reslm.run.registry import is_published, verify_published
 
@@ -222,10 +222,7 @@ def results_md(paper: list[dict], other: list[dict], fig: str | None) -> str:
 
 def replace_readme_table(text: str, table: str) -> str:
     """README text with the part between README_BEGIN and README_END replaced by `table`."""
-    a, b = text.find(README_BEGIN), text.find(README_END)
-    if a < 0 or b < a:
-        raise ReslmError(f"README.md has no {README_BEGIN} ... {README_END} markers around its results table")
-    return text[:a + len(README_BEGIN)] + "\n" + table + "\n" + text[b:]
+    return replace_between(text, README_BEGIN, README_END, table, "results table")
 
 
 def check_inputs(repo: Path) -> None:

@@ -161,3 +161,13 @@ def legacy_rows(repo: Path, published: list[dict]) -> list[dict]:
                         epochs=epochs, train_s=_num(r["train_seconds"]), reservoir_s=_num(r["reservoir_seconds"]),
                         cpu=r["cpu"], threads=_num(r["threads"]), notes=notes, weights=None))
     return out
+
+
+def replace_between(text: str, begin: str, end: str, block: str, what: str) -> str:
+    """text with the part between the markers `begin` and `end` replaced by `block` (README.md's
+    generated tables); ReslmError naming `what` when the markers are missing."""
+    a, b = text.find(begin), text.find(end)
+    if a < 0 or b < a:
+        raise ReslmError(f"README.md has no {begin} ... {end} markers around its {what}")
+    return text[:a + len(begin)] + "\n" + block + "\n" + text[b:]
+

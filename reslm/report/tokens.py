@@ -30,7 +30,6 @@ import json
 import math
 from pathlib import Path
 
-from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
 from reslm.models import families, make_config
 from reslm.models.base import config_dict
@@ -38,6 +37,7 @@ from reslm.models.laerc import AUTHORS_VARIANT
 from reslm.paper import SLOPES
 from reslm.run import CONFIG, SUMMARY, read_metrics
 from reslm.run.registry import EVAL, PROVENANCE, is_published, read_manifest
+from reslm.report.rows import replace_between
 from reslm.report.scaling import FIT_KEYS, fit_all, plot_scaling
 
 TOKENS_BEGIN, TOKENS_END = "<!-- tokens:begin -->", "<!-- tokens:end -->"
@@ -240,10 +240,7 @@ def readme_block(rows: list[dict], fits: dict) -> str:
 
 
 def replace_block(text: str, block: str) -> str:
-    a, b = text.find(TOKENS_BEGIN), text.find(TOKENS_END)
-    if a < 0 or b < a:
-        raise ReslmError(f"README.md has no {TOKENS_BEGIN} ... {TOKENS_END} markers around its token-level table")
-    return text[:a + len(TOKENS_BEGIN)] + "\n" + block + "\n" + text[b:]
+    return replace_between(text, TOKENS_BEGIN, TOKENS_END, block, "token-level table")
 
 
 def _csv(rows: list[dict]) -> str:
