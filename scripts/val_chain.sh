@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs that choose on the validation split (--val-fraction 0.05), one after another on one thread,
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
-# (--resume) and skips published ones. Usage: scripts/val_chain.sh frontier|ceilings|routes
+# (--resume) and skips published ones. Usage: scripts/val_chain.sh frontier|ceilings|aerc|routes
 set -e
 R=${RESLM:-.venv/bin/reslm}
 run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
@@ -15,17 +15,26 @@ run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to r
 MLP="--preset rc-750 --head mlp --head-hidden 191 --spectral-radius 1.1111 --input-scaling 1.1111
      --reservoir-options input_init=normal --lr 3e-3 --schedule cosine --warmup-steps 500 --ema 0.999
      --context-mode stream --eval-samples 0 --state-dtype bfloat16 --val-fraction 0.05 --keep-best-val --threads 1"
+MLP2=$(echo $MLP | sed 's/--head mlp --head-hidden 191/--head mlp2 --head-hidden 160/')
+AERC="--preset aerc-160-30 --spectral-radius 1.1111 --input-scaling 1.1111 --reservoir-options input_init=normal
+      --lr 3e-3 --schedule cosine --warmup-steps 500 --cycles 2 --ema 0.999 --context-mode stream --eval-samples 0
+      --val-fraction 0.05 --keep-best-val --threads 1"
 TUNED="--context-mode stream --schedule cosine --warmup-steps 500 --ema 0.999 --val-fraction 0.05 --keep-best-val
        --eval-samples 65536 --final-eval-samples 0 --threads 1"
 case "$1" in
   frontier)
-    for s in 0 1 2; do run rc-750-mlp191-authors-cos3e-3-ema-val-s$s $MLP --seed $s; done ;;
-  ceilings)
-    for lr in 3e-3 1e-3; do run rnn-gru-32-200-stream-cos$lr-ema-val --preset rnn-gru-32-200 $TUNED --lr $lr; done ;;
+    for s in 0 1 2; do run rc-750-mlp191-authors-cos3e-3-ema-val-s$s $MLP --seed $s; done
+    for s in 1 2; do run rc-750-mlp2-160-authors-cos3e-3-ema-val-s$s $MLP2 --seed $s; done ;;
+  ceilings)   # the learning rate of each cell chosen on validation, then the chosen one at seeds 1 and 2
+    for lr in 3e-3 1e-3; do run rnn-gru-32-200-stream-cos$lr-ema-val --preset rnn-gru-32-200 $TUNED --lr $lr; done
+    for lr in 3e-3 1e-3; do run rnn-lstm-32-173-stream-cos$lr-ema-val --preset rnn-lstm-32-173 $TUNED --lr $lr; done
+    for s in 1 2; do run rnn-gru-32-200-stream-cos3e-3-ema-val-s$s --preset rnn-gru-32-200 $TUNED --lr 3e-3 --seed $s; done ;;
+  aerc)
+    for s in 0 1 2; do run aerc-160-30-authors-cos3e-3-2c-ema-val-s$s $AERC --seed $s; done ;;
   routes)   # the push toward 1.60, each route at seed 0 against the recipe above, judged on validation
     run rc-750-mlp191-drop0.1-authors-cos3e-3-ema-val $MLP --head-dropout 0.1
-    run rc-750-mlp2-160-authors-cos3e-3-ema-val $(echo $MLP | sed 's/--head mlp --head-hidden 191/--head mlp2 --head-hidden 160/')
+    run rc-750-mlp2-160-authors-cos3e-3-ema-val $MLP2
     run rc-750-leaky-mlp191-authors-cos3e-3-ema-val $MLP --reservoir leaky --reservoir-options input_init=normal,a_min=0.1
     run rc-750-mlp191-authors-cos3e-3-ema-val-2c $MLP --cycles 2 ;;
-  *) echo "usage: scripts/val_chain.sh frontier|ceilings|routes" >&2; exit 2 ;;
+  *) echo "usage: scripts/val_chain.sh frontier|ceilings|aerc|routes" >&2; exit 2 ;;
 esac
