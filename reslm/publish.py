@@ -42,7 +42,8 @@ from reslm.models import make_config, preset
 from reslm.reservoir import model_radii
 from reslm.run.checkpoint import identity_difference
 from reslm.run.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, eval_matches, fixed_fingerprints,
-                                is_published, load_published, read_manifest, read_provenance, same_tensor, split_state,
+                                is_published, load_published, only_trainable, read_manifest, read_provenance,
+                                same_tensor, split_state,
                                 verify_published, weights_digest)
 from reslm.run import (CHECKPOINT, CONFIG, LOCK, METRICS, SUMMARY, load_checkpoint, lock_run, read_config, read_metrics,
                        run_identity, save_checkpoint)
@@ -118,6 +119,18 @@ def _weights(run_dir: Path, cfg: dict, ck: dict):
             raise ReslmError(f"{run_dir}: its {name} is not what its config's seed rebuilds, so it cannot be "
                              f"published without it")
     return model, trained
+
+
+def _trimmed(model, ck: dict) -> dict:
+    """What an unfinished published folder keeps of its checkpoint: no "model" (the weights are
+    weights.safetensors) and, of its other copies of the weights (an EMA run's raw weights, the best
+    on validation), only the trainable tensors: training puts the rebuilt fixed ones back (with_fixed)."""
+    out = {k: v for k, v in ck.items() if k != "model"}
+    if isinstance(out.get("raw"), dict):
+        out["raw"] = only_trainable(model, out["raw"])
+    if isinstance(out.get("best"), dict) and isinstance(out["best"].get("model"), dict):
+        out["best"] = {**out["best"], "model": only_trainable(model, out["best"]["model"])}
+    return out
 
 
 def _provenance(prior: dict | None, cfg: dict, ck: dict, rows: list[dict], finished: bool, command: str | None,
@@ -232,7 +245,7 @@ def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str 
     files = dict(cfg=published_config(cfg), rows=rows, summary=summary, evaluation=evaluation, model=model,
                  fixed=fixed, finished=finished,
                  provenance=_provenance(prior, cfg, ck, rows, finished, command, date, evaluation),
-                 checkpoint=None if finished else {k: v for k, v in ck.items() if k != "model"})
+                 checkpoint=None if finished else _trimmed(model, ck))
     if in_place:
         with lock_run(dest):
             return _write(dest, ck, files, in_place=True)

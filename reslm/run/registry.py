@@ -80,6 +80,23 @@ def split_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[s
     return ({k: v.detach() for k, v in trainable.items()}, {k: v.detach() for k, v in fixed.items()})
 
 
+def trainable_keys(model: torch.nn.Module) -> list[str]:
+    """The state-dict keys that hold trainable parameters, a tied parameter under each of its names."""
+    ids = {id(p) for p in model.parameters() if p.requires_grad}
+    return [k for k, v in model.state_dict(keep_vars=True).items() if id(v) in ids]
+
+
+def only_trainable(model: torch.nn.Module, state: dict) -> dict:
+    """The entries of a state dict of `model` that hold trainable parameters (what a checkpoint keeps of
+    a second copy of the weights: the fixed tensors are the model's own, rebuilt from its seed)."""
+    return {k: state[k] for k in trainable_keys(model) if k in state}
+
+
+def with_fixed(model: torch.nn.Module, state: dict) -> dict:
+    """`state` (all of a state dict, or only_trainable of one) completed with the model's own fixed tensors."""
+    return {**model.state_dict(), **state}
+
+
 def weights_digest(model: torch.nn.Module) -> str:
     """sha256 over a model's trainable tensors (names, dtypes, shapes, bytes): the weights an evaluation
     scored, the same whether they were read from a run's checkpoint or a published folder. eval.json
@@ -308,6 +325,6 @@ def record_file(folder: Path, name: str) -> None:
 
 
 __all__ = ["FORMAT", "MANIFEST", "WEIGHTS", "PROVENANCE", "is_published", "fingerprint",
-           "split_state", "fixed_fingerprints", "same_tensor", "read_manifest", "check_file", "read_weights",
+           "split_state", "trainable_keys", "only_trainable", "with_fixed", "fixed_fingerprints", "same_tensor", "read_manifest", "check_file", "read_weights",
            "check_fixed", "load_published", "record_file", "read_provenance", "verify_published", "weights_digest",
            "eval_matches"]

@@ -44,6 +44,7 @@ from reslm.models.budget import check_frontier
 from reslm.data.datasets import check_dataset, open_dataset
 from reslm.models.load import load_model
 from reslm.run import SUMMARY, MetricsLog, load_checkpoint, lock_run, read_config, read_metrics, save_checkpoint
+from reslm.run.registry import only_trainable, with_fixed
 from reslm.train.batches import CharShards, step_seed
 from reslm.train.config import (CHECKPOINT_SECONDS, STATES, TrainConfig, schedule_key, is_finished,
                                 run_train_config, sampler_for)
@@ -98,7 +99,7 @@ def _score(model, state: dict, evaluate, precision: str) -> dict:
     """The final evaluation (whole test shard, validation split) of the weights `state`; the model's
     own weights are put back afterwards."""
     own = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.load_state_dict(state)
+    model.load_state_dict(with_fixed(model, state))
     try:
         return evaluate(model, precision, final=True)
     finally:
@@ -316,8 +317,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                 row = evaluate(model, precision, final=step == source.total)  # every rank evaluates; rank 0 logs
             weights = checkpoint_weights(model, ema)
             if tc.keep_best_val and (best is None or row["val_loss"] < best["val_loss"]):
-                best = dict(step=step, val_loss=row["val_loss"],
-                            model={k: v.detach().clone() for k, v in weights["model"].items()})
+                best = dict(step=step, val_loss=row["val_loss"],   # the trainable tensors; the fixed are the model's
+                            model={k: v.detach().clone() for k, v in only_trainable(model, weights["model"]).items()})
             if main:
                 seg = source.segment(step - 1)
                 log.write(dict(kind="eval", step=step, **seg, train_loss=meter.train_loss, **row,
@@ -330,7 +331,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                 if best is not None and step == source.total:   # the finished run's model: the best weights
                     log.write(dict(kind="weights", step=best["step"],
                                    **(row if best["step"] == step else _score(model, best["model"], evaluate, precision))))
-                    weights = dict(weights, model=best["model"], last=weights["model"])
+                    weights = dict(weights, model={**weights["model"], **best["model"]}, last=weights["model"])
                 save(weights)
             dist_.barrier()
             # windows restart at every checkpoint, so a resumed run logs exactly what an uninterrupted one does
@@ -355,7 +356,7 @@ def _resume(run_dir: Path, ck: dict | None, model, ema, opt, scaler, source, log
         return 0, 0.0, Meter()
     try:
         last = ck.get("last", ck["model"])   # a finished keep_best_val run's "model" is its best
-        model.load_state_dict(ck["raw"] if ema is not None else last)
+        model.load_state_dict(with_fixed(model, ck["raw"]) if ema is not None else last)
         if ema is not None:
             ema.load(last)
         opt.load_state_dict(ck["optimizer"])

@@ -155,21 +155,30 @@ def test_train_command_rebuilds_the_run(world):
     assert "--epoch-samples 128" in cmd and "--batch-size 64" in cmd and "--preset" not in cmd
 
 
-@pytest.mark.parametrize("family,model", [("rc", MODEL), ("tf", dict(ff_dim=16, n_heads=2, n_layers=1))])
+@pytest.mark.parametrize("family,model,extra", [
+    ("rc", MODEL, {}), ("tf", dict(ff_dim=16, n_heads=2, n_layers=1), {}),
+    ("rc", dict(size=32, head="mlp", head_hidden=8), dict(ema=0.9, val_fraction=0.2, keep_best_val=True))])
 def test_resume_a_moved_published_run_equals_the_uninterrupted_one(chars, tmp_path, monkeypatch, capsys, family,
-                                                                   model):
+                                                                   model, extra):
     """Train K steps, publish (with its checkpoint), move the folder and the dataset, `reslm train --out
     FOLDER --resume` to the end: weights and every logged row equal an uninterrupted run's, bitwise;
-    the finished folder drops its checkpoint, and provenance lists both publishes."""
-    full = tt.create_run(tmp_path / "full", family, model, TRAIN, chars)
+    the finished folder drops its checkpoint, and provenance lists both publishes. The published
+    checkpoint keeps of its other copies of the weights (EMA's raw, the best on validation) only the
+    trainable tensors."""
+    train = {**TRAIN, **extra}
+    full = tt.create_run(tmp_path / "full", family, model, train, chars)
     tt.train(full, progress=False)
-    cut = tt.create_run(tmp_path / "cut", family, model, TRAIN, chars)
+    cut = tt.create_run(tmp_path / "cut", family, model, train, chars)
     tt.train(cut, progress=False, stop_at=4)                       # an eval point (2 steps per shard-epoch)
     assert main(["publish", str(cut), str(tmp_path / "results" / "x")]) == 0
     assert "in progress, with its checkpoint" in capsys.readouterr().out
     m = read_manifest(tmp_path / "results" / "x")
     assert not m["finished"] and "checkpoint.pt" in m["files"]
-    assert "model" not in torch.load(tmp_path / "results" / "x" / "checkpoint.pt", weights_only=True)
+    ck = torch.load(tmp_path / "results" / "x" / "checkpoint.pt", weights_only=True)
+    trainable = set(load_file(str(tmp_path / "results" / "x" / WEIGHTS)))
+    assert "model" not in ck and ("raw" in ck) == (ck.get("best") is not None) == bool(extra)
+    if extra:
+        assert set(ck["raw"]) == set(ck["best"]["model"]) == trainable
     moved = tmp_path / "machine2" / "results" / "x"
     shutil.move(str(tmp_path / "results" / "x"), str(moved))
     shutil.rmtree(cut)

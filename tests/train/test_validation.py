@@ -94,7 +94,8 @@ def test_keep_best_val_makes_the_best_evaluation_the_runs_model(chars, tmp_path,
     assert summary["weights"] == "best-val" and summary["weights_step"] == evals[1]["step"] < evals[-1]["step"]
     assert summary["weights_val_loss"] == 2.0 and summary["weights_test_samples"] == evals[-1]["test_samples"]
     ck = load_checkpoint(out)
-    assert all(torch.equal(ck["best"]["model"][k], ck["model"][k]) for k in ck["model"])
+    assert all(torch.equal(ck["best"]["model"][k], ck["model"][k]) for k in ck["best"]["model"])
+    assert "reservoir.W_T" in ck["model"] and not any("reservoir" in k for k in ck["best"]["model"])
     assert not torch.equal(ck["model"]["head.out.weight"], ck["last"]["head.out.weight"])
     scored = evaluate_run(out, write=False, score=0, length=8)
     assert scored["test_loss"] == pytest.approx(summary["weights_test_loss"], abs=1e-5)
