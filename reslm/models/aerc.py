@@ -34,8 +34,9 @@ class AERCConfig(ReservoirLMConfig):
         super().validate()
         if self.hidden < 1:
             raise ReslmError(f"hidden must be >= 1, got {self.hidden}")
-        if self.hidden > self.size:
-            raise ReslmError(f"AERC hidden ({self.hidden}) must not exceed the reservoir size ({self.size}): "
+        width = self.readout_dim or self.size
+        if self.hidden > width:
+            raise ReslmError(f"AERC hidden ({self.hidden}) must not exceed the state it reads ({width}): "
                              "r_o = W_att r would be larger than r")
 
 

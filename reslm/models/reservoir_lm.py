@@ -2,7 +2,10 @@
 
     x_t = E[c_t]                       fixed random character embedding (V x d), E ~ N(0, 1/d)
     r_t = reservoir(x_1..x_t)          fixed recurrent network (reservoir/), no gradient
-    logits_t = head(norm(r_t))         the only trainable part (head_input: beside the state the head may
+    m_t = P r_t                        optional (readout_dim D > 0): D fixed random projections of the
+                                       N-unit state, P ~ N(0, 1/N) (D x N), drawn from the seed: a large
+                                       substrate read through D measured channels
+    logits_t = head(norm(m_t))         the only trainable part (head_input: beside the state the head may
                                        also read c_t's one-hot or fixed embedding E[c_t]); `norm` is a parameter-free
                                        LayerNorm of the state (the authors' code normalises the
                                        state with a LayerNorm it never optimises; we keep the
@@ -12,7 +15,8 @@
 Defaults: the paper gives no reservoir hyperparameters; spectral_radius 0.9 and input_scaling 2.0
 are tuned for short budgets (the sweep behind them: docs/design-figures.md).
 
-Physical constraints (reservoir/physical.py): the readout sees the measured state, gain mismatch ->
+Physical constraints (reservoir/physical.py): the readout sees the measured state (the D
+projections, or the N units), gain mismatch ->
 additive noise -> b-bit ADC, applied before the normalisation in the precomputed features, in forward()
 and in step(); the state carried through the dynamics stays exact. All off by default (then the states
 are bit-identical to a model without them).
@@ -34,6 +38,7 @@ from reslm.models.base import TensorFeatures, next_token_loss
 from reslm.reservoir import CONTEXT_MODES, KNOBS, RESERVOIRS, ReservoirKnobs, parse_options, shard_states
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.reservoir.physical import OTHER_KEY, Physical, PhysicalConfig
+from reslm.reservoir.seeding import generator
 
 HEAD_INPUTS = ("state", "state+onehot", "state+embed")   # what a head may read (models.budget: the frontier rules)
 
@@ -58,6 +63,7 @@ class ReservoirLMConfig(ReservoirKnobs):
     state_noise: float = 0.0        # std of Gaussian noise added to the measured state; 0 = off
     adc_bits: int = 0               # quantise the measured state to this many bits (an ADC); 0 = off
     adc_range: float = 1.0          # the ADC reads [-R, R] and clips outside (tanh states: 1)
+    readout_dim: int = 0            # D: read the state through D fixed random projections (part of the substrate, drawn from the seed); 0 = read the N units
 
     def validate(self):
         if self.context_mode not in CONTEXT_MODES:
@@ -71,6 +77,8 @@ class ReservoirLMConfig(ReservoirKnobs):
         for name in ("vocab_size", "embed_dim", "context", "streams", "size"):
             if getattr(self, name) < 1:
                 raise ReslmError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.readout_dim < 0:
+            raise ReslmError(f"readout_dim must be >= 0 (0: read every unit), got {self.readout_dim}")
         if self.head_input not in HEAD_INPUTS:
             raise ReslmError(f"head_input must be one of {', '.join(HEAD_INPUTS)}, got {self.head_input!r}")
         if self.warmup < 0:
@@ -111,6 +119,15 @@ def fixed_embedding(vocab_size: int, embed_dim: int, seed: int) -> torch.Tensor:
     return torch.randn((vocab_size, embed_dim), generator=torch.Generator().manual_seed(seed)) / embed_dim ** 0.5
 
 
+PROJECTION_KEY = 300   # seeding key of the readout projection (matrices 0-3, training 100-101, measurement 200)
+
+
+def readout_projection(size: int, readout_dim: int, seed: int) -> torch.Tensor:
+    """The fixed random projection P^T (N, D), P ~ N(0, 1/N): each of the D channels reads a random
+    combination of the N units at the scale of one unit."""
+    return torch.randn((size, readout_dim), generator=generator(seed, PROJECTION_KEY)) / size ** 0.5
+
+
 class ReservoirLM(nn.Module):
     """Fixed embedding + fixed reservoir + trainable head (built by the subclass in `make_head`)."""
 
@@ -126,7 +143,14 @@ class ReservoirLM(nn.Module):
         if not emb.is_meta:
             emb = fixed_embedding(cfg.vocab_size, cfg.embed_dim, cfg.seed)
         self.register_buffer("embedding", emb)                                  # (V, d), fixed
-        self.physical = Physical(cfg.physical_config(), self.reservoir.size, cfg.seed)
+        if cfg.readout_dim:
+            proj = torch.empty(self.reservoir.size, cfg.readout_dim)
+            if not proj.is_meta:
+                proj = readout_projection(self.reservoir.size, cfg.readout_dim, cfg.seed)
+            self.register_buffer("projection", proj)                            # (N, D), fixed
+        else:
+            self.projection = None
+        self.physical = Physical(cfg.physical_config(), self.width, cfg.seed)
         torch_state = torch.random.get_rng_state()
         torch.manual_seed(cfg.seed + 1)   # head init independent of the global RNG
         try:
@@ -158,10 +182,22 @@ class ReservoirLM(nn.Module):
         """The raw reservoir states (M, N) of a token stream, before measurement (see `features`)."""
         c = self.config
         if self.reservoir.replays:   # states after tokens context-1 .. S-2, as shard_states gives
-            return self.reservoir.replay(tokens, position)[c.context - 1:-1].to(dtype)
+            return self.read(self.reservoir.replay(tokens, position)[c.context - 1:-1]).to(dtype)
         return shard_states(self.reservoir, self.embed, tokens, mode=c.context_mode, context=c.context,
                             streams=c.streams, warmup=c.warmup, dtype=dtype, compute_dtype=compute_dtype,
-                            progress=progress)
+                            progress=progress, readout=self.read if self.projection is not None else None)
+
+    def read(self, states: torch.Tensor) -> torch.Tensor:
+        """Reservoir states (..., N) -> what the readout measures (..., D): the fixed projection, or the
+        states themselves when readout_dim is 0."""
+        if self.projection is None:
+            return states
+        return states @ self.projection.to(states.dtype)
+
+    @property
+    def width(self) -> int:
+        """The number of measured channels: readout_dim, or the reservoir's N units."""
+        return self.config.readout_dim or self.reservoir.size
 
     def measured(self, states: torch.Tensor, tokens: torch.Tensor, *, noise_key: tuple[int, ...] = OTHER_KEY,
                  offset: int = 0) -> TensorFeatures:
@@ -187,9 +223,9 @@ class ReservoirLM(nn.Module):
 
     @property
     def head_width(self) -> int:
-        """D: the width of what the head reads (N, N + V or N + d, by head_input)."""
+        """The width of what the head reads (W, W + V or W + d by head_input, W = `width`)."""
         table = {"state": 0, "state+onehot": self.config.vocab_size, "state+embed": self.config.embed_dim}
-        return self.config.size + table[self.config.head_input]
+        return self.width + table[self.config.head_input]
 
     def head_features(self, state: torch.Tensor, chars: torch.Tensor) -> torch.Tensor:
         """A normalised state (B, N) and the current characters (B,) -> the head's input (B, D)."""
@@ -212,7 +248,7 @@ class ReservoirLM(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """idx (B, T): run the reservoir from a zero state over the window, predict the next token."""
         _, s = self.reservoir(self.embed(idx))
-        s = self.normalize(self.physical.online(s, idx.shape[1]))
+        s = self.normalize(self.physical.online(self.read(s), idx.shape[1]))
         return self.forward_features(self.head_features(s, idx[:, -1]), targets)
 
     # --- recurrent interface (generation) ---------------------------------------------------
@@ -232,11 +268,11 @@ class ReservoirLM(nn.Module):
         """idx_t (B,) -> (logits (B, V), next state): one reservoir step and one readout of its
         measurement; the state carried on is the exact one (the constraints are readout-side)."""
         state = self.reservoir.step(self.embed(idx_t), state)
-        u = self.head_features(self.normalize(self.physical.online(state)), idx_t)
+        u = self.head_features(self.normalize(self.physical.online(self.read(state))), idx_t)
         return self.forward_features(u)[0][:, 0], state
 
     def set_physical(self, cfg: PhysicalConfig) -> None:
         """Measure through other constraints from now on (reslm eval's overrides); the head is kept."""
         self.config = replace(self.config, **asdict(cfg))
-        self.physical = Physical(self.config.physical_config(), self.reservoir.size, self.config.seed)
+        self.physical = Physical(self.config.physical_config(), self.width, self.config.seed)
         self.physical.to(self.embedding.device)

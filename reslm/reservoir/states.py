@@ -46,8 +46,11 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
                  mode: str, context: int, streams: int = 1024, warmup: int | None = None,
                  dtype: torch.dtype = torch.float32, compute_dtype: torch.dtype | None = None,
                  chunk_elems: int = 2**22, progress: bool = False, desc: str = "reservoir",
-                 share_prefixes: bool | None = None) -> torch.Tensor:
+                 share_prefixes: bool | None = None,
+                 readout: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """States (M, N) with M = len(tokens) - context; row i is sample i's feature (see module doc).
+    With `readout` (a fixed map (..., N) -> (..., D), such as a projection) each chunk of states is
+    read through it before it is stored: (M, D), never the (M, N) states.
 
     dtype is how the states are stored, compute_dtype (default: dtype) what the reservoir computes in:
     bfloat16 storage halves the memory on any machine, bfloat16 compute pays only where the hardware
@@ -68,13 +71,16 @@ def shard_states(reservoir, embed: Callable[[torch.Tensor], torch.Tensor], token
         raise ReslmError(f"unknown context mode {mode!r} (choose from {', '.join(CONTEXT_MODES)})")
     N = reservoir.size
     compute_dtype = compute_dtype or dtype
+    read = readout or (lambda s: s)
     with torch.no_grad():
+        D = read(torch.zeros(1, N, dtype=compute_dtype, device=tokens.device)).shape[-1]
         if mode == "window":
             if share_prefixes is None:
                 share_prefixes = reservoir.pure and N >= SHARE_MIN_SIZE
             window = _shared_window_states if share_prefixes else _window_states
-            return window(reservoir, embed, tokens, M, context, N, dtype, compute_dtype, chunk_elems, progress, desc)
-        return _stream_states(reservoir, embed, tokens, M, context, N, streams,
+            return window(reservoir, embed, tokens, M, context, N, D, read, dtype, compute_dtype, chunk_elems,
+                          progress, desc)
+        return _stream_states(reservoir, embed, tokens, M, context, N, D, read, streams,
                               context if warmup is None else warmup, dtype, compute_dtype, chunk_elems, progress,
                               desc)
 
@@ -86,8 +92,8 @@ def _work(reservoir, elems: int, compute: torch.dtype, device) -> dict:
     return {"work": torch.empty(elems, dtype=compute, device=device)} if takes else {}
 
 
-def _window_states(reservoir, embed, tokens, M, context, N, dtype, compute, chunk_elems, progress, desc):
-    out = torch.empty(M, N, dtype=dtype, device=tokens.device)
+def _window_states(reservoir, embed, tokens, M, context, N, D, read, dtype, compute, chunk_elems, progress, desc):
+    out = torch.empty(M, D, dtype=dtype, device=tokens.device)
     batch = min(M, max(256, chunk_elems // (context * N)))   # >= 256 rows keep the GEMMs efficient
     offsets = torch.arange(context, device=tokens.device)
     work = _work(reservoir, batch * (context + 1) * N, compute, tokens.device)
@@ -95,7 +101,7 @@ def _window_states(reservoir, embed, tokens, M, context, N, dtype, compute, chun
         i1 = min(M, i0 + batch)
         windows = tokens[torch.arange(i0, i1, device=tokens.device)[:, None] + offsets]   # (b, context)
         _, last = reservoir(embed(windows).to(compute), **work)                             # (b, N)
-        out[i0:i1] = last                                                                   # stored as dtype
+        out[i0:i1] = read(last)                                                             # stored as dtype
     return out
 
 
@@ -117,13 +123,14 @@ def _sorted_windows(tokens: torch.Tensor, M: int, context: int) -> torch.Tensor:
     return order
 
 
-def _shared_window_states(reservoir, embed, tokens, M, context, N, dtype, compute, chunk_elems, progress, desc):
+def _shared_window_states(reservoir, embed, tokens, M, context, N, D, read, dtype, compute, chunk_elems, progress,
+                          desc):
     """Window states with shared prefixes computed once (module doc). Per chunk of sorted windows,
     lcp[i] is the length of the prefix row i shares with row i - 1 (0 for the chunk's first row); at
     step k the rows with lcp < k each start a distinct k-prefix, whose state is one reservoir step from
     its (k-1)-prefix's."""
     dev = tokens.device
-    out = torch.empty(M, N, dtype=dtype, device=dev)
+    out = torch.empty(M, D, dtype=dtype, device=dev)
     order = _sorted_windows(tokens, M, context)
     batch = min(M, max(256, chunk_elems // (context * N)))   # the plain path's GEMM shapes (cache-sized)
     offsets = torch.arange(context, device=dev)
@@ -147,11 +154,11 @@ def _shared_window_states(reservoir, embed, tokens, M, context, N, dtype, comput
             _, state = reservoir(u, s0, **work)
             group = new.cumsum(0) - 1
         final = torch.index_select(state, 0, group, out=gathered[(context + 1) % 2, :len(rows) * N].view(-1, N))
-        out.index_copy_(0, rows, final.to(dtype))
+        out.index_copy_(0, rows, read(final).to(dtype))
     return out
 
 
-def _stream_states(reservoir, embed, tokens, M, context, N, streams, warmup, dtype, compute, chunk_elems,
+def _stream_states(reservoir, embed, tokens, M, context, N, D, read, streams, warmup, dtype, compute, chunk_elems,
                    progress, desc):
     P = M + context - 1                       # positions 0..P-1 need a state
     B = max(1, min(streams, P))
@@ -165,8 +172,8 @@ def _stream_states(reservoir, embed, tokens, M, context, N, streams, warmup, dty
     if w > 0 and B > 1:
         idx = (starts[1:, None] - w + torch.arange(w, device=dev)).clamp_(0, P - 1)
         _, s[1:] = reservoir(embed(tokens[idx]).to(compute))
-    out = torch.empty(B * L, N, dtype=dtype, device=dev)       # position-major: row = position
-    out_bl = out.view(B, L, N)
+    out = torch.empty(B * L, D, dtype=dtype, device=dev)       # position-major: row = position
+    out_bl = out.view(B, L, D)
     step = max(1, min(L, chunk_elems // (B * N)))
     work = _work(reservoir, (step + 1) * B * N, compute, dev)
     carry = torch.empty_like(s)
@@ -174,7 +181,7 @@ def _stream_states(reservoir, embed, tokens, M, context, N, streams, warmup, dty
         k1 = min(L, k0 + step)
         idx = (starts[:, None] + torch.arange(k0, k1, device=dev)).clamp_(max=P - 1)  # tail padding
         st, s = reservoir(embed(tokens[idx]).to(compute), s, **work)                 # (B, k, N)
-        out_bl[:, k0:k1] = st
+        out_bl[:, k0:k1] = read(st)
         if work:                              # s is a view of the buffer the next chunk overwrites
             s = carry.copy_(s)
     return out[context - 1:P]

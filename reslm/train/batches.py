@@ -238,7 +238,7 @@ class CharShards:
         n_test = max(sum(s.stop - s.start - self.context for s in eval_slices(tb - ta, self.context, n))
                      for n in {self.tc.eval_samples, self._final_samples()})
         avail = available_memory(self.device)
-        need = lambda dtype: (longest + n_test) * self.model.reservoir.size * dtype.itemsize  # noqa: E731
+        need = lambda dtype: (longest + n_test) * self.model.width * dtype.itemsize  # noqa: E731
         if name == "auto":
             fp32_fits = avail is None or need(torch.float32) <= 0.9 * avail
             storage = torch.float32 if fp32_fits else torch.bfloat16
@@ -248,7 +248,7 @@ class CharShards:
         else:
             storage = state_dtype(name)
         if avail is not None and need(storage) > 0.9 * avail:
-            row = self.model.reservoir.size * storage.itemsize
+            row = self.model.width * storage.itemsize
             fits = int(0.9 * avail / row) - longest                          # test samples that would fit
             hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
             if storage != torch.bfloat16:

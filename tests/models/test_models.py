@@ -151,3 +151,36 @@ def test_fixed_weights_get_no_gradient():
     trainable = {n for n, p in m.named_parameters() if p.requires_grad}
     assert trainable == {"head.weight", "head.bias"}
     assert count_params(m)[0] == 48 * V + V
+
+
+@pytest.mark.parametrize("mode", ["window", "stream"])
+@pytest.mark.parametrize("family,head", [("rc", {}), ("rc", dict(head="mlp", head_hidden=5)), ("aerc", {})])
+def test_a_readout_projection_reads_a_larger_reservoir_through_fixed_channels(mode, family, head):
+    """readout_dim D: the head reads D fixed random projections of the N units (the projection is a
+    buffer drawn from the seed, never trained); features, forward and step see the same model, the
+    trainable count is the one of a D-unit reservoir's head, and the stored states are (M, D)."""
+    m = tiny(family, size=40, readout_dim=12, context_mode=mode, streams=1, **head).eval()
+    same_head = tiny(family, size=12, context_mode=mode, streams=1, **head)
+    assert m.projection.shape == (40, 12) and not m.projection.requires_grad
+    assert count_params(m)[0] == count_params(same_head)[0]
+    assert torch.equal(m.projection, tiny(family, size=40, readout_dim=12).projection)   # the seed draws it
+    tokens = torch.randint(0, V, (60,), generator=torch.Generator().manual_seed(5))
+    feats = m.features(tokens)
+    assert feats.inputs.shape == (52, 12)
+    raw = m.reservoir(m.embed(tokens[None, :8]))[1]
+    torch.testing.assert_close(m.read(raw), raw @ m.projection)
+    index = torch.tensor([0, 9, 51])
+    a, _ = m.forward_features(feats.batch(index))
+    if mode == "window":
+        b, _ = m(torch.stack([tokens[i:i + 8] for i in index]))
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    else:
+        state, steps = m.init_state(1), []
+        for t in range(59):
+            logits, state = m.step(tokens[t:t + 1], state)
+            steps.append(logits)
+        torch.testing.assert_close(a[:, 0], torch.cat([steps[i + 7] for i in index.tolist()]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ReslmError, match="readout_dim must be >= 0"):
+        make_config(family, readout_dim=-1)
+    with pytest.raises(ReslmError, match="must not exceed the state it reads"):
+        make_config("aerc", size=40, hidden=13, readout_dim=12)

@@ -157,7 +157,8 @@ def test_train_command_rebuilds_the_run(world):
 
 @pytest.mark.parametrize("family,model,extra", [
     ("rc", MODEL, {}), ("tf", dict(ff_dim=16, n_heads=2, n_layers=1), {}),
-    ("rc", dict(size=32, head="mlp", head_hidden=8), dict(ema=0.9, val_fraction=0.2, keep_best_val=True))])
+    ("rc", dict(size=32, head="mlp", head_hidden=8), dict(ema=0.9, val_fraction=0.2, keep_best_val=True)),
+    ("rc", dict(size=48, readout_dim=16, head="mlp", head_hidden=8), {})])
 def test_resume_a_moved_published_run_equals_the_uninterrupted_one(chars, tmp_path, monkeypatch, capsys, family,
                                                                    model, extra):
     """Train K steps, publish (with its checkpoint), move the folder and the dataset, `reslm train --out
