@@ -375,8 +375,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "Re-running skips finished runs and resumes unfinished ones.")
     sw.add_argument("--sweep", default="cpu", choices=list(SWEEPS),
                     help="cpu: bpe:4096-sized for 2 CPU cores, minutes; cpu-scaling: 5 sizes per family over 1.6 "
-                    "decades, ~1 epoch per run, plus ablations (about 1.5 h of one core); paper: Appendix A.3 "
-                    "budget (GPU)")
+                    "decades, ~1 epoch per run, plus ablations (about 1.5 h of one core); cpu-scaling-4ep: the same over "
+                    "~4 epochs per run, runs named *-4ep (about 6 h of one core); paper: Appendix A.3 budget (GPU)")
     sw.add_argument("--publish", metavar="DIR", help="evaluate each run on the whole val split once it is trained "
                     "and publish it into DIR/<run name> (e.g. results)")
     sw.add_argument("--no-extras", action="store_true", help="skip the sweep's extra runs (ablations)")

@@ -16,7 +16,8 @@ trainable-parameter count is closest to LAERC's (`param_table`: within 5%). At V
 embedding is a large share of every count, so N spans less than a decade and the fitted slopes are
 noisy. "cpu-scaling" (the published sweep, docs/laerc.md) has five sizes per family over 1.6 decades at
 1,500 steps each (about one epoch of that corpus), ordered size by size, then its `extras`: the
---no-reservoir ablation at two sizes and the authors' variant at one. "paper" has larger models for a
+--no-reservoir ablation at two sizes and the authors' variant at one. "cpu-scaling-4ep" is the same
+over 6,000 steps (about four epochs), its runs named with the suffix -4ep. "paper" has larger models for a
 GPT-2 vocabulary at context 512, micro-batch 32, grad accumulation 4 (Appendix A.3), 5000 steps: it
 needs a GPU. The paper does not list its sizes; these
 only span the same kind of range. "smoke": two tiny sizes per family (numbers meaningless).
@@ -163,6 +164,7 @@ class Sweep:
                                    # of one size, then the next size up (a partial sweep holds both families)
     extras: list = field(default_factory=list)   # (name, family, model overrides, train overrides): trained
                                    # after the sizes with the sweep's budget under their own overrides (ablations)
+    suffix: str = ""               # appended to every run name, so that two budgets publish side by side
 
 
 def _sizes(shapes, context: int, **common) -> list[dict]:
@@ -175,8 +177,28 @@ _CPU_TRAIN = dict(batch_size=16, grad_accum=1, max_steps=300, warmup_steps=30,
 # split of shakespeare-bpe4096) at every size; warm-up 5% of the steps, cosine to 10% of the peak.
 _SCALING_TRAIN = dict(batch_size=16, grad_accum=1, max_steps=1500, warmup_steps=75,
                       eval_every=150, eval_batches=20, log_every=10, lr=1e-3, threads=1)
+# "cpu-scaling-4ep": the same sizes and schedule shape over 6,000 steps (12.3 M tokens, about 4 epochs), where
+# the larger models of this 3 M-token corpus are expected to stop improving on validation.
+_LONG_TRAIN = dict(_SCALING_TRAIN, max_steps=6000, warmup_steps=300, eval_every=300)
 _PAPER_TRAIN = dict(batch_size=32, grad_accum=4, max_steps=5000, warmup_steps=100,
                     eval_every=250, eval_batches=20, log_every=10, lr=6e-4)
+
+_SCALING_SIZES = {"laerc": _sizes([(8, 1), (16, 1), (32, 2), (48, 3), (96, 4)], 128, r_mult=4),
+                  "gpt": [dict(dim=d, n_layers=n, context=128, n_heads=h)
+                          for d, n, h in [(8, 1, 1), (17, 1, 1), (38, 2, 2), (64, 3, 4), (140, 4, 7)]]}
+
+
+def _scaling_extras(steps: int, suffix: str = "") -> list:
+    """The --no-reservoir ablation at (32, 2) and (96, 4), and the authors' variant at (32, 2), with its
+    own schedule over `steps`."""
+    return [(f"laerc-d32-l2-noreservoir{suffix}", "laerc", dict(dim=32, n_layers=2, context=128, r_mult=4,
+                                                                no_reservoir=True), {}),
+            (f"laerc-d96-l4-noreservoir{suffix}", "laerc", dict(dim=96, n_layers=4, context=128, r_mult=4,
+                                                                no_reservoir=True), {}),
+            (f"laerc-d32-l2-authors{suffix}", "laerc", dict(dim=32, n_layers=2, context=128, **AUTHORS_VARIANT),
+             dict(lr=AUTHORS_TRAIN["lr"], warmup_steps=round(AUTHORS_TRAIN["warmup_frac"] * steps),
+                  hold_steps=round(AUTHORS_TRAIN["hold_frac"] * steps)))]
+
 
 SWEEPS: dict[str, Sweep] = {
     "cpu": Sweep(
@@ -189,19 +211,13 @@ SWEEPS: dict[str, Sweep] = {
         name="cpu-scaling",
         # LAERC 35,946 .. 1,521,992 trainable parameters (1.63 decades); each GPT the width (heads of width
         # 16-20) whose count is closest to its partner's: within 3.6%
-        sizes={"laerc": _sizes([(8, 1), (16, 1), (32, 2), (48, 3), (96, 4)], 128, r_mult=4),
-               "gpt": [dict(dim=d, n_layers=n, context=128, n_heads=h)
-                       for d, n, h in [(8, 1, 1), (17, 1, 1), (38, 2, 2), (64, 3, 4), (140, 4, 7)]]},
-        train=_SCALING_TRAIN, order="size",
-        extras=[("laerc-d32-l2-noreservoir", "laerc", dict(dim=32, n_layers=2, context=128, r_mult=4,
-                                                           no_reservoir=True), {}),
-                ("laerc-d96-l4-noreservoir", "laerc", dict(dim=96, n_layers=4, context=128, r_mult=4,
-                                                           no_reservoir=True), {}),
-                ("laerc-d32-l2-authors", "laerc", dict(dim=32, n_layers=2, context=128, **AUTHORS_VARIANT),
-                 dict(lr=AUTHORS_TRAIN["lr"], warmup_steps=round(AUTHORS_TRAIN["warmup_frac"] * 1500),
-                      hold_steps=round(AUTHORS_TRAIN["hold_frac"] * 1500)))],
+        sizes=_SCALING_SIZES, train=_SCALING_TRAIN, order="size", extras=_scaling_extras(1500),
         note="bpe:4096 Shakespeare, 5 sizes per family over 1.6 decades, ~1 epoch per run, one CPU thread; "
              "then the --no-reservoir ablation at two sizes and the authors' variant at one"),
+    "cpu-scaling-4ep": Sweep(
+        name="cpu-scaling-4ep",
+        sizes=_SCALING_SIZES, train=_LONG_TRAIN, order="size", extras=_scaling_extras(6000, "-4ep"), suffix="-4ep",
+        note="cpu-scaling's sizes and ablations over ~4 epochs (6,000 steps) per run, runs named *-4ep"),
     "smoke": Sweep(
         name="smoke",
         sizes={"laerc": _sizes([(16, 1), (24, 2)], 128, r_mult=4),
@@ -225,8 +241,8 @@ def get_sweep(sweep: str | Sweep) -> Sweep:
     return SWEEPS[sweep]
 
 
-def sweep_run_name(family: str, model: dict) -> str:
-    return f"{family}-d{model['dim']}-l{model['n_layers']}"
+def sweep_run_name(family: str, model: dict, suffix: str = "") -> str:
+    return f"{family}-d{model['dim']}-l{model['n_layers']}{suffix}"
 
 
 def sweep_plan(sweep: str | Sweep, fams, train_overrides: dict | None = None) -> list[Run]:
@@ -246,7 +262,7 @@ def sweep_plan(sweep: str | Sweep, fams, train_overrides: dict | None = None) ->
         models = [(fam, dict(sw.sizes[fam][i], **ctx)) for i in range(n) for fam in fams if i < len(sw.sizes[fam])]
     else:
         models = [(fam, dict(m, **ctx)) for fam in fams for m in sw.sizes[fam]]
-    return [Run(sweep_run_name(fam, m), fam, m, train_over) for fam, m in models]
+    return [Run(sweep_run_name(fam, m, sw.suffix), fam, m, train_over) for fam, m in models]
 
 
 def extras_plan(sweep: str | Sweep, fams, train_overrides: dict | None = None) -> list[Run]:
@@ -282,7 +298,7 @@ def param_table(sweep: str | Sweep, vocab_size: int, fams=("laerc", "gpt")) -> l
                 trainable, fixed = laerc_param_count(LAERCConfig(**m))
             else:
                 trainable, fixed = gpt_param_count(GPTConfig(**m)), 0
-            table.append(dict(family=fam, name=sweep_run_name(fam, model), trainable_params=trainable,
+            table.append(dict(family=fam, name=sweep_run_name(fam, model, sw.suffix), trainable_params=trainable,
                               fixed_params=fixed))
     return table
 

@@ -12,6 +12,7 @@ from reslm.train import train as train_run
 from reslm.data.bpe import prepare_bpe
 from reslm.core.errors import ReslmError
 from reslm.experiments import SWEEPS, Sweep, param_table, plans, run_sweep
+from reslm.experiments.plans import extras_plan, sweep_plan
 from reslm.report import fit_log10, write_scaling
 
 TINY = Sweep(
@@ -105,7 +106,8 @@ def test_bad_names(dataset, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("name,vocab,sizes", [("cpu", 4096, 4), ("paper", 50257, 4), ("cpu-scaling", 4096, 5)])
+@pytest.mark.parametrize("name,vocab,sizes", [("cpu", 4096, 4), ("paper", 50257, 4), ("cpu-scaling", 4096, 5),
+                                              ("cpu-scaling-4ep", 4096, 5)])
 def test_builtin_sweeps_are_param_matched(name, vocab, sizes):
     table = param_table(name, vocab)
     laerc = [r["trainable_params"] for r in table if r["family"] == "laerc"]
@@ -114,6 +116,16 @@ def test_builtin_sweeps_are_param_matched(name, vocab, sizes):
     for x, y in zip(laerc, gpt):
         assert 0.9 < y / x < 1.1
     assert SWEEPS[name].train["max_steps"] > 0
-    if name == "cpu-scaling":   # the published sweep: at least 1.5 decades per family, GPT within 5% of LAERC
+    if name.startswith("cpu-scaling"):   # the published sweeps: >= 1.5 decades per family, GPT within 5% of LAERC
         assert np.log10(laerc[-1] / laerc[0]) >= 1.5 and np.log10(gpt[-1] / gpt[0]) >= 1.5
         assert all(abs(y / x - 1) < 0.05 for x, y in zip(laerc, gpt))
+
+
+def test_the_longer_scaling_sweep_names_its_runs_apart():
+    """cpu-scaling-4ep: cpu-scaling's models and ablations under other names, 4x the steps."""
+    short, long = sweep_plan("cpu-scaling", ("laerc", "gpt")), sweep_plan("cpu-scaling-4ep", ("laerc", "gpt"))
+    assert [r.name + "-4ep" for r in short] == [r.name for r in long]
+    assert [r.model for r in short] == [r.model for r in long]
+    assert all(r.train["max_steps"] == 4 * s.train["max_steps"] for r, s in zip(long, short))
+    extras = extras_plan("cpu-scaling-4ep", ("laerc",))
+    assert [r.name for r in extras] == [r.name + "-4ep" for r in extras_plan("cpu-scaling", ("laerc",))]
