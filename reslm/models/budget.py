@@ -4,8 +4,8 @@ rules, and how many trainable parameters does it spend?
 The rules, each checked by `check_frontier`:
 
 1. A fixed, untrained substrate: the model is a `ReservoirLM` (fixed random character embedding, any
-   registered reservoir, recorded ones included, and the readout-side measurement); none of their
-   parameters is trainable.
+   registered reservoir, recorded ones included, an optional fixed random projection of its state
+   (`readout_dim`) and the readout-side measurement); none of their parameters is trainable.
 2. Every trained part reads only the substrate's current state (plus the current character's fixed
    embedding or one-hot, `head_input`): all trainable parameters live in the head, and the model uses
    the shared `ReservoirLM` path from state to logits (`features`, `forward_features`, `head_features`
@@ -29,7 +29,7 @@ from reslm.models.base import count_params
 from reslm.models.reservoir_lm import HEAD_INPUTS, ReservoirLM
 
 FRONTIER_BUDGET = 155_459          # trainable parameters of aerc-160-30 (Table 1)
-_SHARED_PATH = ("features", "forward_features", "head_features", "measured", "normalize")
+_SHARED_PATH = ("features", "states", "read", "forward_features", "head_features", "measured", "normalize")
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ def check_frontier(model: nn.Module, budget: int = FRONTIER_BUDGET) -> Frontier:
             reasons.append("the substrate has trainable parameters (gradient would flow into it)")
         if isinstance(model.embedding, nn.Parameter) and model.embedding.requires_grad:
             reasons.append("the character embedding is trained")
+        if isinstance(model.projection, nn.Parameter) and model.projection.requires_grad:
+            reasons.append("the readout projection is trained")
         changed = [n for n in _SHARED_PATH if getattr(type(model), n, None) is not getattr(ReservoirLM, n, None)]
         if changed:
             reasons.append(f"the state-to-logits path is overridden ({', '.join(changed)}): the head may read "

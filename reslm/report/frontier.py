@@ -121,7 +121,8 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
          "(optimisation, readout, state, search, seeds, ceilings) bought: [frontier-routes.md](frontier-routes.md).", "",
          "## The rules", "",
          f"A run is a **strict reservoir-family** run (`reslm.models.budget.check_frontier`) when: the substrate is "
-         "fixed and untrained (any registered reservoir, recorded ones included); every trained part reads only the "
+         "fixed and untrained (any registered reservoir, recorded ones included, optionally read through fixed random "
+         "projections of its state: `--readout-dim`); every trained part reads only the "
          "substrate's current state, plus the current character's fixed embedding or one-hot; no gradient flows into "
          f"or through the substrate; and its trainable parameters, counted as Table 1 counts them, are at most "
          f"{FRONTIER_BUDGET:,} (aerc-160-30's). The score is the test CE on the whole test shard after the run's last "

@@ -41,6 +41,12 @@ def test_frontier_budget_and_structure_rules():
     v = check_frontier(Peeks(make_config("rc", size=20, vocab_size=7)))
     assert not v.ok and "overridden (forward_features)" in v.reasons[0]
 
+    wide = build_model("rc", size=60, readout_dim=20, vocab_size=7)     # a larger reservoir read through 20 channels
+    assert check_frontier(wide).ok and check_frontier(wide).trainable_params == 7 * 21
+    wide.projection = nn.Parameter(wide.projection.clone())              # a trained projection is not a substrate
+    v = check_frontier(wide)
+    assert not v.ok and any("readout projection is trained" in r for r in v.reasons)
+
 
 def test_presets_command_prints_the_verdict(capsys):
     assert main(["presets"]) == 0
