@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs that choose on the validation split (--val-fraction 0.05), one after another on one thread,
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
-# (--resume) and skips published ones. Usage: scripts/val_chain.sh frontier|ceilings|aerc|routes
+# (--resume) and skips published ones. Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes
 set -e
 R=${RESLM:-.venv/bin/reslm}
 run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
@@ -21,6 +21,7 @@ AERC="--preset aerc-160-30 --spectral-radius 1.1111 --input-scaling 1.1111 --res
       --val-fraction 0.05 --keep-best-val --threads 1"
 TUNED="--context-mode stream --schedule cosine --warmup-steps 500 --ema 0.999 --val-fraction 0.05 --keep-best-val
        --eval-samples 65536 --final-eval-samples 0 --threads 1"
+TF_TUNED=$(echo $TUNED | sed 's/--context-mode stream/--context-mode causal/')
 case "$1" in
   frontier)
     for s in 0 1 2; do run rc-750-mlp191-authors-cos3e-3-ema-val-s$s $MLP --seed $s; done
@@ -29,6 +30,8 @@ case "$1" in
     for lr in 3e-3 1e-3; do run rnn-gru-32-200-stream-cos$lr-ema-val --preset rnn-gru-32-200 $TUNED --lr $lr; done
     for lr in 3e-3 1e-3; do run rnn-lstm-32-173-stream-cos$lr-ema-val --preset rnn-lstm-32-173 $TUNED --lr $lr; done
     for s in 1 2; do run rnn-gru-32-200-stream-cos3e-3-ema-val-s$s --preset rnn-gru-32-200 $TUNED --lr 3e-3 --seed $s; done ;;
+  tf)   # the transformer ceilings, trained on every position of 32-character chunks (causal context)
+    for lr in 1e-3 3e-3; do run tf-e64-144-4-4-causal-cos$lr-ema-val --preset tf-e64-144-4-4 $TF_TUNED --lr $lr; done ;;
   aerc)
     for s in 0 1 2; do run aerc-160-30-authors-cos3e-3-2c-ema-val-s$s $AERC --seed $s; done ;;
   routes)   # the push toward 1.60, each route at seed 0 against the recipe above, judged on validation
@@ -37,5 +40,5 @@ case "$1" in
     run rc-1500-proj750-mlp191-authors-cos3e-3-ema-val $MLP --size 1500 --readout-dim 750
     run rc-750-mlp191-authors-cos3e-3-ema-val-2c $MLP --cycles 2
     run rc-750-leaky-mlp191-authors-cos3e-3-ema-val $MLP --reservoir leaky --reservoir-options input_init=normal,a_min=0.1 ;;
-  *) echo "usage: scripts/val_chain.sh frontier|ceilings|aerc|routes" >&2; exit 2 ;;
+  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes" >&2; exit 2 ;;
 esac
