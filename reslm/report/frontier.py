@@ -9,11 +9,12 @@ from pathlib import Path
 from reslm.core.files import read_json
 from reslm.models import PRESETS, check_frontier_config, make_config
 from reslm.models.budget import FRONTIER_BUDGET
-from reslm.models.base import LN2
+from reslm.models.base import LN2, config_dict
 from reslm.paper import LARGEST, TEST_CE
 from reslm.run.registry import is_published, read_manifest
 from reslm.report.rows import NOT_PUBLISHED, _variant, whole_shard_final
 from reslm.run import CONFIG, SUMMARY, read_metrics
+from reslm.train.config import run_train_config
 
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
 CEILING_BUDGET = 155_803   # the trained ceilings: at most tf-256-16-16's trainable count, the paper's largest
@@ -44,11 +45,13 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         rows = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("test_loss") is not None]
         if not rows or (cfg["train"].get("eval_samples", 0) and not read_manifest(folder).get("finished")):
             continue   # an unfinished run's last score is on fewer positions than the whole shard
-        verdict = check_frontier_config(cfg["family"], make_config(cfg["family"], **cfg["model"]))
+        model = make_config(cfg["family"], **cfg["model"])
+        verdict = check_frontier_config(cfg["family"], model)
         route = _route(cfg)
-        # a configuration: the model's and the training's fields, seeds aside
-        model_cfg = {k: v for k, v in cfg["model"].items() if k != "seed"}
-        train_cfg = {k: v for k, v in cfg["train"].items() if k not in ("seed", "threads", "device")}
+        # a configuration: the model's and the training's fields with today's defaults filled in (a field
+        # added since reads as its default), seeds and where it ran aside
+        model_cfg = {k: v for k, v in config_dict(model).items() if k != "seed"}
+        train_cfg = {k: v for k, v in config_dict(run_train_config(cfg)).items() if k not in ("seed", "threads", "device")}
         summary = read_json(folder / SUMMARY) or {}
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
                         test_loss=summary.get("weights_test_loss", rows[-1]["test_loss"]),

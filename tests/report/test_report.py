@@ -143,3 +143,15 @@ def test_a_published_solver_run_is_on_the_frontier(repo, chars, tmp_path):
     row = next(line for line in (repo / "docs" / "frontier.md").read_text().splitlines()
                if line.startswith("| rc-24-ridge |"))
     assert "| yes |" in row and "optimizer=ridge" in row and "| 1 |" in row
+
+
+def test_a_configuration_is_the_same_across_fields_added_since():
+    """Seeds of one configuration group together even when one was trained after a model or training
+    field was added (its config.json names the field at its default; the older ones do not)."""
+    import json
+    from reslm.report.frontier import frontier_points
+    names = ["rc-750-mlp2-160-authors-cos3e-3-ema-val", "rc-750-mlp2-160-authors-cos3e-3-ema-val-s2"]
+    models = [json.loads((REPO / "results" / n / "config.json").read_text())["model"] for n in names]
+    assert "readout_dim" not in models[0] and models[1]["readout_dim"] == 0   # seed 2 came after --readout-dim
+    points = {p["name"]: p for p in frontier_points(REPO, [])}
+    assert points[names[0]]["config"] == points[names[1]]["config"]
