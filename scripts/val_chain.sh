@@ -34,11 +34,11 @@ case "$1" in
     for lr in 1e-3 3e-3; do run tf-e64-144-4-4-causal-cos$lr-ema-val --preset tf-e64-144-4-4 $TF_TUNED --lr $lr; done ;;
   aerc)
     for s in 0 1 2; do run aerc-160-30-authors-cos3e-3-2c-ema-val-s$s $AERC --seed $s; done ;;
-  routes)   # the push toward 1.60, each route at seed 0 against the recipe above, judged on validation
+  routes)   # the push toward 1.60, each route at seed 0 against the best recipe so far, judged on validation
     run rc-750-mlp191-drop0.1-authors-cos3e-3-ema-val $MLP --head-dropout 0.1
     run rc-750-mlp2-160-authors-cos3e-3-ema-val $MLP2
-    run rc-1500-proj750-mlp191-authors-cos3e-3-ema-val $MLP --size 1500 --readout-dim 750
-    run rc-750-mlp191-authors-cos3e-3-ema-val-2c $MLP --cycles 2
+    run rc-1500-proj750-mlp2-160-authors-cos3e-3-ema-val $MLP2 --size 1500 --readout-dim 750
+    run rc-750-mlp2-160-authors-cos3e-3-ema-val-2c $MLP2 --cycles 2
     run rc-750-leaky-mlp191-authors-cos3e-3-ema-val $MLP --reservoir leaky --reservoir-options input_init=normal,a_min=0.1 ;;
   *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes" >&2; exit 2 ;;
 esac
