@@ -14,7 +14,6 @@ from reslm.paper import LARGEST, TEST_CE
 from reslm.run.registry import is_published, read_manifest
 from reslm.report.rows import NOT_PUBLISHED, _variant, whole_shard_final
 from reslm.run import CONFIG, SUMMARY, read_metrics
-from reslm.train.config import run_train_config
 
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
 CEILING_BUDGET = 155_803   # the trained ceilings: at most tf-256-16-16's trainable count, the paper's largest
@@ -48,10 +47,11 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         model = make_config(cfg["family"], **cfg["model"])
         verdict = check_frontier_config(cfg["family"], model)
         route = _route(cfg)
-        # a configuration: the model's and the training's fields with today's defaults filled in (a field
-        # added since reads as its default), seeds and where it ran aside
+        # a configuration: the model's fields with today's defaults filled in (a field added since reads
+        # as its default) and the training fields that are set (an option added since is off by default),
+        # seeds and where it ran aside
         model_cfg = {k: v for k, v in config_dict(model).items() if k != "seed"}
-        train_cfg = {k: v for k, v in config_dict(run_train_config(cfg)).items() if k not in ("seed", "threads", "device")}
+        train_cfg = {k: v for k, v in cfg["train"].items() if k not in ("seed", "threads", "device") and v}
         summary = read_json(folder / SUMMARY) or {}
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
                         test_loss=summary.get("weights_test_loss", rows[-1]["test_loss"]),
