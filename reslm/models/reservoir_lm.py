@@ -179,7 +179,8 @@ class ReservoirLM(nn.Module):
 
     def states(self, tokens: torch.Tensor, *, position: int | None = None, dtype: torch.dtype = torch.float32,
                compute_dtype: torch.dtype | None = None, progress: bool = False) -> torch.Tensor:
-        """The raw reservoir states (M, N) of a token stream, before measurement (see `features`)."""
+        """The reservoir states of a token stream as the readout's channels see them before the measurement
+        constraints (see `features`): (M, N), or (M, D) through the projection."""
         c = self.config
         if self.reservoir.replays:   # states after tokens context-1 .. S-2, as shard_states gives
             return self.read(self.reservoir.replay(tokens, position)[c.context - 1:-1]).to(dtype)
