@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs that choose on the validation split (--val-fraction 0.05), one after another on one thread,
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
-# (--resume) and skips published ones. Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes
+# (--resume), or a published unfinished one in results/ in place, and skips finished ones.
+# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes
 set -e
 R=${RESLM:-.venv/bin/reslm}
 run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
@@ -9,6 +10,8 @@ run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to r
   if [ -f results/$name/summary.json ] && grep -q '"finished": true' results/$name/summary.json; then
     echo "skip $name (published)"; return; fi
   if [ -f runs/$name/checkpoint.pt ]; then $R train --out runs/$name --resume --no-progress
+  elif [ -f results/$name/checkpoint.pt ]; then   # published unfinished (by another machine): continue it there
+    $R train --out results/$name --resume --no-progress; return
   else $R train "$@" --out runs/$name --no-progress; fi
   $R publish runs/$name results/$name
 }
