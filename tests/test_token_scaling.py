@@ -163,3 +163,19 @@ def test_a_run_config_written_before_a_field_rename_keeps_its_variant():
     assert _variant(dict(family="laerc", model=dict(dim=8, n_layers=1, **old))) == "authors' variant"
     assert _variant(dict(family="laerc", model=dict(dim=8, n_layers=1, radius_start=0.9, radius_end=0.99))) != \
         "authors' variant"
+
+
+def test_the_readme_shows_the_longer_budget_once_it_covers_as_many_sizes():
+    from reslm.report.tokens import main_group, readme_block
+    def row(g, fam, n, steps, finished=True):
+        return dict(group=g, family=fam, variant="", finished=finished, steps=steps, trainable_params=n,
+                    epochs=steps / 1500)
+    short, long = "d, 1,500 steps of 16 x 128 tokens", "d, 6,000 steps of 16 x 128 tokens"
+    fit = dict(a=-0.7, a_lo=-0.9, a_hi=-0.5, r2=0.9)
+    fits = {g: {k: {"laerc": fit} for k in ("min_train_loss", "best_val_loss")} for g in (short, long)}
+    rows = [row(short, "laerc", n, 1500) for n in (1e4, 1e5, 1e6)]
+    partial = rows + [row(long, "laerc", n, 6000) for n in (1e4, 1e5)] + [row(long, "laerc", 1e6, 3000, False)]
+    assert main_group(partial, fits) == short                  # the longer budget is still missing a size
+    done = rows + [row(long, "laerc", n, 6000) for n in (1e4, 1e5, 1e6)]
+    assert main_group(done, fits) == long
+    assert readme_block(done, fits).startswith("Every size: 6,000 steps of 16 x 128 tokens (4.0 epochs);")

@@ -225,13 +225,26 @@ def _short(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
 
 
+def main_group(rows: list[dict], fits: dict) -> str:
+    """The group the README and the figure show: the one with the most finished sized runs, then the
+    longest training (a longer budget replaces a shorter one once it covers as many sizes)."""
+    def key(g):
+        sized = [r for r in rows if r["group"] == g and not r["variant"] and r["finished"]]
+        return len(sized), max((r["steps"] for r in sized), default=0)
+    return max(fits, key=key)
+
+
 def readme_block(rows: list[dict], fits: dict) -> str:
-    """The README's token-level lines: per family of the largest group, its sizes and slopes."""
+    """The README's token-level lines: the budget of the main group (main_group), then per family its sizes
+    and slopes."""
     if not fits:
         return "No token-level run is published yet."
-    g = max(fits, key=lambda k: sum(r["group"] == k for r in rows))
+    g = main_group(rows, fits)
     sized = [r for r in rows if r["group"] == g and not r["variant"] and r["finished"]]
-    L = ["| family | trainable N | a, min train loss [95% CI] | a, best val loss | paper |", "|---|---|---|---|---|"]
+    epochs = [r["epochs"] for r in sized if r["epochs"]]
+    ep = f" ({max(epochs):.1f} epochs)" if epochs else ""
+    L = [f"Every size: {g.split(', ', 1)[-1]}{ep}; slope a of L = a log10 N + b:", "",
+         "| family | trainable N | a, min train loss [95% CI] | a, best val loss | paper |", "|---|---|---|---|---|"]
     for fam, fit in fits[g]["min_train_loss"].items():
         ns = [r["trainable_params"] for r in sized if r["family"] == fam]
         L.append(f"| {NAMES.get(fam, fam)} | {_short(min(ns))}-{_short(max(ns))} | {_slope(fit)} | "
@@ -269,9 +282,9 @@ def token_outputs(repo: Path, readme: str | None) -> tuple[dict[str, str], list[
 
 
 def plot_tokens(plt, repo: Path, rows: list[dict], fits: dict) -> None:
-    """docs/token-scaling.png of the largest group (reslm.report.scaling.plot_scaling)."""
+    """docs/token-scaling.png of main_group's group (reslm.report.scaling.plot_scaling)."""
     if not fits:
         return
-    g = max(fits, key=lambda k: sum(r["group"] == k for r in rows))
+    g = main_group(rows, fits)
     sized = [r for r in rows if r["group"] == g and not r["variant"] and r["finished"]]
     plot_scaling(plt, sized, fits[g], Path(repo) / "docs" / f"{STEM}.png")
