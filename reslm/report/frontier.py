@@ -23,6 +23,17 @@ PAPER_ROUTE = dict(optimizer="adam", lr=1e-4, schedule="constant", warmup_steps=
                    epoch_samples=0, state_dtype="float32")
 
 
+
+def _test_at_best_val(summary: dict, evals: list[dict]):
+    """The whole test shard's CE at the run's lowest validation CE: its kept weights' score when it kept them
+    (`--keep-best-val`), else that evaluation's own score when it covered the whole shard (None when it
+    scored fewer positions: a figure on a sample does not stand beside whole-shard ones)."""
+    if summary.get("weights") == "best-val" and summary.get("weights_test_loss") is not None:
+        return summary["weights_test_loss"]
+    at = next((r for r in evals if r.get("step") == summary.get("best_val_step")), None)
+    whole = max((r.get("test_samples") or 0) for r in evals)
+    return summary.get("test_loss_at_best_val") if at and (at.get("test_samples") or 0) == whole else None
+
 def _route(cfg: dict) -> list[str]:
     """What a run changed against the paper's protocol: its context mode, model variant, training fields."""
     tc, model = cfg["train"], cfg["model"]
@@ -58,7 +69,7 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
                         val_loss=summary.get("weights_val_loss", rows[-1].get("val_loss")), strict=verdict.ok,
                         weights=summary.get("weights", "last"),
                         config=repr((cfg["family"], sorted(model_cfg.items()), sorted(train_cfg.items()))),
-                        seed=cfg["train"].get("seed", 0), test_at_best_val=summary.get("test_loss_at_best_val"),
+                        seed=cfg["train"].get("seed", 0), test_at_best_val=_test_at_best_val(summary, rows),
                         best_val_loss=summary.get("best_val_loss"),
                         published=True,
                         source="lab" if route else "paper", route=route, finished=read_manifest(folder).get("finished"),

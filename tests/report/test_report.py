@@ -155,3 +155,15 @@ def test_a_configuration_is_the_same_across_fields_added_since():
     assert "readout_dim" not in models[0] and models[1]["readout_dim"] == 0   # seed 2 came after --readout-dim
     points = {p["name"]: p for p in frontier_points(REPO, [])}
     assert points[names[0]]["config"] == points[names[1]]["config"]
+
+
+def test_test_ce_at_best_val_is_a_whole_shard_figure():
+    """The frontier's *test CE at best val*: the kept weights' whole-shard score when a run kept them, the
+    evaluation's own score when it covered the whole shard, and no figure when it scored a sample."""
+    from reslm.report.frontier import _test_at_best_val
+    evals = [dict(step=10, test_loss=2.0, test_samples=65536), dict(step=20, test_loss=1.9, test_samples=1_000_000)]
+    kept = dict(weights="best-val", weights_test_loss=1.85, best_val_step=10, test_loss_at_best_val=2.0)
+    assert _test_at_best_val(kept, evals) == 1.85
+    assert _test_at_best_val(dict(best_val_step=10, test_loss_at_best_val=2.0), evals) is None      # on a sample
+    assert _test_at_best_val(dict(best_val_step=20, test_loss_at_best_val=1.9), evals) == 1.9
+    assert _test_at_best_val({}, evals) is None                                                    # no split
