@@ -23,7 +23,6 @@ PAPER_ROUTE = dict(optimizer="adam", lr=1e-4, schedule="constant", warmup_steps=
                    epoch_samples=0, state_dtype="float32")
 
 
-
 def _test_at_best_val(summary: dict, evals: list[dict]):
     """The whole test shard's CE at the run's lowest validation CE: its kept weights' score when it kept them
     (`--keep-best-val`), else that evaluation's own score when it covered the whole shard (None when it
@@ -33,6 +32,7 @@ def _test_at_best_val(summary: dict, evals: list[dict]):
     at = next((r for r in evals if r.get("step") == summary.get("best_val_step")), None)
     whole = max((r.get("test_samples") or 0) for r in evals)
     return summary.get("test_loss_at_best_val") if at and (at.get("test_samples") or 0) == whole else None
+
 
 def _route(cfg: dict) -> list[str]:
     """What a run changed against the paper's protocol: its context mode, model variant, training fields."""
