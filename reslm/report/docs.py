@@ -60,7 +60,8 @@ def _bits(r: dict) -> str:
     if r["bits"] is None:
         return "..."
     done = sum(v is not None for v in r["shards"])
-    return f"{r['bits']:.3f}" + (f" after shard {done}" if r["partial"] else "")
+    sampled = ", sampled" if r.get("sampled") else ""   # an unfinished run's CE on a sample of the test shard
+    return f"{r['bits']:.3f}" + (f" after shard {done}{sampled}" if r["partial"] else "")
 
 
 def _weights(r: dict) -> str:

@@ -110,6 +110,7 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
                     and whole_shard_final(tc))
         (paper if is_paper else other).append({**row, "folder": link, "finished": m.get("finished"),
                                               "variant": bool(_variant(cfg)),
+                                              "sampled": bool(tc.get("eval_samples", 0)),
                                               "loss": rows[-1]["test_loss"] if rows else None,
                                               "steps": m.get("step")})
     return paper, other

@@ -167,3 +167,13 @@ def test_test_ce_at_best_val_is_a_whole_shard_figure():
     assert _test_at_best_val(dict(best_val_step=10, test_loss_at_best_val=2.0), evals) is None      # on a sample
     assert _test_at_best_val(dict(best_val_step=20, test_loss_at_best_val=1.9), evals) == 1.9
     assert _test_at_best_val({}, evals) is None                                                    # no split
+
+
+def test_an_unfinished_runs_sampled_ce_is_labelled():
+    """The results table's bits cell of an unfinished run names the shard it reached, and says so when its
+    per-shard CE scored a sample of the test shard rather than all of it."""
+    from reslm.report.docs import _bits
+    row = dict(bits=3.125, shards=[2.4, 2.3, None], partial=True)
+    assert _bits(row) == "3.125 after shard 2"
+    assert _bits({**row, "sampled": True}) == "3.125 after shard 2, sampled"
+    assert _bits({**row, "partial": False, "sampled": True}) == "3.125"     # finished: the whole shard
