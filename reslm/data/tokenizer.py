@@ -40,6 +40,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from reslm.core.errors import ReslmError, writing
+from reslm.core import progress
 from reslm.core.files import sha256_file
 
 EOT = "<|endoftext|>"
@@ -251,7 +252,8 @@ def _gpt2_source() -> dict[str, Any]:
 
 def train_bpe(texts: Iterator[str], k: int, verbose: bool = False,
               length: int | None = None) -> BpeTokenizer:
-    """Train a byte-level BPE of at most k ids (k - 1 trained + <|endoftext|>) on ``texts``."""
+    """Train a byte-level BPE of at most k ids (k - 1 trained + <|endoftext|>) on ``texts``; with
+    `verbose`, the trainer's progress bars are drawn on a terminal only (into a log they are blank lines)."""
     if not MIN_BPE_VOCAB <= k <= MAX_VOCAB:
         raise ReslmError(f"bpe vocabulary size must be in [{MIN_BPE_VOCAB}, {MAX_VOCAB}], got {k}")
     tokenizers = _import_tokenizers()
@@ -261,7 +263,7 @@ def train_bpe(texts: Iterator[str], k: int, verbose: bool = False,
     tok.decoder = tokenizers.decoders.ByteLevel()
     trainer = tokenizers.trainers.BpeTrainer(vocab_size=k - 1, min_frequency=2, special_tokens=[],
                                              initial_alphabet=ByteLevel.alphabet(),
-                                             show_progress=verbose)
+                                             show_progress=verbose and progress.interactive())
     tok.train_from_iterator(texts, trainer=trainer, length=length)
     n = tok.get_vocab_size()
     return BpeTokenizer(tok, f"bpe:{k}", eot_id=n, vocab_size=n + 1)

@@ -71,6 +71,14 @@ def test_trained_bpe_round_trip(tmp_path: Path) -> None:
     assert [i for ids in tok.encode_stream("the dog.\n" * 5) for i in ids] == tok.encode("the dog.\n" * 5)
 
 
+def test_bpe_training_draws_no_progress_into_a_log(capfd) -> None:
+    pytest.importorskip("tokenizers")
+    from reslm.data.tokenizer import train_bpe
+    train_bpe(iter(["the quick brown fox jumps over the lazy dog.\n"] * 50), 300, verbose=True)
+    out, err = capfd.readouterr()                 # stderr is not a terminal here: a log, not a bar
+    assert out == "" and err == ""
+
+
 @needs_gpt2
 def test_gpt2_round_trip() -> None:
     from reslm.data.bpe import load_tokenizer
