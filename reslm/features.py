@@ -48,8 +48,9 @@ class ChunkFeatures:
     and its targets are the same chunk shifted by one, (M, context) each, so every position of the
     chunk is a target (the tokens after each of its prefixes). Views of the stream, no copies.
 
-    streams = 0: contiguous chunks starting at `phase` (0 <= phase < context), tokens[phase + i T :
-    phase + (i + 1) T]; the sampler shuffles them (a causal transformer: each chunk is read alone).
+    streams = 0: chunks starting at `phase` (0 <= phase < stride), every `stride` tokens (default: the
+    context, so they do not overlap), tokens[phase + i stride : phase + i stride + T]; the sampler
+    shuffles them (a causal transformer: each chunk is read alone).
     streams = K: the stream cut into K equal pieces read side by side, chunk j of piece s being sample
     j K + s, in order (`sequential`): consecutive batches of K samples continue each other, so a
     recurrent model can carry its state from one chunk of a piece to the next (truncated BPTT)."""
@@ -58,6 +59,7 @@ class ChunkFeatures:
     context: int
     streams: int = 0
     phase: int = 0
+    stride: int = 0      # streams = 0: tokens from one chunk's start to the next (0: the context)
 
     def __post_init__(self):
         T, K = self.context, self.streams
@@ -67,18 +69,18 @@ class ChunkFeatures:
             piece = lambda t: t[:n].view(K, L // T, T).transpose(0, 1).reshape(-1, T)  # noqa: E731
             self.inputs, self.targets = piece(self.tokens), piece(self.tokens[1:])
         else:
-            M = self.count(self.tokens.numel(), T)
-            a = self.phase
-            self.inputs = self.tokens[a:a + M * T].view(M, T)
-            self.targets = self.tokens[a + 1:a + 1 + M * T].view(M, T)
+            step = self.stride or T
+            M, a = self.count(self.tokens.numel(), T, stride=step), self.phase
+            self.inputs = self.tokens[a:].unfold(0, T, step)[:M]
+            self.targets = self.tokens[a + 1:].unfold(0, T, step)[:M]
         self.sequential = bool(K)
 
     @staticmethod
-    def count(n_tokens: int, context: int, streams: int = 0) -> int:
-        """Samples (chunks) in a stream of n_tokens, for every phase of the contiguous layout."""
+    def count(n_tokens: int, context: int, streams: int = 0, stride: int = 0) -> int:
+        """Samples (chunks) in a stream of n_tokens, for every phase (< stride) of the chunk layout."""
         if streams:
             return streams * ((n_tokens - 1) // streams // context)
-        return max(0, (n_tokens - context) // context)
+        return max(0, (n_tokens - context) // (stride or context))
 
     def __len__(self) -> int:
         return self.targets.shape[0]

@@ -12,7 +12,10 @@ attends to positions <= t), trained on every position of a 32-character chunk at
 logits (B, T, V)), so a step of 1,024 targets reads 32 chunks: 1/32 of the window step's work. Its
 score is the same as the window model's: a test character predicted from the last position of the
 window of its 32 preceding characters (targets (B,) -> the last position only). The weights and the
-trainable-parameter count are the same in both modes.
+trainable-parameter count are the same in both modes. `min_context` m > 1 scores only a chunk's
+positions with at least m characters of context, its last 32 - m + 1 (the chunks then overlap by
+m - 1 characters, so that an epoch still scores every character once): between the two modes, at
+32 / (32 - m + 1) times the causal step's work for the same targets.
 
 Each encoder layer is torch's `nn.TransformerEncoderLayer` with its defaults (post-LN, ReLU, dropout p):
 
@@ -74,6 +77,7 @@ class TransformerConfig:
     dropout: float = 0.1
     context: int = 32
     context_mode: str = "window"   # window (paper: one target per window) | causal (every position of a chunk)
+    min_context: int = 1   # causal training scores only the positions with at least this many characters of context
     seed: int = 0  # initial weights are a function of this seed only
 
     @property
@@ -82,10 +86,16 @@ class TransformerConfig:
         is a target), or None (window: one target per window)."""
         return "chunks" if self.context_mode == "causal" else None
 
+    @property
+    def chunk_targets(self) -> int:
+        """Targets of one causal training chunk: its last context - min_context + 1 positions (those with
+        at least min_context characters before them, the character itself included)."""
+        return self.context - self.min_context + 1
+
     def validate(self) -> "TransformerConfig":
         check_positive(vocab_size=self.vocab_size, embed_dim=self.embed_dim, ff_dim=self.ff_dim,
                        n_heads=self.n_heads, n_layers=self.n_layers, context=self.context)
-        for name in ("vocab_size", "embed_dim", "ff_dim", "n_heads", "n_layers", "context", "seed"):
+        for name in ("vocab_size", "embed_dim", "ff_dim", "n_heads", "n_layers", "context", "min_context", "seed"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
                 raise ReslmError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if self.embed_dim % self.n_heads:
@@ -94,6 +104,10 @@ class TransformerConfig:
             raise ReslmError(f"embed_dim must be even for the sinusoidal encoding, got {self.embed_dim}")
         if self.context_mode not in CONTEXT_MODES:
             raise ReslmError(f"context_mode must be one of {', '.join(CONTEXT_MODES)}, got {self.context_mode!r}")
+        if not 1 <= self.min_context <= self.context:
+            raise ReslmError(f"min_context must be from 1 to the context ({self.context}), got {self.min_context}")
+        if self.min_context > 1 and self.context_mode != "causal":
+            raise ReslmError("min_context applies to causal training: add --context-mode causal")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ReslmError(f"dropout must be in [0, 1), got {self.dropout!r}")
         return self
@@ -243,6 +257,7 @@ class CharTransformer(nn.Module):
         cfg = (cfg or TransformerConfig()).validate()
         self.config = cfg
         self.all_positions = cfg.all_positions   # how training reads the text (reslm.train.batches)
+        self.chunk_targets = cfg.chunk_targets   # and how many positions of a chunk it scores
         d = cfg.embed_dim
         self.embed = nn.utils.skip_init(nn.Embedding, cfg.vocab_size, d)
         self.register_buffer("pe", sinusoidal_encoding(cfg.context, d), persistent=False)
@@ -295,7 +310,9 @@ class CharTransformer(nn.Module):
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             h = layer(h, i == last and not every, drop, pointwise, causal)
-        logits = self.head(h if every else h[:, -1:])   # (B, T, V) every position, or (B, 1, V) the next character
+        # (B, K, V) for targets (B, K): the chunk's last K positions (chunk_targets, all of them by default);
+        # (B, 1, V) otherwise: the next character
+        logits = self.head(h[:, -targets.shape[1]:] if every else h[:, -1:])
         return logits, next_token_loss(logits, targets)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):

@@ -120,7 +120,8 @@ class CharShards:
         self.context = model.config.context
         # all-position training ("chunks" | "streams"): a sample is a chunk of `context` targets
         self.layout = getattr(model, "all_positions", None)
-        self.per_sample = self.context if self.layout else 1       # targets per sample
+        # targets per sample: a chunk's last chunk_targets positions (its context by default), or one
+        self.per_sample = getattr(model, "chunk_targets", self.context) if self.layout else 1
         self.batch_samples = tc.batch_size // self.per_sample       # samples per step
         self.plan = [(c, s, e) for c in range(tc.cycles) for s in dataset.train_shards
                      for e in range(tc.epochs_per_shard)]
@@ -155,10 +156,10 @@ class CharShards:
         if 0 < tc.shard_chars <= context:
             raise ReslmError(f"shard_chars {tc.shard_chars} must exceed the context ({context})")
         if getattr(model_cfg, "all_positions", None):
-            mode = model_cfg.context_mode
-            if tc.batch_size % context:
-                raise ReslmError(f"{mode} mode counts the batch in targets, {context} per chunk: batch_size "
-                                 f"{tc.batch_size} is not a multiple of the context {context}")
+            mode, per = model_cfg.context_mode, getattr(model_cfg, "chunk_targets", context)
+            if tc.batch_size % per:
+                raise ReslmError(f"{mode} mode counts the batch in targets, {per} per chunk: batch_size "
+                                 f"{tc.batch_size} is not a multiple of {per}")
             if mode == "stream" and tc.grad_accum > 1:
                 raise ReslmError("stream mode carries the state from one batch to the next: grad_accum must be 1")
             if tc.optimizer in SOLVERS:
@@ -216,9 +217,9 @@ class CharShards:
             n = b - a - self.context
             return min(n, self.tc.epoch_samples) if self.tc.epoch_samples else n
         streams = self.batch_samples if self.layout == "streams" else 0
-        n = ChunkFeatures.count(b - a, self.context, streams)
+        n = ChunkFeatures.count(b - a, self.context, streams, stride=self.per_sample)
         if self.tc.epoch_samples:
-            n = min(n, max(1, self.tc.epoch_samples // self.context))
+            n = min(n, max(1, self.tc.epoch_samples // self.per_sample))
         return n // streams * streams if streams else n   # whole steps: every piece moves on together
 
     def _tokens(self, shard: int, part: str = "train") -> torch.Tensor:
@@ -323,8 +324,8 @@ class CharShards:
         side (streams)."""
         if self.layout == "streams":
             return ChunkFeatures(self._tokens(shard), self.context, streams=self.batch_samples)
-        phase = step_seed(self.tc.seed, k) % self.context
-        return ChunkFeatures(self._tokens(shard), self.context, phase=phase)
+        phase = step_seed(self.tc.seed, k) % self.per_sample   # chunks overlap when they score a part
+        return ChunkFeatures(self._tokens(shard), self.context, phase=phase, stride=self.per_sample)
 
     def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The micro-batches of optimizer step `step`."""
@@ -345,7 +346,9 @@ class CharShards:
             self._order, self._order_k, self._epoch_feats = order[:self.samples[k]].to(self.device), k, feats
         bs = self.batch_samples
         index = self._order[(step - first) * bs:(step - first + 1) * bs]
-        return [(feats.batch(i), feats.targets[i]) for i in index.tensor_split(self.tc.grad_accum) if i.numel()]
+        scored = slice(-self.per_sample, None) if self.layout else slice(None)   # a chunk's scored (last) positions
+        return [(feats.batch(i), feats.targets[i][..., scored]) for i in index.tensor_split(self.tc.grad_accum)
+                if i.numel()]
 
     def state_dict(self) -> dict:
         """What a checkpoint needs besides the weights to continue exactly: a stream-mode model's

@@ -30,6 +30,18 @@ def test_chunks_cover_the_stream_with_every_position_a_target():
         assert len(ChunkFeatures(t, 4, phase=phase)) == 24
 
 
+def test_strided_chunks_overlap_so_that_their_last_positions_tile_the_stream():
+    t = torch.arange(100)
+    f = ChunkFeatures(t, 8, phase=1, stride=3)          # the last 3 positions of each chunk are scored
+    assert len(f) == ChunkFeatures.count(100, 8, stride=3) == 30
+    assert f.inputs[0].tolist() == list(range(1, 9)) and f.inputs[1].tolist() == list(range(4, 12))
+    assert torch.equal(f.targets, f.inputs + 1)
+    assert torch.equal(f.targets[:, -3:].reshape(-1), t[7:7 + 30 * 3])   # each target scored once, in order
+    for phase in range(3):                               # the count holds at every phase below the stride
+        g = ChunkFeatures(t, 8, phase=phase, stride=3)
+        assert len(g) == 30 and g.targets[-1, -1] <= 99
+
+
 def test_streams_are_pieces_side_by_side_in_order():
     t = torch.arange(100)
     f = ChunkFeatures(t, 4, streams=3)
@@ -52,6 +64,24 @@ def test_causal_transformer_scores_each_position_from_its_prefix():
     x2 = x.clone()
     x2[:, 16:] = (x2[:, 16:] + 1) % 59              # the future never changes the past
     assert torch.equal(m(x2, torch.zeros(3, 32, dtype=torch.long))[0][:, :16], every[:, :16])
+
+
+def test_min_context_scores_only_the_positions_with_that_much_context(chars):
+    m = build_model("tf", ff_dim=16, n_heads=2, n_layers=1, dropout=0.0, context_mode="causal", min_context=25,
+                    vocab_size=chars.vocab_size)
+    assert m.chunk_targets == 8
+    tc = tt.train_config("tf", **TINY)
+    src = CharShards(m, chars, tc, torch.device("cpu"), None, False)
+    (x, y), = src.batches(0)
+    assert x.shape == (8, 32) and y.shape == (8, 8)      # 64 targets = 8 chunks x their last 8 positions
+    assert torch.equal(y, torch.cat([x[:, 25:], y[:, -1:]], 1))   # the next characters of positions 24..31
+    logits, loss = m.forward_features(x, y)
+    full = build_model("tf", ff_dim=16, n_heads=2, n_layers=1, dropout=0.0, context_mode="causal",
+                       vocab_size=chars.vocab_size)
+    every, _ = full.forward_features(x, torch.cat([x[:, 1:], y[:, -1:]], 1))
+    assert torch.allclose(logits, every[:, 24:], atol=1e-6)   # the same weights score the same positions
+    assert loss.item() == pytest.approx(F.cross_entropy(every[:, 24:].reshape(-1, every.shape[-1]),
+                                                        y.reshape(-1)).item(), rel=1e-5)
 
 
 def test_window_and_causal_transformers_have_the_same_weights():
@@ -126,8 +156,22 @@ def test_all_position_runs_count_steps_and_targets_as_the_window_protocol(chars,
         assert all("test_stream_loss" in r for r in evals) and "final_test_stream_loss" in sa
 
 
+def test_a_min_context_run_keeps_the_window_protocols_steps(chars, tmp_path):
+    """Chunks that score their last 8 positions overlap by 24 characters: a shard-epoch scores every
+    character once, so a step of 64 targets (8 chunks) gives as many steps as 64 windows."""
+    out = tt.create_run(tmp_path / "r", "tf", dict(ff_dim=16, n_heads=2, n_layers=1, context_mode="causal",
+                                                  min_context=25), {**TINY, "epoch_samples": 0, "shard_chars": 640}, chars)
+    s = tt.train(out, progress=False)
+    assert s["steps"] == 5 * math.ceil((640 - 32) / 64) == 50 and s["test_metric"] == "window-32"
+    assert s["final_test_loss"] < math.log(chars.vocab_size)
+
+
 @pytest.mark.parametrize("family,model,train,msg", [
-    ("tf", dict(context_mode="causal"), dict(batch_size=100), "not a multiple of the context"),
+    ("tf", dict(context_mode="causal"), dict(batch_size=100), "32 per chunk: batch_size 100 is not a multiple of 32"),
+    ("tf", dict(context_mode="causal", min_context=25), dict(batch_size=100), "8 per chunk: batch_size 100 is not a multiple of 8"),
+    ("tf", dict(min_context=25), {}, "min_context applies to causal training"),
+    ("tf", dict(context_mode="causal", min_context=33), {}, "min_context must be from 1 to the context"),
+    ("tf", dict(context_mode="causal", min_context=0), {}, "min_context must be from 1 to the context"),
     ("rnn", dict(context_mode="stream"), dict(grad_accum=2), "grad_accum must be 1"),
     ("tf", dict(context_mode="stream"), {}, "context_mode must be one of window, causal"),
     ("rnn", dict(context_mode="causal"), {}, "context_mode must be one of window, stream")])
