@@ -118,7 +118,7 @@ class CharShards:
         self.holdout = holdout
         self.cache = StateCache(cache) if cache is not None and has_reservoir(model) else None
         self.context = model.config.context
-        # all-position training ("chunks" | "streams"): a sample is a chunk of `context` targets
+        # all-position training ("chunks" | "streams"): a sample is a chunk of `context` characters
         self.layout = getattr(model, "all_positions", None)
         # targets per sample: a chunk's last chunk_targets positions (its context by default), or one
         self.per_sample = getattr(model, "chunk_targets", self.context) if self.layout else 1
