@@ -9,7 +9,8 @@ run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to r
   name=$1; shift
   if [ -f results/$name/summary.json ] && grep -q '"finished": true' results/$name/summary.json; then
     echo "skip $name (published)"; return; fi
-  if [ -f runs/$name/checkpoint.pt ]; then $R train --out runs/$name --resume --no-progress
+  if [ -f runs/$name/checkpoint.pt ] || { [ -f runs/$name/config.json ] && [ ! -f results/$name/checkpoint.pt ]; }; then
+    $R train --out runs/$name --resume --no-progress   # a run begun here (with no checkpoint yet: from step 0)
   elif [ -f results/$name/checkpoint.pt ]; then   # published unfinished (by another machine): continue it there
     $R train --out results/$name --resume --no-progress; return
   else $R train "$@" --out runs/$name --no-progress; fi
