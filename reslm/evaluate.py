@@ -43,6 +43,7 @@ import torch
 
 from reslm.core.device import pick_device, synchronize
 from reslm.core.errors import ReslmError
+from reslm.features import eval_batch_size
 from reslm.generate import check_length, sample
 from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
 from reslm.models.reservoir_lm import ReservoirLM
@@ -112,7 +113,8 @@ def _score_chars(model, tokens: torch.Tensor, context: int, position: int, batch
     for a in range(0, tokens.numel() - context, PIECE):
         feats = model.features(tokens[a:a + PIECE + context], position=position + a,
                                **noise_stream(model, TEST_KEY, a))
-        loss, n = estimate_loss(model, feature_batches(feats, batch_size))
+        batch = eval_batch_size(model, batch_size, feats.targets.device)
+        loss, n = estimate_loss(model, feature_batches(feats, batch))
         total, count = total + loss * n, count + n
     return total / max(count, 1)
 

@@ -97,6 +97,14 @@ def bits(nats: float) -> float:
     return nats / LN2
 
 
+def eval_batch_size(model, batch_size: int, device) -> int:
+    """Samples per evaluation forward: `batch_size`, capped on CPU at the model's `cpu_eval_batch`
+    where it has one (a model that runs every window through all its layers: smaller pieces keep its
+    activations in cache). The loss is the same up to float rounding."""
+    cap = getattr(model, "cpu_eval_batch", 0)
+    return min(batch_size, cap) if cap and torch.device(device).type == "cpu" else batch_size
+
+
 @torch.no_grad()
 def estimate_loss(model, batches, *, precision: str = "fp32") -> tuple[float, int]:
     """(mean cross-entropy in nats, number of predictions) of `model.forward_features` over an

@@ -251,6 +251,7 @@ class CharTransformer(nn.Module):
     """Next-character transformer over a window of `context` ids (see the module docstring)."""
 
     family = "tf"
+    cpu_eval_batch = 64   # windows per evaluation forward on CPU (reslm.features.eval_batch_size)
 
     def __init__(self, cfg: TransformerConfig | None = None):
         super().__init__()

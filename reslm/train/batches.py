@@ -41,7 +41,7 @@ import torch
 
 from reslm.core.device import bf16_status, state_dtype, synchronize
 from reslm.core.errors import ReslmError
-from reslm.features import ChunkFeatures, bits, estimate_loss, feature_batches
+from reslm.features import ChunkFeatures, bits, estimate_loss, eval_batch_size, feature_batches
 from reslm.core.progress import say
 from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
@@ -389,7 +389,8 @@ class CharShards:
         n = self._final_samples() if final else self.tc.eval_samples
         total, count = 0.0, 0
         for feats in self._test_features(model, n, final):
-            loss, n = estimate_loss(model, feature_batches(feats, self.tc.batch_size), precision=precision)
+            batch = eval_batch_size(model, self.tc.batch_size, feats.targets.device)
+            loss, n = estimate_loss(model, feature_batches(feats, batch), precision=precision)
             total, count = total + loss * n, count + n
         loss = total / max(count, 1)
         row = dict(test_loss=loss, test_bpc=bits(loss))

@@ -38,7 +38,7 @@ from reslm.core.errors import ReslmError
 from reslm.core.files import read_json, write_json
 from reslm.core.progress import bar as progress_bar
 from reslm.core.progress import say
-from reslm.features import estimate_loss, feature_batches
+from reslm.features import estimate_loss, eval_batch_size, feature_batches
 from reslm.models.base import bits, count_params
 from reslm.models.budget import check_frontier
 from reslm.data.datasets import check_dataset, open_dataset
@@ -73,11 +73,12 @@ class HeldoutLoss:
         self.source, self.feats, self.name, self.with_test = source, None, name, with_test
         self.eval_kind = source.eval_kind if with_test else name   # the summary's main figure
 
-    def _batches(self, feats, samples: int):
+    def _batches(self, model, feats, samples: int):
+        batch = eval_batch_size(model, self.source.tc.batch_size, feats.targets.device)
         if not samples or samples >= len(feats):
-            return feature_batches(feats, self.source.tc.batch_size)
+            return feature_batches(feats, batch)
         index = torch.linspace(0, len(feats) - 1, samples, device=feats.targets.device).long()
-        return ((feats.batch(i), feats.targets[i]) for i in index.split(self.source.tc.batch_size))
+        return ((feats.batch(i), feats.targets[i]) for i in index.split(batch))
 
     def __call__(self, model, precision: str, final: bool = False) -> dict:
         if self.feats is None:
@@ -88,7 +89,7 @@ class HeldoutLoss:
         per = -(-samples // len(self.feats)) if samples else 0
         total, count = 0.0, 0
         for feats in self.feats:
-            loss, n = estimate_loss(model, self._batches(feats, per), precision=precision)
+            loss, n = estimate_loss(model, self._batches(model, feats, per), precision=precision)
             total, count = total + loss * n, count + n
         loss = total / max(count, 1)
         row = self.source.evaluate(model, precision, final) if self.with_test else {}

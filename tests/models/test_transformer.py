@@ -179,3 +179,17 @@ def test_training_flops_formula():
     # below "6 x parameters x tokens" plus every layer's attention products (the last layer is mostly skipped)
     approx = 6 * TABLE1[128, 8, 8] * T + 12 * T * T * d * 8
     assert 0.75 < training_flops_per_sample(cfg_of(f, 8, 8)) / approx < 1.0
+
+
+def test_cpu_evaluation_runs_in_small_pieces_with_the_same_loss():
+    from reslm.features import estimate_loss, eval_batch_size, feature_batches
+    from reslm.models.rc import RC, RCConfig   # a model without a cap keeps its batch
+    tf = CharTransformer(cfg_of(64, 4, 2, context_mode="causal"))
+    assert eval_batch_size(tf, 1024, "cpu") == tf.cpu_eval_batch < 1024
+    assert eval_batch_size(tf, 16, "cpu") == 16
+    assert eval_batch_size(tf, 1024, "cuda") == 1024
+    assert eval_batch_size(RC(RCConfig(size=20)), 1024, "cpu") == 1024
+    feats = WindowFeatures(torch.randint(59, (600,)), 32)
+    whole, n = estimate_loss(tf, feature_batches(feats, 1024))
+    pieces, m = estimate_loss(tf, feature_batches(feats, eval_batch_size(tf, 1024, "cpu")))
+    assert n == m == 568 and pieces == pytest.approx(whole, rel=1e-6)
