@@ -43,9 +43,9 @@ case "$1" in
   routes)   # the push toward 1.60, each route at seed 0 against the best recipe so far, judged on validation
     run rc-750-mlp191-drop0.1-authors-cos3e-3-ema-val $MLP --head-dropout 0.1
     run rc-750-mlp2-160-authors-cos3e-3-ema-val $MLP2
+    run rc-750-leaky-mlp191-authors-cos3e-3-ema-val $MLP --reservoir leaky --reservoir-options input_init=normal,a_min=0.1
     run rc-1500-proj750-mlp2-160-authors-cos3e-3-ema-val $MLP2 --size 1500 --readout-dim 750
     run rc-750-mlp2-160-authors-cos3e-3-ema-val-2c $MLP2 --cycles 2
-    run rc-750-mlp2-160-wd0.1-authors-cos3e-3-ema-val $MLP2 --optimizer adamw --weight-decay 0.1
-    run rc-750-leaky-mlp191-authors-cos3e-3-ema-val $MLP --reservoir leaky --reservoir-options input_init=normal,a_min=0.1 ;;
+    run rc-750-mlp2-160-wd0.1-authors-cos3e-3-ema-val $MLP2 --optimizer adamw --weight-decay 0.1 ;;
   *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes" >&2; exit 2 ;;
 esac
