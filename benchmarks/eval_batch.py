@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -44,6 +45,9 @@ def main(argv=None) -> int:
         print(f"eval_batch: --models takes tf presets (not {', '.join(unknown)})" if unknown
               else "eval_batch: --threads and --reps must be >= 1", file=sys.stderr)
         return 2
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        print(f"eval_batch: no folder for {args.out}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     feats = WindowFeatures(torch.randint(59, (2048 + 32,), generator=torch.Generator().manual_seed(0)), 32)
     rows = []
@@ -60,8 +64,9 @@ def main(argv=None) -> int:
     result = dict(cpu=cpu_name(), torch=torch.__version__, python=platform.python_version(), threads=args.threads,
                   rows=rows)
     if args.out:
-        with open(args.out, "w") as f:
+        with open(args.out + ".tmp", "w") as f:   # written whole, then renamed: never half a file
             json.dump(result, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
     return 0
 
 
