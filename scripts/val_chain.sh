@@ -44,8 +44,11 @@ case "$1" in
     run rc-750-mlp191-drop0.1-authors-cos3e-3-ema-val $MLP --head-dropout 0.1
     run rc-750-mlp2-160-authors-cos3e-3-ema-val $MLP2
     run rc-750-leaky-mlp191-authors-cos3e-3-ema-val $MLP --reservoir leaky --reservoir-options input_init=normal,a_min=0.1
-    run rc-1500-proj750-mlp2-160-authors-cos3e-3-ema-val $MLP2 --size 1500 --readout-dim 750
+    # against the head's overfitting to each shard over its 5 epochs (test CE rises after the first)
+    run rc-750-mlp2-160-wd0.1-authors-cos3e-3-ema-val $MLP2 --optimizer adamw --weight-decay 0.1
+    run rc-750-mlp2-160-drop0.1-authors-cos3e-3-ema-val $MLP2 --head-dropout 0.1
+    run rc-750-mlp2-160-authors-cos3e-3-ema0.9999-val $MLP2 --ema 0.9999
     run rc-750-mlp2-160-authors-cos3e-3-ema-val-2c $MLP2 --cycles 2
-    run rc-750-mlp2-160-wd0.1-authors-cos3e-3-ema-val $MLP2 --optimizer adamw --weight-decay 0.1 ;;
+    run rc-1500-proj750-mlp2-160-authors-cos3e-3-ema-val $MLP2 --size 1500 --readout-dim 750 ;;
   *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes" >&2; exit 2 ;;
 esac
