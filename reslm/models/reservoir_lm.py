@@ -193,7 +193,10 @@ class ReservoirLM(nn.Module):
         states themselves when readout_dim is 0."""
         if self.projection is None:
             return states
-        return states @ self.projection.to(states.dtype)
+        # one 2-D GEMM over contiguous rows: the stream path hands in a strided (B, k, N) view, and a
+        # matmul on a strided bfloat16 view takes a slow CPU kernel (benchmarks/projection_read.py)
+        flat = states.reshape(-1, states.shape[-1])
+        return (flat @ self.projection.to(states.dtype)).view(*states.shape[:-1], -1)
 
     @property
     def width(self) -> int:

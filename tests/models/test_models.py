@@ -169,6 +169,8 @@ def test_a_readout_projection_reads_a_larger_reservoir_through_fixed_channels(mo
     assert feats.inputs.shape == (52, 12)
     raw = m.reservoir(m.embed(tokens[None, :8]))[1]
     torch.testing.assert_close(m.read(raw), raw @ m.projection)
+    strided = torch.randn(3, 4, 40).transpose(0, 1)   # (B, k, N) views, as the stream path reads them
+    torch.testing.assert_close(m.read(strided), strided @ m.projection)
     index = torch.tensor([0, 9, 51])
     a, _ = m.forward_features(feats.batch(index))
     if mode == "window":
