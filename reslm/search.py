@@ -68,6 +68,7 @@ SPACE = {  # substrate: (its own knobs, through reservoir_options; model knobs i
     "esn": ({}, {}),
     "leaky": ({"a_min": (0.002, 0.5, True), "a_max": (0.05, 1.0, True)}, {"leak_rate": None}),
     "deep": ({"layers": (1, 4, False), "inter_scaling": (0.1, 4.0, True)}, {}),
+    "parallel": ({}, {"leak_rate": None}),   # its leaks are a list (reservoir option), not one searched knob
     "nvar": ({"k": (1, 3, False)}, {}),
     "diagonal": ({"r_min": (0.0, 0.99, False)}, {"spectral_radius": (0.5, 1.0, False)}),
     "delay": ({"eta": (0.05, 1.5, False), "node_coupling": (0.05, 1.0, False), "p": (0.5, 4.0, True)}, {}),

@@ -334,7 +334,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     lb = sub.add_parser("lab", help="the reservoir lab: every substrate at the paper's largest reservoir budgets, "
                         "and what physical constraints cost",
                         description=textwrap.dedent("""\
-        Train every reservoir substrate (esn, leaky, deep, nvar, diagonal, delay) as rc at the rc-2600 budget
+        Train every reservoir substrate (esn, leaky, deep, parallel, nvar, diagonal, delay) as rc at the rc-2600 budget
         and as aerc at the aerc-160-30 budget (<= 155,459 trainable parameters), in stream context mode, with
         a `reslm reproduce` budget; score the esn runs under readout noise and b-bit ADCs; write OUT/report.md,
         substrates.csv|png, physical.csv|png and results.json. Re-running skips finished runs.

@@ -18,6 +18,7 @@ SUBSTRATES: dict[str, dict[str, dict]] = {
     "esn": {"rc": {}, "aerc": {}},
     "leaky": {"rc": dict(reservoir_options="a_min=0.02"), "aerc": dict(reservoir_options="a_min=0.02")},
     "deep": {"rc": dict(reservoir_options="layers=3"), "aerc": dict(reservoir_options="layers=2")},
+    "parallel": {"rc": dict(reservoir_options="leaks=1/0.2"), "aerc": dict(reservoir_options="leaks=1/0.2")},
     # 1 + kd + kd(kd+1)/2 <= N: d = 14, k = 5 -> 2,556 (rc); d = 8, k = 2 -> 153 (aerc)
     "nvar": {"rc": dict(size=2556, embed_dim=14, reservoir_options="k=5", input_scaling=1.0),
              "aerc": dict(size=153, embed_dim=8, reservoir_options="k=2", input_scaling=1.0)},

@@ -29,6 +29,9 @@ seed from their own fields and the rest through `reservoir_options` ("key=value,
                                             is the ESN
     deep      deep.py      DeepESNConfig    `layers` stacked ESNs, N split evenly, state = all layers;
                                             inter_scaling for layers 2..L; layers = 1 is the ESN
+    parallel  parallel.py  ParallelESNConfig  ESNs side by side, all reading the input, one leak rate
+                                            each: leaks (e.g. 1/0.2), shares (relative sizes, e.g.
+                                            2/1); one block is the ESN
     nvar      nvar.py      NVARConfig       next-generation RC: [1, last k inputs, their quadratic
                                             monomials], no recurrence; k, input_scaling; size must be
                                             1 + k d + k d (k d + 1) / 2
@@ -62,6 +65,7 @@ from reslm.reservoir.seeding import child_seed, generator
 from reslm.reservoir.states import CONTEXT_MODES, shard_states
 from reslm.reservoir.leaky import LeakyESN, LeakyESNConfig
 from reslm.reservoir.deep import DeepESN, DeepESNConfig
+from reslm.reservoir.parallel import ParallelESN, ParallelESNConfig
 from reslm.reservoir.nvar import NVAR, NVARConfig
 from reslm.reservoir.diagonal import DiagonalConfig, DiagonalReservoir
 from reslm.reservoir.delay import DelayConfig, DelayReservoir
@@ -69,7 +73,7 @@ from reslm.reservoir.options import parse_options
 from reslm.reservoir.recorded import RecordedConfig, RecordedReservoir
 
 RESERVOIRS = {"esn": (ESNConfig, ESN), "leaky": (LeakyESNConfig, LeakyESN), "deep": (DeepESNConfig, DeepESN),
-              "nvar": (NVARConfig, NVAR), "diagonal": (DiagonalConfig, DiagonalReservoir),
+              "parallel": (ParallelESNConfig, ParallelESN), "nvar": (NVARConfig, NVAR), "diagonal": (DiagonalConfig, DiagonalReservoir),
               "delay": (DelayConfig, DelayReservoir), "recorded": (RecordedConfig, RecordedReservoir)}
 
 def model_radii(model) -> dict[str, float]:
@@ -79,6 +83,6 @@ def model_radii(model) -> dict[str, float]:
 
 __all__ = ["Reservoir", "ReservoirConfig", "ReservoirKnobs", "KNOBS", "ESN", "ESNConfig", "RESERVOIRS", "CONTEXT_MODES", "shard_states", "spectral_radius",
            "scale_spectral_radius", "scale_radius", "random_sparse", "recorded_radii", "remember_radii", "model_radii", "tanh_recurrence", "child_seed",
-           "generator", "LeakyESN", "LeakyESNConfig", "DeepESN", "DeepESNConfig", "NVAR", "NVARConfig",
+           "generator", "LeakyESN", "LeakyESNConfig", "DeepESN", "DeepESNConfig", "ParallelESN", "ParallelESNConfig", "NVAR", "NVARConfig",
            "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "RecordedConfig",
            "RecordedReservoir", "parse_options"]

@@ -1,4 +1,4 @@
-"""The substrates beside the ESN (leaky, deep, nvar, diagonal, delay): the reservoir contract (step ==
+"""The substrates beside the ESN (leaky, deep, parallel, nvar, diagonal, delay): the reservoir contract (step ==
 forward, seeds), each one against a plain reference, and their use by rc / aerc / LAERC and the CLI."""
 import math
 
@@ -11,11 +11,12 @@ from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.models.reservoir_lm import ReservoirLMConfig
 from reslm.reservoir import (ESN, RESERVOIRS, DeepESN, DeepESNConfig, DelayConfig, DelayReservoir,
                              DiagonalConfig, DiagonalReservoir, ESNConfig, LeakyESN, LeakyESNConfig, NVAR,
-                             NVARConfig, shard_states)
+                             NVARConfig, ParallelESN, ParallelESNConfig, shard_states)
 from reslm.reservoir.nvar import nvar_size
 
 D = 5   # input size of the contract tests
 SMALL = {"esn": dict(size=24), "leaky": dict(size=24), "deep": dict(size=25, layers=3),
+         "parallel": dict(size=25, leaks="1/0.3/0.05", shares="2/1/1"),
          "nvar": dict(size=nvar_size(2, D), k=2), "diagonal": dict(size=24), "diagonal-scan": dict(size=24, chunk=4),
          "diagonal-nl": dict(size=26, nonlinear=True), "delay": dict(size=70),
          "delay-ikeda": dict(size=30, nonlinearity="ikeda")}
@@ -110,6 +111,25 @@ def test_deep_one_layer_is_the_esn_and_layers_stack():
     assert torch.equal(deep.layers[0].W_T, ESN(ESNConfig(size=11, input_dim=D, seed=2)).W_T)
 
 
+def test_parallel_blocks_are_independent_esns_with_their_own_leak():
+    u = inputs()
+    esn = ESN(ESNConfig(size=30, input_dim=D, seed=2, leak_rate=0.4))
+    one = ParallelESN(ParallelESNConfig(size=30, input_dim=D, seed=2, leaks="0.4"))
+    assert torch.equal(one(u)[0], esn(u)[0])                               # one block: the ESN
+    res = ParallelESN(ParallelESNConfig(size=31, input_dim=D, seed=2, leaks="1/0.2", shares="2/1"))
+    assert res.sizes == [21, 10]
+    ref = [ESN(res.config.block_config(k))(u)[0] for k in (1, 2)]          # each block reads u alone
+    assert [b.config.leak_rate for b in res.blocks] == [1.0, 0.2]
+    assert torch.equal(res(u)[0], torch.cat(ref, -1))
+    assert torch.equal(res.blocks[0].W_T, ESN(ESNConfig(size=21, input_dim=D, seed=2)).W_T)
+    assert not torch.equal(res.blocks[1].W_T[:10, :10], res.blocks[0].W_T[:10, :10])
+    for bad, match in [(dict(leaks="1/0"), "in \\(0, 1\\]"), (dict(leaks="1/x"), "separated by '/'"),
+                       (dict(shares="1/2/3"), "one positive number per block"), (dict(leak_rate=0.5), "leak_rate"),
+                       (dict(size=1), "empty")]:
+        with pytest.raises(ReslmError, match=match):
+            ParallelESN(ParallelESNConfig(**{**dict(size=31, input_dim=D, leaks="1/0.2"), **bad}))
+
+
 def test_nvar_equals_plain_construction():
     k, d, T = 3, 2, 7
     res = NVAR(NVARConfig(size=nvar_size(k, d), input_dim=d, k=k, input_scaling=0.5))
@@ -195,7 +215,7 @@ def test_delay_equals_node_loop(kw):
 
 
 # --- inside the models ---------------------------------------------------------------------------
-MODEL_SUBSTRATES = [("leaky", 24, ""), ("deep", 24, "layers=2"), ("nvar", nvar_size(2, 4), "k=2"),
+MODEL_SUBSTRATES = [("leaky", 24, ""), ("deep", 24, "layers=2"), ("parallel", 24, "leaks=1/0.3"), ("nvar", nvar_size(2, 4), "k=2"),
                     ("diagonal", 24, "r_min=0.8"), ("diagonal", 24, "nonlinear=true"), ("delay", 24, "eta=0.5")]
 
 
@@ -221,7 +241,7 @@ def test_character_families_run_each_substrate(family, name, size, options):
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["leaky", "deep", "diagonal", "delay"])
+@pytest.mark.parametrize("name", ["leaky", "deep", "parallel", "diagonal", "delay"])
 def test_laerc_blocks_take_the_substrates(name):
     model = LAERC(LAERCConfig(vocab_size=13, dim=8, n_layers=2, context=8, r_mult=2, reservoir=name)).eval()
     assert all(type(b.reservoir) is RESERVOIRS[name][1] and b.reservoir.size == 16 for b in model.blocks)
