@@ -3,6 +3,7 @@
     linear   logits = W u + b                                     V (D + 1)              (the paper's RC)
     mlp      logits = W_2 gelu(W_1 u + b_1) + b_2                 H (D + 1) + V (H + 1)
     mlp2     logits = W_3 gelu(W_2 gelu(W_1 u + b_1) + b_2) + b_3  H (D + 1) + H (H + 1) + V (H + 1)
+    mlp3     three GELU layers of width H                         H (D + 1) + 2 H (H + 1) + V (H + 1)
     glu      logits = W_2 (silu(W_g u + b_g) * (W_u u + b_u)) + b_2   2 H (D + 1) + V (H + 1)   (SwiGLU)
 
 u (width D) is what the head reads, `head_input` of the reservoir LM config: the normalised state r
@@ -10,8 +11,9 @@ u (width D) is what the head reads, `head_input` of the reservoir LM config: the
 (D = N + d). Every head here reads u alone, so a model using one obeys the reservoir frontier's rules
 (reslm.models.budget); `head_params` gives the exact trainable count and `widest_hidden` the largest H
 that fits a budget. Initialisation is torch's default for nn.Linear, drawn from the model's head seed.
-`dropout` (p) drops hidden units while training (after each hidden activation; none for linear): a
-regulariser of the head, parameter-free, off at evaluation.
+`dropout` (p) drops hidden units while training (after each hidden activation; none for linear), and
+`input_dropout` drops the head's inputs u (the state's channels) while training: regularisers of the
+head, parameter-free, off at evaluation.
 """
 from __future__ import annotations
 
@@ -21,50 +23,57 @@ import torch.nn.functional as F
 
 from reslm.core.errors import ReslmError
 
-HEADS = ("linear", "mlp", "mlp2", "glu")
+HEADS = ("linear", "mlp", "mlp2", "mlp3", "glu")
+DEPTH = {"mlp": 1, "mlp2": 2, "mlp3": 3}   # GELU layers of each MLP head
 
 
 class MLPHead(nn.Module):
-    """u (B, D) -> logits (B, V) through one GELU hidden layer of width H (two with `depth` 2)."""
+    """u (B, D) -> logits (B, V) through `depth` (1-3) GELU hidden layers of width H: fc, fc2, fc3."""
 
-    def __init__(self, in_features: int, hidden: int, vocab_size: int, dropout: float = 0.0, depth: int = 1):
+    def __init__(self, in_features: int, hidden: int, vocab_size: int, dropout: float = 0.0, depth: int = 1,
+                 input_dropout: float = 0.0):
         super().__init__()
-        self.dropout = dropout
+        self.dropout, self.input_dropout = dropout, input_dropout
         self.fc = nn.Linear(in_features, hidden)
-        self.fc2 = nn.Linear(hidden, hidden) if depth == 2 else None
+        self.fc2 = nn.Linear(hidden, hidden) if depth >= 2 else None
+        self.fc3 = nn.Linear(hidden, hidden) if depth >= 3 else None
         self.out = nn.Linear(hidden, vocab_size)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        h = F.dropout(F.gelu(self.fc(u)), self.dropout, self.training)
-        if self.fc2 is not None:
-            h = F.dropout(F.gelu(self.fc2(h)), self.dropout, self.training)
+        h = F.dropout(u, self.input_dropout, self.training) if self.input_dropout else u
+        for fc in (self.fc, self.fc2, self.fc3):
+            if fc is not None:
+                h = F.dropout(F.gelu(fc(h)), self.dropout, self.training)
         return self.out(h)
 
 
 class GLUHead(nn.Module):
     """u (B, D) -> logits (B, V) through a SwiGLU hidden layer of width H (gate and value in one matmul)."""
 
-    def __init__(self, in_features: int, hidden: int, vocab_size: int, dropout: float = 0.0):
+    def __init__(self, in_features: int, hidden: int, vocab_size: int, dropout: float = 0.0,
+                 input_dropout: float = 0.0):
         super().__init__()
-        self.hidden, self.dropout = hidden, dropout
+        self.hidden, self.dropout, self.input_dropout = hidden, dropout, input_dropout
         self.fc = nn.Linear(in_features, 2 * hidden)   # rows: [gate; value]
         self.out = nn.Linear(hidden, vocab_size)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
+        u = F.dropout(u, self.input_dropout, self.training) if self.input_dropout else u
         gate, value = self.fc(u).split(self.hidden, dim=-1)
         return self.out(F.dropout(F.silu(gate) * value, self.dropout, self.training))
 
 
-def make_readout(kind: str, in_features: int, hidden: int, vocab_size: int, dropout: float = 0.0) -> nn.Module:
-    """The head `kind` (HEADS) from D = in_features inputs to V logits, hidden width H (mlp, mlp2, glu),
-    dropout p on its hidden units while training."""
+def make_readout(kind: str, in_features: int, hidden: int, vocab_size: int, dropout: float = 0.0,
+                 input_dropout: float = 0.0) -> nn.Module:
+    """The head `kind` (HEADS) from D = in_features inputs to V logits, hidden width H (mlp, mlp2, mlp3,
+    glu), dropout p on its hidden units and input_dropout on its inputs while training."""
     if kind == "linear":
         return nn.Linear(in_features, vocab_size)
     if kind not in HEADS:
         raise ReslmError(f"head must be one of {', '.join(HEADS)}, got {kind!r}")
     if kind == "glu":
-        return GLUHead(in_features, hidden, vocab_size, dropout)
-    return MLPHead(in_features, hidden, vocab_size, dropout, depth=2 if kind == "mlp2" else 1)
+        return GLUHead(in_features, hidden, vocab_size, dropout, input_dropout)
+    return MLPHead(in_features, hidden, vocab_size, dropout, depth=DEPTH[kind], input_dropout=input_dropout)
 
 
 def head_params(kind: str, in_features: int, hidden: int, vocab_size: int) -> int:
@@ -72,13 +81,13 @@ def head_params(kind: str, in_features: int, hidden: int, vocab_size: int) -> in
     D, H, V = in_features, hidden, vocab_size
     if kind == "linear":
         return V * (D + 1)
-    return {"mlp": 1, "glu": 2}.get(kind, 1) * H * (D + 1) + (H * (H + 1) if kind == "mlp2" else 0) + V * (H + 1)
+    return (2 if kind == "glu" else 1) * H * (D + 1) + (DEPTH.get(kind, 1) - 1) * H * (H + 1) + V * (H + 1)
 
 
 def widest_hidden(kind: str, in_features: int, vocab_size: int, budget: int) -> int:
     """The largest H whose head fits `budget` trainable parameters (0 when none does)."""
     per = (2 if kind == "glu" else 1) * (in_features + 1) + vocab_size
-    h = max(0, (budget - vocab_size) // per)           # exact for mlp and glu; an upper bound for mlp2
+    h = max(0, (budget - vocab_size) // per)           # exact for mlp and glu; an upper bound for mlp2, mlp3
     while h and head_params(kind, in_features, h, vocab_size) > budget:
         h -= 1
     return h

@@ -4,7 +4,8 @@ Reservoir Computing":
     r_t = tanh(W_res r_{t-1} + W_in x_t)        fixed (reservoir/esn.py)
     y_t = W_out r_t + b_out                     the trainable linear readout, V x (N + 1) parameters
 
-or a nonlinear head on the same state (`head` mlp | mlp2 | glu, width `head_hidden`, `head_dropout`: reslm/models/heads.py),
+or a nonlinear head on the same state (`head` mlp | mlp2 | mlp3 | glu, width `head_hidden`, `head_dropout`,
+`head_input_dropout`: reslm/models/heads.py),
 optionally reading the current character beside it (`head_input`, reservoir_lm.py).
 
 Trained by cross-entropy with Adam, like the paper, or in closed form (`--optimizer ridge`,
@@ -24,9 +25,10 @@ from reslm.models.reservoir_lm import ReservoirLM, ReservoirLMConfig
 
 @dataclass
 class RCConfig(ReservoirLMConfig):
-    head: str = "linear"            # readout: linear (paper) | mlp (one GELU layer) | mlp2 (two) | glu (SwiGLU), see reslm.models.heads
-    head_hidden: int = 0            # H: hidden width of an mlp, mlp2 or glu head (0 for linear)
-    head_dropout: float = 0.0       # dropout on the head's hidden units while training (mlp, mlp2, glu)
+    head: str = "linear"            # readout: linear (paper) | mlp (one GELU layer) | mlp2 (two) | mlp3 (three) | glu (SwiGLU), see reslm.models.heads
+    head_hidden: int = 0            # H: hidden width of an mlp, mlp2, mlp3 or glu head (0 for linear)
+    head_dropout: float = 0.0       # dropout on the head's hidden units while training (mlp, mlp2, mlp3, glu)
+    head_input_dropout: float = 0.0  # dropout on the head's inputs (the state's channels) while training (mlp, mlp2, mlp3, glu)
 
     def validate(self):
         super().validate()
@@ -37,10 +39,15 @@ class RCConfig(ReservoirLMConfig):
                              f"(got {self.head_hidden})")
         if self.head != "linear" and self.head_hidden < 1:
             raise ReslmError(f"a {self.head} head needs head_hidden >= 1, got {self.head_hidden}")
-        if not (isinstance(self.head_dropout, (int, float)) and 0.0 <= self.head_dropout < 1.0):
-            raise ReslmError(f"head_dropout must be in [0, 1), got {self.head_dropout!r}")
+        for name in ("head_dropout", "head_input_dropout"):
+            p = getattr(self, name)
+            if not (isinstance(p, (int, float)) and 0.0 <= p < 1.0):
+                raise ReslmError(f"{name} must be in [0, 1), got {p!r}")
         if self.head == "linear" and self.head_dropout:
             raise ReslmError("head_dropout drops a hidden layer's units; the linear head has none")
+        if self.head == "linear" and self.head_input_dropout:
+            raise ReslmError("head_input_dropout is for the mlp, mlp2, mlp3 and glu heads; the linear head keeps its "
+                             "paper form")
 
 
 class RC(ReservoirLM):
@@ -48,4 +55,5 @@ class RC(ReservoirLM):
 
     def make_head(self) -> nn.Module:
         c = self.config                   # linear: W_out (V, D) + bias, D = N for head_input "state"
-        return make_readout(c.head, self.head_width, c.head_hidden, c.vocab_size, c.head_dropout)
+        return make_readout(c.head, self.head_width, c.head_hidden, c.vocab_size, c.head_dropout,
+                            c.head_input_dropout)

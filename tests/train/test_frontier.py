@@ -84,7 +84,7 @@ def headed(family, over, **kw):
 
 
 @pytest.mark.parametrize("kind,hi,width", [("linear", "state", 24), ("mlp", "state", 24), ("glu", "state+onehot", 24 + V),
-                                           ("mlp", "state+embed", 24 + 6), ("mlp2", "state", 24)])
+                                           ("mlp", "state+embed", 24 + 6), ("mlp2", "state", 24), ("mlp3", "state", 24)])
 def test_head_trainable_counts_are_exact(kind, hi, width):
     hidden = 0 if kind == "linear" else 11
     m = headed("rc", dict(head=kind, head_hidden=hidden, head_input=hi))
@@ -115,6 +115,29 @@ def test_mlp2_head_and_head_dropout():
         headed("rc", dict(head_dropout=0.1))
     with pytest.raises(ReslmError, match="head_dropout"):
         headed("rc", dict(head="mlp", head_hidden=4, head_dropout=1.0))
+
+
+def test_mlp3_head_and_head_input_dropout():
+    """mlp3 stacks three GELU layers (its count by formula is the model's); head input dropout drops the
+    state's channels while training only, and the linear head keeps the paper's form."""
+    m = headed("rc", dict(head="mlp3", head_hidden=6, head_input_dropout=0.5))
+    h, u = m.head, torch.randn(5, 24)
+    gelu = torch.nn.functional.gelu
+    layer = lambda x, fc: gelu(x @ fc.weight.T + fc.bias)  # noqa: E731
+    h.eval()
+    torch.testing.assert_close(h(u), layer(layer(layer(u, h.fc), h.fc2), h.fc3) @ h.out.weight.T + h.out.bias)
+    h.train()
+    torch.manual_seed(3)
+    a = h(u)
+    torch.manual_seed(3)
+    assert torch.equal(a, h(u)) and not torch.allclose(a, h.eval()(u))
+    torch.manual_seed(3)
+    dropped = torch.nn.functional.dropout(u, 0.5, True)          # the same mask on the inputs, nothing else
+    torch.testing.assert_close(a, h.eval()(dropped))
+    with pytest.raises(ReslmError, match="head_input_dropout"):
+        headed("rc", dict(head_input_dropout=0.1))
+    with pytest.raises(ReslmError, match="head_input_dropout"):
+        headed("rc", dict(head="glu", head_hidden=4, head_input_dropout=-0.1))
 
 
 def test_glu_and_mlp_heads_compute_what_they_say():
