@@ -2,7 +2,7 @@
 # Runs that choose on the validation split (--val-fraction 0.05), one after another on one thread,
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
 # (--resume), or a published unfinished one in results/ in place, and skips finished ones.
-# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes
+# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2
 set -e
 R=${RESLM:-.venv/bin/reslm}
 run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
@@ -48,7 +48,13 @@ case "$1" in
     run rc-750-mlp2-160-wd0.1-authors-cos3e-3-ema-val $MLP2 --optimizer adamw --weight-decay 0.1
     run rc-750-mlp2-160-drop0.1-authors-cos3e-3-ema-val $MLP2 --head-dropout 0.1
     run rc-750-mlp2-160-authors-cos3e-3-ema0.9999-val $MLP2 --ema 0.9999
-    run rc-750-mlp2-160-authors-cos3e-3-ema-val-2c $MLP2 --cycles 2
-    run rc-1500-proj750-mlp2-160-authors-cos3e-3-ema-val $MLP2 --size 1500 --readout-dim 750 ;;
-  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes" >&2; exit 2 ;;
+    run rc-750-mlp2-160-authors-cos3e-3-ema-val-2c $MLP2 --cycles 2 ;;
+  routes2)   # more routes, beside `routes` on the other core
+    run rc-750-mlp3-141-authors-cos3e-3-ema-val $MLP2 --head mlp3 --head-hidden 141
+    run rc-750-mlp2-160-indrop0.1-authors-cos3e-3-ema-val $MLP2 --head-input-dropout 0.1
+    run rc-1500-proj750-mlp2-160-authors-cos3e-3-ema-val $MLP2 --size 1500 --readout-dim 750
+    # a 500-unit ESN beside a 250-unit one with leak 0.1 (no connection between them), the same head
+    run rc-750-par-1-0.1-mlp2-160-authors-cos3e-3-ema-val $MLP2 --reservoir parallel \
+        --reservoir-options input_init=normal,leaks=1/0.1,shares=2/1 ;;
+  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2" >&2; exit 2 ;;
 esac
