@@ -10,15 +10,16 @@ CPU, torch and thread count) to OUT.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from reslm.core.device import cpu_name
+from reslm.core.files import write_json
 from reslm.features import estimate_loss, feature_batches
 from reslm.models import PRESETS, build_model, preset
 from reslm.models.base import WindowFeatures
@@ -64,9 +65,7 @@ def main(argv=None) -> int:
     result = dict(cpu=cpu_name(), torch=torch.__version__, python=platform.python_version(), threads=args.threads,
                   rows=rows)
     if args.out:
-        with open(args.out + ".tmp", "w") as f:   # written whole, then renamed: never half a file
-            json.dump(result, f, indent=1)
-        os.replace(args.out + ".tmp", args.out)
+        write_json(Path(args.out), result)   # whole, then renamed: never half a file
     return 0
 
 

@@ -12,15 +12,16 @@ to OUT.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from reslm.core.device import bf16_fast, cpu_name
+from reslm.core.files import write_json
 from reslm.models.rc import RC, RCConfig
 from reslm.reservoir import shard_states
 
@@ -68,9 +69,7 @@ def main(argv=None) -> int:
     result = dict(cpu=cpu_name(), torch=torch.__version__, python=platform.python_version(), threads=args.threads,
                   size=args.size, readout_dim=args.readout_dim, tokens=args.tokens, rows=rows)
     if args.out:
-        with open(args.out + ".tmp", "w") as f:   # written whole, then renamed: never half a file
-            json.dump(result, f, indent=1)
-        os.replace(args.out + ".tmp", args.out)
+        write_json(Path(args.out), result)   # whole, then renamed: never half a file
     return 0
 
 
