@@ -52,6 +52,8 @@ case "$1" in
   routes2)   # more routes, beside `routes` on the other core
     run rc-750-mlp3-141-authors-cos3e-3-ema-val $MLP2 --head mlp3 --head-hidden 141
     run rc-750-mlp2-160-indrop0.1-authors-cos3e-3-ema-val $MLP2 --head-input-dropout 0.1
+    # the current character's one-hot beside the state (the head narrower to stay in the budget)
+    run rc-750-mlp2-152-onehot-authors-cos3e-3-ema-val $MLP2 --head-hidden 152 --head-input state+onehot
     run rc-1500-proj750-mlp2-160-authors-cos3e-3-ema-val $MLP2 --size 1500 --readout-dim 750
     # a 500-unit ESN beside a 250-unit one with leak 0.1 (no connection between them), the same head
     run rc-750-par-1-0.1-mlp2-160-authors-cos3e-3-ema-val $MLP2 --reservoir parallel \
