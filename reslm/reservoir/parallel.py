@@ -13,6 +13,7 @@ leak a_1); block k >= 2 with child_seed(seed, BLOCK_KEY, k), a key no other matr
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -28,10 +29,13 @@ BLOCK_KEY = 4   # block k >= 2 is seeded with child_seed(seed, BLOCK_KEY, k)
 
 def _numbers(name: str, text: str) -> list[float]:
     try:
-        return [float(x) for x in text.split("/")]
+        values = [float(x) for x in text.split("/")]
     except ValueError:
-        raise ReslmError(f"parallel reservoir: {name} takes numbers separated by '/', e.g. 1/0.2, "
-                         f"got {text!r}") from None
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise ReslmError(f"parallel reservoir: {name} takes finite numbers separated by '/', e.g. 1/0.2, "
+                         f"got {text!r}")
+    return values
 
 
 @dataclass

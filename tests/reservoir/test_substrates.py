@@ -124,6 +124,7 @@ def test_parallel_blocks_are_independent_esns_with_their_own_leak():
     assert torch.equal(res.blocks[0].W_T, ESN(ESNConfig(size=21, input_dim=D, seed=2)).W_T)
     assert not torch.equal(res.blocks[1].W_T[:10, :10], res.blocks[0].W_T[:10, :10])
     for bad, match in [(dict(leaks="1/0"), "in \\(0, 1\\]"), (dict(leaks="1/x"), "separated by '/'"),
+                       (dict(shares="1/inf"), "finite numbers"),
                        (dict(shares="1/2/3"), "one positive number per block"), (dict(leak_rate=0.5), "leak_rate"),
                        (dict(size=1), "empty")]:
         with pytest.raises(ReslmError, match=match):
