@@ -2,7 +2,7 @@
 # Runs that choose on the validation split (--val-fraction 0.05), one after another on one thread,
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
 # (--resume), or a published unfinished one in results/ in place, and skips finished ones.
-# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2
+# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|ema9999 [SEEDS]
 set -e
 R=${RESLM:-.venv/bin/reslm}
 run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
@@ -58,5 +58,7 @@ case "$1" in
     # a 500-unit ESN beside a 250-unit one with leak 0.1 (no connection between them), the same head
     run rc-750-par-1-0.1-mlp2-160-authors-cos3e-3-ema-val $MLP2 --reservoir parallel \
         --reservoir-options input_init=normal,leaks=1/0.1,shares=2/1 ;;
-  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2" >&2; exit 2 ;;
+  ema9999)   # the longer EMA at more seeds (scripts/val_chain.sh ema9999 [SEEDS], default 1 2)
+    for s in ${2:-1 2}; do run rc-750-mlp2-160-authors-cos3e-3-ema0.9999-val-s$s $MLP2 --ema 0.9999 --seed $s; done ;;
+  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|ema9999 [SEEDS]" >&2; exit 2 ;;
 esac
