@@ -104,6 +104,17 @@ class CharDataset(TokenFile):
             raise ReslmError(f"{path / TOKENS} holds ids outside the vocabulary; re-create the dataset")
         return ds
 
+    def group_ends(self) -> list[int]:
+        """Where each file group ends in the token stream, ascending (the last is n_chars), from the
+        source files meta.json records (both editions of a Shakespeare play are one group; a text
+        file is its own); [] when it records none."""
+        source = self.meta.get("source")
+        files = source.get("files") if isinstance(source, dict) else None
+        if not isinstance(files, list) or not all(isinstance(f, dict) and {"group", "end"} <= f.keys() for f in files):
+            return []
+        return sorted(int(f["end"]) for f, nxt in zip(files, files[1:] + [None])
+                      if nxt is None or nxt["group"] != f["group"])
+
     def tokenizer(self) -> CharTokenizer:
         """Text <-> ids of this dataset (reslm.data.tokenizer)."""
         return self._tokenizer

@@ -100,8 +100,10 @@ class CharShards:
     run's schedule is one step, the solve (reslm.train.ridge reads `train_features` / `heldout_features`).
 
     holdout > 0 keeps the last fraction of each training shard's characters out of training: those
-    are `heldout_features` (ridge's alpha and temperature, `reslm search`'s objective), never the test
-    shard."""
+    are `heldout_features` (ridge's alpha and temperature, `reslm search`'s objective, or the
+    validation split), never the test shard. A validation split with val_split "groups" holds out
+    whole file groups at the end of the training text instead (`val_groups_cut`), so only the shards
+    it reaches have held-out text (`heldout_shards`)."""
 
     kind = "chars"                  # the dataset kind it reads (a family's `data`)
     default_data = "shakespeare"    # the dataset `reslm train` uses when none is given
@@ -116,6 +118,9 @@ class CharShards:
             raise ReslmError("multi-process training (torchrun) is for the token families (laerc, gpt)")
         self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
         self.holdout = holdout
+        # the validation split as whole file groups: the held-out text is [val_cut, end of the training text)
+        groups = holdout and tc.val_split == "groups" and holdout == tc.val_fraction
+        self.val_cut = val_groups_cut(dataset, holdout, model.config.context) if groups else None
         self.cache = StateCache(cache) if cache is not None and has_reservoir(model) else None
         self.context = model.config.context
         # all-position training ("chunks" | "streams"): a sample is a chunk of `context` characters
@@ -175,7 +180,9 @@ class CharShards:
             check_holdout(dataset, tc, context)
         elif tc.heldout_eval:
             check_holdout(dataset, tc, context)
-        if tc.val_fraction:
+        if tc.val_fraction and tc.val_split == "groups":
+            val_groups_cut(dataset, tc.val_fraction, context)
+        elif tc.val_fraction:
             check_holdout(dataset, tc, context, tc.val_fraction)
 
     @staticmethod
@@ -204,6 +211,9 @@ class CharShards:
             return a, b
         if self.tc.shard_chars:
             b = min(b, a + self.tc.shard_chars)
+        if self.val_cut is not None:
+            cut = min(max(a, self.val_cut), b)
+            return (a, cut) if part == "train" else (cut - self.context, b)
         if self.holdout:
             cut = a + int((b - a) * (1 - self.holdout))
             return (a, cut) if part == "train" else (cut - self.context, b)
@@ -311,6 +321,13 @@ class CharShards:
     def train_features(self, shard: int):
         """Features of a training shard's training part (all of it without holdout), cached until the next shard."""
         return self._features(shard, 0)
+
+    def heldout_shards(self) -> list[int]:
+        """The training shards with held-out text: all of them (tails), or those the held-out file
+        groups reach (val_split groups)."""
+        if self.val_cut is None:
+            return list(self.ds.train_shards)
+        return [s for s in self.ds.train_shards if self.ds.shards[s][1] > self.val_cut]
 
     def heldout_features(self, shard: int):
         """Features of a training shard's held-out tail (needs holdout > 0); not cached."""
@@ -485,6 +502,29 @@ class TokenWindows:
 
 
 SAMPLERS = {"chars": CharShards, "tokens": TokenWindows}   # a family's data kind -> its sampler
+VAL_SPLITS = ("tails", "groups")   # how --val-fraction carves the validation split (TrainConfig.val_split)
+
+
+def val_groups_cut(dataset, fraction: float, context: int) -> int:
+    """Where the validation split of whole file groups starts: the group boundary closest to the last
+    `fraction` of the training text (which ends at the test shard, itself cut at a group boundary), so
+    that no group (a Shakespeare play in both editions) has text on both sides. The training shards
+    end there; the text from there to the test shard is the validation split. ReslmError when the
+    dataset records no groups or no boundary leaves every training shard more than `context`
+    characters."""
+    ends = dataset.group_ends()
+    if not ends:
+        raise ReslmError(f"val_split groups needs a dataset that records its files' groups; {dataset.name} does not "
+                         "(re-create it with `reslm data`)")
+    shards = [dataset.shards[s] for s in dataset.train_shards]
+    first, last = min(a for a, _ in shards), max(b for _, b in shards)
+    target = last - fraction * (last - first)
+    # every training shard keeps more than `context` characters before the cut (or lies wholly before it)
+    ok = [g for g in ends if first < g < last and all(b <= g or g - a > context for a, b in shards)]
+    if not ok:
+        raise ReslmError(f"val_split groups: no file-group boundary of {dataset.name} leaves every training shard more "
+                         f"than {context} characters to train on before the validation split")
+    return min(ok, key=lambda g: (abs(g - target), g))
 
 
 def check_holdout(dataset, tc, context: int, fraction: float | None = None) -> None:

@@ -22,7 +22,7 @@ from reslm.models.base import config_dict
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.data.datasets import describe_dataset
 from reslm.run import CONFIG, SUMMARY, check_same_run, create_run_dir, lock_run, read_config
-from reslm.train.batches import SAMPLERS
+from reslm.train.batches import SAMPLERS, VAL_SPLITS
 from reslm.train.optim import OPTIMIZERS, SCHEDULES, SOLVERS
 import reslm
 
@@ -64,6 +64,7 @@ class TrainConfig:
     holdout: float = 0.1            # ridge, lbfgs and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it unless heldout_eval
     heldout_eval: bool = False      # characters, adam/adamw: train without the held-out tails (holdout) and evaluate on them, never reading the test shard (`reslm search`'s objective)
     val_fraction: float = field(default=0.0, metadata=_CHARS)  # the validation split: the last fraction of each training shard, never trained on, its CE logged beside the test CE after every shard-epoch (select on it, not on test); 0 = off (the paper trains on whole shards)
+    val_split: str = field(default="tails", metadata=_CHARS)  # what --val-fraction holds out: tails (the last fraction of each training shard) | groups (whole file groups at the end of the training text, about that fraction of it: no play has text both in training and in validation; both editions of a Shakespeare play are one group)
     keep_best_val: bool = field(default=False, metadata=_CHARS)  # with a validation split: the finished run's model is its best-on-validation evaluation's weights (the summary says which; the last weights stay in the checkpoint for --resume)
     ridge_alpha: float = 0.0        # ridge: penalty relative to the mean state power; 0 = the best of 1e-8..1 on the held-out slice
     ridge_refit: bool = True        # ridge: solve again on all training samples (held-out included) with the chosen alpha
@@ -123,6 +124,12 @@ class TrainConfig:
             raise ReslmError("val_fraction is a validation split for gradient training without heldout_eval "
                              f"(optimizer {self.optimizer}, heldout_eval {self.heldout_eval}): the held-out tails "
                              "(holdout) already play that part there")
+        if self.val_split not in VAL_SPLITS:
+            raise ReslmError(f"val_split must be one of {', '.join(VAL_SPLITS)}, got {self.val_split!r}")
+        if self.val_split == "groups" and not self.val_fraction:
+            raise ReslmError("val_split groups says how the validation split is carved: it needs val_fraction > 0")
+        if self.val_split == "groups" and self.shard_chars:
+            raise ReslmError("val_split groups holds out whole file groups of whole shards: leave shard_chars at 0")
         if self.keep_best_val and not self.val_fraction:
             raise ReslmError("keep_best_val keeps the best-on-validation weights: it needs a validation split "
                              "(val_fraction > 0)")

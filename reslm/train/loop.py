@@ -82,7 +82,7 @@ class HeldoutLoss:
 
     def __call__(self, model, precision: str, final: bool = False) -> dict:
         if self.feats is None:
-            self.feats = [self.source.heldout_features(s) for s in self.source.ds.train_shards]
+            self.feats = [self.source.heldout_features(s) for s in self.source.heldout_shards()]
         tc = self.source.tc
         samples = 0 if self.name == "heldout" else (
             tc.final_eval_samples if final and tc.final_eval_samples >= 0 else tc.eval_samples)

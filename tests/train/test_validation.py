@@ -41,6 +41,56 @@ def test_validation_tails_are_never_trained_on(chars):
     assert src.samples[0] == cut - a - 32             # every training sample lies before the tail
 
 
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory):
+    """A tiny dataset of 24 text files (each its own group) of different lengths."""
+    from reslm.data import prepare_text
+    root = tmp_path_factory.mktemp("grouped")
+    words = "to be or not that is the question whether tis nobler in mind".split()
+    paths = []
+    for i in range(24):
+        (root / f"f{i:02d}.txt").write_text(" ".join(words[(i + j) % len(words)] for j in range(40 + 7 * i)) + "\n")
+        paths.append(root / f"f{i:02d}.txt")
+    return prepare_text(paths, root, name="grouped", verbose=False)
+
+
+def test_validation_groups_hold_out_whole_files_at_the_end_of_the_training_text(grouped, tmp_path):
+    """val_split groups: the validation split starts at the group boundary closest to the last
+    val_fraction of the training text and runs to the test shard; every training shard ends there (or
+    before), so no group has text on both sides, and only the shards it reaches are scored."""
+    ends = grouped.group_ends()
+    assert len(ends) == 24 and ends[-1] == grouped.n_chars
+    m = build_model("rc", size=16, vocab_size=grouped.vocab_size)
+    tc = tt.train_config("rc", **TINY, val_fraction=0.15, val_split="groups")
+    src = CharShards(m, grouped, tc, torch.device("cpu"), None, False, holdout=0.15)
+    first, last = grouped.shards[0][0], grouped.shards[grouped.test_shard][0]
+    target = last - 0.15 * (last - first)
+    assert src.val_cut in ends and all(abs(src.val_cut - target) <= abs(g - target) for g in ends if g < last)
+    starts = [0] + ends[:-1]
+    for a, b in zip(starts, ends):           # each group lies wholly in training or wholly in the split
+        assert b <= src.val_cut or a >= src.val_cut
+    for shard in grouped.train_shards:
+        a, b = grouped.shards[shard]
+        assert src._span(shard) == (a, min(b, max(a, src.val_cut)))
+    assert src.heldout_shards() == [s for s in grouped.train_shards if grouped.shards[s][1] > src.val_cut]
+    held = [src._span(s, "heldout") for s in src.heldout_shards()]
+    assert held[0][0] == src.val_cut - 32 and held[-1][1] == last
+    out = tt.create_run(tmp_path / "r", "rc", dict(size=16), {**TINY, "val_fraction": 0.15, "val_split": "groups",
+                                                                "eval_samples": 64}, grouped)
+    tt.train(out, progress=False)
+    assert all("val_loss" in r for r in read_metrics(out) if r["kind"] == "eval")
+
+
+def test_validation_groups_need_groups_and_whole_shards(grouped, chars, tmp_path):
+    for data, train, msg in [(grouped, dict(val_split="groups"), "needs val_fraction > 0"),
+                             (grouped, dict(val_fraction=0.1, val_split="groups", shard_chars=500), "shard_chars"),
+                             (grouped, dict(val_fraction=0.1, val_split="plays"), "val_split must be one of"),
+                             (chars, dict(val_fraction=0.1, val_split="groups"), "no file-group boundary")]:
+        with pytest.raises(ReslmError, match=msg):
+            tt.create_run(tmp_path / "r", "rc", dict(size=16), {**TINY, **train}, data)
+        assert not (tmp_path / "r").exists()
+
+
 def test_a_run_without_a_split_is_unchanged(chars, tmp_path):
     out = tt.create_run(tmp_path / "r", "rc", dict(size=32), {**TINY, "eval_samples": 100}, chars)
     summary = tt.train(out, progress=False)
