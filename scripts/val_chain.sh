@@ -2,7 +2,7 @@
 # Runs that choose on the validation split (--val-fraction 0.05), one after another on one thread,
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
 # (--resume), or a published unfinished one in results/ in place, and skips finished ones.
-# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|ema9999 [SEEDS]
+# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|ema9999 [SEEDS]
 set -e
 R=${RESLM:-.venv/bin/reslm}
 run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
@@ -58,7 +58,16 @@ case "$1" in
     # a 500-unit ESN beside a 250-unit one with leak 0.1 (no connection between them), the same head
     run rc-750-par-1-0.1-mlp2-160-authors-cos3e-3-ema-val $MLP2 --reservoir parallel \
         --reservoir-options input_init=normal,leaks=1/0.1,shares=2/1 ;;
+  # the validation split of whole plays at the end of the training text (--val-split groups), where the
+  # shard tails share each play with the text trained on; two lists, one per core
+  groups-a)
+    run rc-750-mlp2-160-authors-cos3e-3-ema-gval $MLP2 --val-split groups
+    run rc-750-mlp2-160-wd0.1-authors-cos3e-3-ema-gval $MLP2 --val-split groups --optimizer adamw --weight-decay 0.1
+    run rc-750-mlp191-authors-cos3e-3-ema-gval $MLP --val-split groups ;;
+  groups-b)
+    run rc-750-mlp2-160-authors-cos3e-3-ema0.9999-gval $MLP2 --val-split groups --ema 0.9999
+    run rc-750-mlp3-141-authors-cos3e-3-ema-gval $MLP2 --val-split groups --head mlp3 --head-hidden 141 ;;
   ema9999)   # the longer EMA at more seeds (scripts/val_chain.sh ema9999 [SEEDS], default 1 2)
     for s in ${2:-1 2}; do run rc-750-mlp2-160-authors-cos3e-3-ema0.9999-val-s$s $MLP2 --ema 0.9999 --seed $s; done ;;
-  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|ema9999 [SEEDS]" >&2; exit 2 ;;
+  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|ema9999 [SEEDS]" >&2; exit 2 ;;
 esac
