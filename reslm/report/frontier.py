@@ -71,6 +71,7 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
                         config=repr((cfg["family"], sorted(model_cfg.items()), sorted(train_cfg.items()))),
                         seed=cfg["train"].get("seed", 0), test_at_best_val=_test_at_best_val(summary, rows),
                         best_val_loss=summary.get("best_val_loss"),
+                        val_split=cfg["train"].get("val_split", "tails") if cfg["train"].get("val_fraction") else None,
                         published=True,
                         source="lab" if route else "paper", route=route, finished=read_manifest(folder).get("finished"),
                         cycle=rows[-1].get("cycle", 0) + 1, folder=f"results/{folder.name}"))   # a solve: one pass
@@ -82,14 +83,20 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
                         trainable_params=r["trainable"], test_loss=done[-1], strict=r["family"] in ("rc", "aerc"),
                         published=False, source="paper", route=[f"{r['context']} context"] if r["context"] != "window"
                         else [], finished=True, cycle=r["cycle"], folder=None))
-    # ranked by validation CE where the run has a validation split; the others (chosen on test) after them
-    return sorted(pts, key=lambda p: (p.get("val_loss") is None, p.get("val_loss") or p["test_loss"], p["name"]))
+    # ranked by validation CE where the run has a validation split (within a split: whole file groups first,
+    # then the shard tails); the others (chosen on test) after them
+    return sorted(pts, key=lambda p: (p.get("val_loss") is None, SPLIT_RANK.get(p.get("val_split"), 2),
+                                      p.get("val_loss") or p["test_loss"], p["name"]))
+
+
+SPLIT_RANK = {"groups": 0, "tails": 1}   # validation splits, the one without a leak first
 
 
 def seed_groups(points: list[dict]) -> list[dict]:
     """Finished published runs of one configuration at several seeds: their number, and the mean and
     sample standard deviation of the validation CE, the final test CE and (with a validation split) the
-    test CE at the best-validation evaluation. Ranked by mean validation CE, then mean test CE."""
+    test CE at the best-validation evaluation. Ranked by mean validation CE (within a validation split,
+    SPLIT_RANK), then mean test CE."""
     by: dict[str, list[dict]] = {}
     for p in points:
         if p.get("folder") and p["finished"] and p.get("config"):
@@ -108,9 +115,10 @@ def seed_groups(points: list[dict]) -> list[dict]:
         runs = sorted(runs, key=lambda r: r["seed"])
         groups.append(dict(runs=runs, family=runs[0]["family"], strict=runs[0]["strict"],
                            trainable_params=runs[0]["trainable_params"], route=runs[0]["route"],
+                           val_split=runs[0].get("val_split"),
                            val=stats([r.get("val_loss") for r in runs]), test=stats([r["test_loss"] for r in runs]),
                            test_at_best_val=stats([r.get("test_at_best_val") for r in runs])))
-    return sorted(groups, key=lambda g: (g["val"] is None, (g["val"] or g["test"])[0]))
+    return sorted(groups, key=lambda g: (g["val"] is None, SPLIT_RANK.get(g["val_split"], 2), (g["val"] or g["test"])[0]))
 
 
 def _mean_sd(st) -> str:
@@ -142,7 +150,11 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
          f"{FRONTIER_BUDGET:,} (aerc-160-30's). The score is the test CE on the whole test shard after the run's last "
          "shard-epoch. Selection is honest only on text the test shard is not: ridge's alpha, L-BFGS's penalty and "
          "`reslm search` use held-out slices of the training shards, and a run with a validation split "
-         "(`--val-fraction`) is ranked by its validation CE (the val column), its test CE reported beside it. The "
+         "(`--val-fraction`) is ranked by its validation CE (the val column), its test CE reported beside it. "
+         "Validation CEs compare only within one split: whole file groups at the end of the training text "
+         "(`--val-split groups`, no play on both sides; the selection column says *validation (groups)*) rank "
+         "first, then the tails of the training shards (`--val-split tails`, which share each play with the text "
+         "trained on: [the leak](frontier-routes.md#0-selection-on-validation-and-the-honest-figure)). The "
          "rows without a validation split were compared, and their recipes chosen, on the test shard itself "
          f"(marked *test* in the selection column; a dash: a run that chose nothing, the paper's protocol): {configs} strict configurations within 10% of the budget so far, so the "
          "best of them is a best-of-many figure. Fully trained networks (tf, rnn) are ceilings to read the "
@@ -198,7 +210,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
         # what was chosen, and on what: nothing (the paper's protocol, a context mode at most), or a
         # recipe compared on validation, or on the test shard itself
         chose = any(not (r.endswith(" context") or r.startswith("state_dtype=")) for r in p["route"])
-        selection = "validation" if val is not None else "*test*" if chose else "-"
+        selection = f"validation ({p['val_split']})" if val is not None else "*test*" if chose else "-"
         L.append(f"| {p['name']} | {p['family']} | {p['trainable_params']:,} | {'yes' if p['strict'] else 'no'} | "
                  f"{'-' if val is None else f'{val:.4f}'} | {p['test_loss']:.4f} | {p['test_loss'] / LN2:.3f} | "
                  f"{selection} | {p['cycle']} | {'; '.join(p['route']) or '-'} | "

@@ -124,6 +124,10 @@ def test_seed_groups_give_mean_and_spread_of_one_configuration_over_seeds():
     assert mean == pytest.approx(1.62) and sd == pytest.approx(0.04 / 2 ** 0.5) and (lo, hi) == (1.60, 1.64)
     assert groups[0]["val"][0] == pytest.approx(1.51) and groups[0]["test_at_best_val"][0] == pytest.approx(1.605)
     assert groups[1]["val"] is None and groups[1]["test"][0] == pytest.approx(1.75)
+    # validation CEs compare within a split only: whole file groups rank before the shard tails
+    tails = [dict(point("t", "T", s, 1.60, 1.40), val_split="tails") for s in (0, 1)]
+    plays = [dict(point("g", "G", s, 1.61, 1.55), val_split="groups") for s in (0, 1)]
+    assert [g["runs"][0]["name"] for g in seed_groups(tails + plays)] == ["g", "t"]
 
 
 def test_report_refuses_a_folder_without_results(tmp_path, capsys):
