@@ -18,6 +18,9 @@ from reslm.run import CONFIG, SUMMARY, read_metrics
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
 CEILING_BUDGET = 155_803   # the trained ceilings: at most tf-256-16-16's trainable count, the paper's largest
 # the training fields a lab route may change, with the paper's values (what the frontier table lists)
+# training fields added since runs were first published, with a default that is not off: at that value a
+# run is the same configuration as one whose config.json predates the field
+ADDED_DEFAULTS = dict(val_split="tails")
 PAPER_ROUTE = dict(optimizer="adam", lr=1e-4, schedule="constant", warmup_steps=0, hold_steps=0, cycles=1, ema=0.0,
                    weight_decay=0.0, grad_clip=0.0, batch_size=1024, epochs_per_shard=5, shard_chars=0,
                    epoch_samples=0, state_dtype="float32")
@@ -62,7 +65,8 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         # as its default) and the training fields that are set (an option added since is off by default),
         # seeds and where it ran aside
         model_cfg = {k: v for k, v in config_dict(model).items() if k != "seed"}
-        train_cfg = {k: v for k, v in cfg["train"].items() if k not in ("seed", "threads", "device") and v}
+        train_cfg = {k: v for k, v in cfg["train"].items() if k not in ("seed", "threads", "device") and v
+                     and ADDED_DEFAULTS.get(k) != v}
         summary = read_json(folder / SUMMARY) or {}
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
                         test_loss=summary.get("weights_test_loss", rows[-1]["test_loss"]),
