@@ -69,7 +69,8 @@ case "$1" in
     run rc-750-mlp3-141-authors-cos3e-3-ema-gval $MLP2 --val-split groups --head mlp3 --head-hidden 141 ;;
   best)   # the two routes that helped (two cycles, EMA 0.9999) together, on whole-play validation, at SEEDS
     for s in ${2:-0 1 2}; do
-      run rc-750-mlp2-160-authors-cos3e-3-2c-ema0.9999-gval-s$s $MLP2 --val-split groups --cycles 2 --ema 0.9999 --seed $s
+      run rc-750-mlp2-160-authors-cos3e-3-2c-ema0.9999-gval-s$s $MLP2 --val-split groups --cycles 2 --ema 0.9999 --seed $s \
+          ${THREADS:+--threads $THREADS}   # THREADS=2 where the run has both cores
     done ;;
   ema9999)   # the longer EMA at more seeds (scripts/val_chain.sh ema9999 [SEEDS], default 1 2)
     for s in ${2:-1 2}; do run rc-750-mlp2-160-authors-cos3e-3-ema0.9999-val-s$s $MLP2 --ema 0.9999 --seed $s; done ;;
