@@ -17,10 +17,10 @@ from reslm.run import CONFIG, SUMMARY, read_metrics
 
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
 CEILING_BUDGET = 155_803   # the trained ceilings: at most tf-256-16-16's trainable count, the paper's largest
-# the training fields a lab route may change, with the paper's values (what the frontier table lists)
 # training fields added since runs were first published, with a default that is not off: at that value a
 # run is the same configuration as one whose config.json predates the field
 ADDED_DEFAULTS = dict(val_split="tails")
+# the training fields a lab route may change, with the paper's values (what the frontier table lists)
 PAPER_ROUTE = dict(optimizer="adam", lr=1e-4, schedule="constant", warmup_steps=0, hold_steps=0, cycles=1, ema=0.0,
                    weight_decay=0.0, grad_clip=0.0, batch_size=1024, epochs_per_shard=5, shard_chars=0,
                    epoch_samples=0, state_dtype="float32")
