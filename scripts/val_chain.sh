@@ -2,7 +2,7 @@
 # Runs that choose on the validation split (--val-fraction 0.05), one after another on one thread,
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
 # (--resume), or a published unfinished one in results/ in place, and skips finished ones.
-# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|ema9999 [SEEDS]
+# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|ema9999 [SEEDS]
 set -e
 R=${RESLM:-.venv/bin/reslm}
 run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
@@ -72,6 +72,13 @@ case "$1" in
       run rc-750-mlp2-160-authors-cos3e-3-2c-ema0.9999-gval-s$s $MLP2 --val-split groups --cycles 2 --ema 0.9999 --seed $s \
           ${THREADS:+--threads $THREADS}   # THREADS=2 where the run has both cores
     done ;;
+  routes3)   # routes on the best configuration (two cycles, EMA 0.9999, whole-play validation), at SEEDS
+    for s in ${2:-0}; do
+      run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.9999-gval-s$s $MLP2 --val-split groups --cycles 2 --ema 0.9999 \
+          --head mlp3 --head-hidden 141 --seed $s ${THREADS:+--threads $THREADS}
+      run rc-750-mlp2-152-onehot-authors-cos3e-3-2c-ema0.9999-gval-s$s $MLP2 --val-split groups --cycles 2 --ema 0.9999 \
+          --head-hidden 152 --head-input state+onehot --seed $s ${THREADS:+--threads $THREADS}
+    done ;;
   best3)   # the same over three cycles
     for s in ${2:-0 1 2}; do
       run rc-750-mlp2-160-authors-cos3e-3-3c-ema0.9999-gval-s$s $MLP2 --val-split groups --cycles 3 --ema 0.9999 --seed $s \
@@ -79,5 +86,5 @@ case "$1" in
     done ;;
   ema9999)   # the longer EMA at more seeds (scripts/val_chain.sh ema9999 [SEEDS], default 1 2)
     for s in ${2:-1 2}; do run rc-750-mlp2-160-authors-cos3e-3-ema0.9999-val-s$s $MLP2 --ema 0.9999 --seed $s; done ;;
-  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|ema9999 [SEEDS]" >&2; exit 2 ;;
+  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|ema9999 [SEEDS]" >&2; exit 2 ;;
 esac
