@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from reslm.core.errors import ReslmError
 from reslm.data.datasets import open_dataset
 from reslm.models.load import load_run
 
@@ -36,14 +37,17 @@ def position_losses(model, tokens: torch.Tensor, start: int, dtype: torch.dtype)
     for i0 in range(0, len(feats), 8192):
         index = torch.arange(i0, min(len(feats), i0 + 8192))
         logits, _ = model.forward_features(feats.batch(index), None)
-        out.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), feats.targets[index].reshape(-1), reduction="none"))
+        out.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), feats.targets[index].reshape(-1),
+                                   reduction="none"))
     return torch.cat(out)
 
 
 def groups_of(meta: dict, start: int, end: int) -> list[tuple[str, int, int]]:
-    """(group, start, end) of the file groups overlapping [start, end), clipped to it."""
+    """(group, start, end) of the file groups overlapping [start, end), clipped to it; none for a
+    dataset whose meta.json records no source files."""
     rows: list[tuple[str, int, int]] = []
-    for f in meta["source"]["files"]:
+    source = meta.get("source")
+    for f in source.get("files", []) if isinstance(source, dict) else []:
         a, b = max(f["start"], start), min(f["end"], end)
         if a >= b:
             continue
@@ -61,6 +65,14 @@ def main() -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--json", type=Path, help="also write the table here")
     args = ap.parse_args()
+    try:
+        return score(args)
+    except ReslmError as e:
+        print(f"score_groups: {e}", file=sys.stderr)
+        return 2
+
+
+def score(args) -> int:
     torch.set_num_threads(1)
     table = {}
     for run in args.runs:
