@@ -2,6 +2,7 @@
 # Runs that choose on the validation split (--val-fraction 0.05), one after another on one thread,
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
 # (--resume), or a published unfinished one in results/ in place, and skips finished ones.
+# THREADS=N (the sections that take it, and every resume): N torch threads, where a run has N cores.
 # Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|ema9999 [SEEDS]
 set -e
 R=${RESLM:-.venv/bin/reslm}
@@ -10,9 +11,9 @@ run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to r
   if [ -f results/$name/summary.json ] && grep -q '"finished": true' results/$name/summary.json; then
     echo "skip $name (published)"; return; fi
   if [ -f runs/$name/checkpoint.pt ] || { [ -f runs/$name/config.json ] && [ ! -f results/$name/checkpoint.pt ]; }; then
-    $R train --out runs/$name --resume --no-progress   # a run begun here (with no checkpoint yet: from step 0)
+    $R train --out runs/$name --resume --no-progress ${THREADS:+--threads $THREADS}   # begun here (no checkpoint yet: from step 0)
   elif [ -f results/$name/checkpoint.pt ]; then   # published unfinished (by another machine): continue it there
-    $R train --out results/$name --resume --no-progress; return
+    $R train --out results/$name --resume --no-progress ${THREADS:+--threads $THREADS}; return
   else $R train "$@" --out runs/$name --no-progress; fi
   $R publish runs/$name results/$name
 }
