@@ -125,6 +125,25 @@ def seed_groups(points: list[dict]) -> list[dict]:
     return sorted(groups, key=lambda g: (g["val"] is None, SPLIT_RANK.get(g["val_split"], 2), (g["val"] or g["test"])[0]))
 
 
+def _level_on_validation(top: dict, groups: list[dict]) -> list[str]:
+    """A sentence for each strict configuration of the same split whose mean validation CE is within
+    one standard error of the mean (the larger of the two) of the top one's: validation does not
+    separate them, so the top one's test CE is read beside theirs."""
+    def se(g):
+        return g["val"][1] / len(g["runs"]) ** 0.5
+
+    level = [g for g in groups if g is not top and g["strict"] and g["val"] and g["val_split"] == top["val_split"]
+             and g["trainable_params"] <= FRONTIER_BUDGET and g["val"][0] - top["val"][0] < max(se(top), se(g))]
+    lines = []
+    for g in level:
+        r0 = g["runs"][0]
+        lines += [f"Validation does not separate it from [{r0['name']}](../{r0['folder']}) and its other seeds: mean "
+                  f"validation CE {g['val'][0]:.4f} against {top['val'][0]:.4f}, a difference of "
+                  f"{g['val'][0] - top['val'][0]:.5f} within one standard error of the mean "
+                  f"({max(se(top), se(g)):.4f}). Its test CE: {_mean_sd(g['test'])} over {len(g['runs'])} seeds.", ""]
+    return lines
+
+
 def _mean_sd(st) -> str:
     return "-" if st is None else f"{st[0]:.4f} ± {st[1]:.4f}"
 
@@ -177,6 +196,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
               f"other seeds at {_mean_sd(top['test'])} nats test CE (mean ± sd over {len(top['runs'])} seeds; "
               f"{_mean_sd(top['test_at_best_val'])} at each seed's best validation CE), "
               f"{top['trainable_params']:,} trainable parameters.**", ""]
+        L += _level_on_validation(top, groups)
     if best:
         how = (f"the lowest validation CE, {best['val_loss']:.4f} on the {best['val_split']} split"
                if best.get("val_loss") is not None else f"the best test CE of {configs} configurations, chosen on test")

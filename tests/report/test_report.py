@@ -135,6 +135,26 @@ def test_seed_groups_give_mean_and_spread_of_one_configuration_over_seeds():
     assert [g["runs"][0]["name"] for g in seed_groups(tails + plays)] == ["g", "t"]
 
 
+def test_a_configuration_level_on_validation_with_the_best_is_named_beside_it():
+    """The best configuration on validation names each other configuration of its split whose mean
+    validation CE is within one standard error of the mean of its own, with that one's test CE."""
+    from reslm.report.frontier import _level_on_validation, seed_groups
+
+    def runs(config, vals, test, split="groups"):
+        return [dict(name=f"{config}-s{s}", config=config, seed=s, test_loss=test + s / 1000, val_loss=v,
+                     test_at_best_val=test, folder=f"results/{config}-s{s}", finished=True, family="rc", strict=True,
+                     trainable_params=155_000, route=[], val_split=split) for s, v in enumerate(vals)]
+
+    groups = seed_groups(runs("top", [1.630, 1.634], 1.59) + runs("tie", [1.631, 1.634], 1.60)
+                         + runs("far", [1.650, 1.652], 1.58) + runs("other", [1.6315, 1.6345], 1.57, "tails"))
+    top = groups[0]
+    assert top["runs"][0]["config"] == "top"
+    text = "\n".join(_level_on_validation(top, groups))
+    assert "[tie-s0]" in text and "1.6005 ± 0.0007 over 2 seeds" in text   # test: 1.600 and 1.601
+    assert "far-s0" not in text and "other-s0" not in text   # 0.019 apart; another split
+    assert _level_on_validation(groups[1], [groups[1]]) == []
+
+
 def test_report_refuses_a_folder_without_results(tmp_path, capsys):
     assert main(["report", "--repo", str(tmp_path / "nowhere")]) == 2
     assert "has no results/ folder" in capsys.readouterr().err
