@@ -16,7 +16,6 @@ A run trained with measurement noise on its states is scored here with another d
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from reslm.core.errors import ReslmError
+from reslm.core.files import write_json
 from reslm.data.datasets import open_dataset
 from reslm.models.load import load_run
 
@@ -94,7 +94,7 @@ def score(args) -> int:
         for group, (ce, n) in row.items():
             print(f"  {group:28s} {ce:.4f}  ({n:,} positions)")
     if args.json:
-        args.json.write_text(json.dumps({"start": args.start, "end": args.end, "runs": table}, indent=1) + "\n")
+        write_json(args.json, {"start": args.start, "end": args.end, "runs": table})   # whole or not at all
     return 0
 
 
