@@ -3,7 +3,7 @@
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
 # (--resume), or a published unfinished one in results/ in place, and skips finished ones.
 # THREADS=N (the sections that take it, and every resume): N torch threads, where a run has N cores.
-# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|ema9999 [SEEDS]
+# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|mlp3|ema9999 [SEEDS]
 set -e
 R=${RESLM:-.venv/bin/reslm}
 run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
@@ -16,6 +16,10 @@ run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to r
     $R train --out results/$name --resume --no-progress ${THREADS:+--threads $THREADS}; return
   else $R train "$@" --out runs/$name --no-progress; fi
   $R publish runs/$name results/$name
+}
+mlp3_2c() {   # SEED: the three-layer head on the best configuration
+  run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.9999-gval-s$1 $MLP2 --val-split groups --cycles 2 --ema 0.9999 \
+      --head mlp3 --head-hidden 141 --seed $1 ${THREADS:+--threads $THREADS}
 }
 MLP="--preset rc-750 --head mlp --head-hidden 191 --spectral-radius 1.1111 --input-scaling 1.1111
      --reservoir-options input_init=normal --lr 3e-3 --schedule cosine --warmup-steps 500 --ema 0.999
@@ -75,11 +79,12 @@ case "$1" in
     done ;;
   routes3)   # routes on the best configuration (two cycles, EMA 0.9999, whole-play validation), at SEEDS
     for s in ${2:-0}; do
-      run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.9999-gval-s$s $MLP2 --val-split groups --cycles 2 --ema 0.9999 \
-          --head mlp3 --head-hidden 141 --seed $s ${THREADS:+--threads $THREADS}
+      mlp3_2c $s
       run rc-750-mlp2-152-onehot-authors-cos3e-3-2c-ema0.9999-gval-s$s $MLP2 --val-split groups --cycles 2 --ema 0.9999 \
           --head-hidden 152 --head-input state+onehot --seed $s ${THREADS:+--threads $THREADS}
     done ;;
+  mlp3)   # the three-layer head of routes3, which validation took at seed 0, at SEEDS (default 1 2)
+    for s in ${2:-1 2}; do mlp3_2c $s; done ;;
   best3)   # the same over three cycles
     for s in ${2:-0 1 2}; do
       run rc-750-mlp2-160-authors-cos3e-3-3c-ema0.9999-gval-s$s $MLP2 --val-split groups --cycles 3 --ema 0.9999 --seed $s \
@@ -87,5 +92,5 @@ case "$1" in
     done ;;
   ema9999)   # the longer EMA at more seeds (scripts/val_chain.sh ema9999 [SEEDS], default 1 2)
     for s in ${2:-1 2}; do run rc-750-mlp2-160-authors-cos3e-3-ema0.9999-val-s$s $MLP2 --ema 0.9999 --seed $s; done ;;
-  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|ema9999 [SEEDS]" >&2; exit 2 ;;
+  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|mlp3|ema9999 [SEEDS]" >&2; exit 2 ;;
 esac
