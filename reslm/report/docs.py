@@ -39,6 +39,7 @@ from reslm.report import figures, plots
 from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, frontier_md, frontier_points
 from reslm.report.rows import LEGACY, NOT_PUBLISHED, _read_csv, legacy_rows, published_rows, replace_between
 from reslm.report.tokens import plot_tokens, token_outputs
+from reslm.run.lock import writer_of
 from reslm.run.registry import is_published, verify_published
 
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -228,16 +229,24 @@ def replace_readme_table(text: str, table: str) -> str:
 
 def check_inputs(repo: Path) -> None:
     """ReslmError (one line) unless every input of the report is what reslm wrote: each published
-    folder under results/ verifies against its manifest (reslm.run.registry.verify_published), no
-    folder there is a link, and every curve results/legacy.csv names is a regular file inside the
-    repository (a relative path without "..")."""
+    folder under results/ verifies against its manifest (reslm.run.registry.verify_published; one that a
+    live process is training in place is named with its writer), no folder there is a link, and every
+    curve results/legacy.csv names is a regular file inside the repository (a relative path without
+    "..")."""
     repo = Path(repo)
     base = repo / "results"
     for folder in sorted(base.iterdir()) if base.is_dir() else []:
         if folder.is_symlink():
             raise ReslmError(f"{folder} is a symbolic link: reslm report reads only real folders in results/")
         if folder.is_dir() and is_published(folder):
-            verify_published(folder)
+            try:
+                verify_published(folder)
+            except ReslmError:   # a run trained in place (train --out results/NAME --resume) changes under us
+                writer = writer_of(folder)
+                if writer:
+                    raise ReslmError(f"{folder} is being trained in place by {writer}; run reslm report when "
+                                     f"it has stopped") from None
+                raise
     legacy = repo / LEGACY
     if plain_stat(legacy) is None:
         return

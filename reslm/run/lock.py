@@ -71,9 +71,14 @@ def _holder(run_dir: Path) -> dict | None:
 
 
 def _in_use(run_dir: Path) -> str:
+    return f"{run_dir} is in use by {_who(run_dir)}; wait for it or stop it"
+
+
+def _who(run_dir: Path) -> str:
+    """The holder of run_dir's lock in words: "pid N (reslm train ... since 12:34:56)"."""
     info = _holder(run_dir)
     if info is None:
-        return f"{run_dir} is in use by another process; wait for it or stop it"
+        return "another process"
     who = f"pid {info['pid']}"
     if isinstance(info.get("host"), str) and info["host"] != socket.gethostname():
         who += f" on {info['host']}"
@@ -84,8 +89,24 @@ def _in_use(run_dir: Path) -> str:
         start = time.localtime(info["started"])
         same_day = time.strftime("%Y-%m-%d", start) == time.strftime("%Y-%m-%d")
         what.append("since " + time.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M:%S", start))
-    detail = f" ({' '.join(what)})" if what else ""
-    return f"{run_dir} is in use by {who}{detail}; wait for it or stop it"
+    return f"{who} ({' '.join(what)})" if what else who
+
+
+def writer_of(run_dir: Path) -> str | None:
+    """Who holds run_dir's lock ("pid N (reslm train ... since 12:34:56)"), or None when no live
+    process does. A probe for readers that found a folder changing under them (a published run
+    trained in place): it takes a shared lock on the folder for an instant and never waits."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        return _who(Path(run_dir)) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+    finally:
+        os.close(fd)   # releases the probe's lock
+    return None
 
 
 def _flock(fd: int, run_dir: Path) -> None:

@@ -98,6 +98,23 @@ def test_eval_refuses_a_missing_or_altered_weight_file(world, tmp_path, monkeypa
     assert "weights.safetensors is missing" in err_line(capsys)
 
 
+def test_report_names_a_run_trained_in_place(world, tmp_path, monkeypatch):
+    """A published run continued in place (`train --out results/NAME --resume`) changes its files
+    while it trains: `reslm report` names the writer instead of calling the files damaged."""
+    import os
+    from reslm.core.errors import ReslmError
+    from reslm.report.docs import check_inputs
+    from reslm.run.lock import lock_run
+    folder = fresh(world, tmp_path, monkeypatch)
+    with open(folder / "metrics.jsonl", "a") as f:
+        f.write("{}\n")
+    with pytest.raises(ReslmError, match="altered or damaged"):
+        check_inputs(tmp_path / "clone")                     # no writer: a damaged folder
+    with lock_run(folder):
+        with pytest.raises(ReslmError, match=f"being trained in place by pid {os.getpid()} "):
+            check_inputs(tmp_path / "clone")
+
+
 def test_eval_refuses_a_reservoir_that_does_not_match_its_fingerprint(world, tmp_path, monkeypatch, capsys):
     """Another seed in config.json (its sha256 updated too, as a careless hand edit would) rebuilds
     another reservoir: the fingerprint catches it."""
