@@ -2,6 +2,7 @@
 alone on a dataset found by name elsewhere, continue an unfinished published run after moving it, and
 every bad folder the issue lists (one line on stderr, exit 2)."""
 import json
+import os
 import shutil
 
 import pytest
@@ -10,7 +11,10 @@ from safetensors.torch import load_file, save_file
 
 import reslm.train as tt
 from reslm.cli import main
+from reslm.core.errors import ReslmError
 from reslm.publish import TIMING, publish, train_command
+from reslm.report.docs import check_inputs
+from reslm.run.lock import lock_run
 from reslm.run.registry import MANIFEST, WEIGHTS, read_manifest
 from reslm.run import read_metrics
 
@@ -101,10 +105,6 @@ def test_eval_refuses_a_missing_or_altered_weight_file(world, tmp_path, monkeypa
 def test_report_names_a_run_trained_in_place(world, tmp_path, monkeypatch):
     """A published run continued in place (`train --out results/NAME --resume`) changes its files
     while it trains: `reslm report` names the writer instead of calling the files damaged."""
-    import os
-    from reslm.core.errors import ReslmError
-    from reslm.report.docs import check_inputs
-    from reslm.run.lock import lock_run
     folder = fresh(world, tmp_path, monkeypatch)
     with open(folder / "metrics.jsonl", "a") as f:
         f.write("{}\n")
