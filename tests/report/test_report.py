@@ -155,6 +155,27 @@ def test_a_configuration_level_on_validation_with_the_best_is_named_beside_it():
     assert _level_on_validation(groups[1], [groups[1]]) == []
 
 
+def test_the_chosen_configuration_trained_on_the_whole_text_is_reported_as_its_refit():
+    """Runs of the configuration validation chose, without the split (the same configuration less its
+    validation fields), are its refit: named under the chosen configuration with their mean test CE, and
+    marked so in the selection column; a configuration validation did not choose stays *test*."""
+    from reslm.report.frontier import frontier_md
+
+    def runs(config, vals, test, base=None):
+        return [dict(name=f"{config}-s{s}", config=config, base_config=base or config, seed=s, test_loss=test + s / 1000,
+                     val_loss=v, test_at_best_val=None, folder=f"results/{config}-s{s}", finished=True, family="rc",
+                     strict=True, trainable_params=155_000, route=["cycles=2"], val_split=v and "groups", cycle=2)
+                for s, v in enumerate(vals)]
+
+    points = (runs("chosen", [1.630, 1.634], 1.60, base="B") + runs("other", [1.650, 1.652], 1.58, base="O")
+              + runs("refit", [None, None], 1.59, base="B") + runs("legacy", [None], 1.55, base="L"))
+    page = frontier_md(points, None, None)
+    assert "[refit-s0](../results/refit-s0) and its other seeds at **1.5905 ± 0.0007** nats" in page
+    rows = {line.split(" | ")[0][2:]: line for line in page.splitlines() if line.startswith("| ") and "-s" in line}
+    assert "| refit of validation (groups) |" in rows["refit-s0"] and "| *test* |" in rows["legacy-s0"]
+    assert "| validation (groups) |" in rows["chosen-s0"]
+
+
 def test_report_refuses_a_folder_without_results(tmp_path, capsys):
     assert main(["report", "--repo", str(tmp_path / "nowhere")]) == 2
     assert "has no results/ folder" in capsys.readouterr().err
