@@ -132,22 +132,24 @@ def seed_groups(points: list[dict]) -> list[dict]:
 
 
 def _level_on_validation(top: dict, groups: list[dict]) -> list[str]:
-    """A sentence for each strict configuration of the same split whose mean validation CE is within
-    one standard error of the mean (the larger of the two) of the top one's: validation does not
-    separate them, so the top one's test CE is read beside theirs."""
+    """A table of the strict configurations of the same split whose mean validation CE is within one
+    standard error of the mean (the larger of the two) of the top one's: validation does not separate
+    them, so the top one's test CE is read beside theirs. No lines when there is none."""
     def se(g):
         return g["val"][1] / len(g["runs"]) ** 0.5
 
     level = [g for g in groups if g is not top and g["strict"] and g["val"] and g["val_split"] == top["val_split"]
              and g["trainable_params"] <= FRONTIER_BUDGET and g["val"][0] - top["val"][0] < max(se(top), se(g))]
-    lines = []
+    if not level:
+        return []
+    lines = ["Validation does not separate it from these configurations: the difference of their mean validation "
+             "CE from its own is within one standard error of the mean (the larger of the two).", "",
+             "| configuration | seeds | mean val CE | difference | standard error | test CE |", "|---|---|---|---|---|---|"]
     for g in level:
         r0 = g["runs"][0]
-        lines += [f"Validation does not separate it from [{r0['name']}](../{r0['folder']}) and its other seeds: mean "
-                  f"validation CE {g['val'][0]:.4f} against {top['val'][0]:.4f}, a difference of "
-                  f"{g['val'][0] - top['val'][0]:.5f} within one standard error of the mean "
-                  f"({max(se(top), se(g)):.4f}). Its test CE: {_mean_sd(g['test'])} over {len(g['runs'])} seeds.", ""]
-    return lines
+        lines.append(f"| [{r0['name']}](../{r0['folder']}) | {len(g['runs'])} | {g['val'][0]:.4f} | "
+                     f"{g['val'][0] - top['val'][0]:+.5f} | {max(se(top), se(g)):.4f} | {_mean_sd(g['test'])} |")
+    return lines + [""]
 
 
 def _refit_of(top: dict | None, groups: list[dict]) -> dict | None:

@@ -150,7 +150,8 @@ def test_a_configuration_level_on_validation_with_the_best_is_named_beside_it():
     top = groups[0]
     assert top["runs"][0]["config"] == "top"
     text = "\n".join(_level_on_validation(top, groups))
-    assert "[tie-s0]" in text and "1.6005 ± 0.0007 over 2 seeds" in text   # test: 1.600 and 1.601
+    assert "| [tie-s0](../results/tie-s0) | 2 | 1.6325 | +0.00050 |" in text
+    assert text.splitlines()[-1].endswith("| 1.6005 ± 0.0007 |")   # test: 1.600 and 1.601
     assert "far-s0" not in text and "other-s0" not in text   # 0.019 apart; another split
     assert _level_on_validation(groups[1], [groups[1]]) == []
 
