@@ -3,7 +3,7 @@
 # each published into results/ when it finishes; rerunning the script continues an interrupted run
 # (--resume), or a published unfinished one in results/ in place, and skips finished ones.
 # THREADS=N (the sections that take it, and every resume): N torch threads, where a run has N cores.
-# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|mlp3|mlp3-3c|refit|ema9999 [SEEDS]
+# Usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|mlp3|mlp3-3c|refit|ema9999 [SEEDS] | probe KEY [SEEDS]
 set -e
 R=${RESLM:-.venv/bin/reslm}
 run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to results/NAME
@@ -17,9 +17,8 @@ run() {   # NAME ARGS...: train runs/NAME (or continue it), then publish it to r
   else $R train "$@" --out runs/$name --no-progress; fi
   $R publish runs/$name results/$name
 }
-mlp3_2c() {   # SEED: the three-layer head on the best configuration
-  run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.9999-gval-s$1 $MLP2 --val-split groups --cycles 2 --ema 0.9999 \
-      --head mlp3 --head-hidden 141 --seed $1 ${THREADS:+--threads $THREADS}
+mlp3_2c() {   # SEED: the three-layer head on the best configuration ($MLP3_2C, set below)
+  run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.9999-gval-s$1 $MLP3_2C --seed $1
 }
 MLP="--preset rc-750 --head mlp --head-hidden 191 --spectral-radius 1.1111 --input-scaling 1.1111
      --reservoir-options input_init=normal --lr 3e-3 --schedule cosine --warmup-steps 500 --ema 0.999
@@ -31,6 +30,7 @@ AERC="--preset aerc-160-30 --spectral-radius 1.1111 --input-scaling 1.1111 --res
 TUNED="--context-mode stream --schedule cosine --warmup-steps 500 --ema 0.999 --val-fraction 0.05 --keep-best-val
        --eval-samples 65536 --final-eval-samples 0 --threads 1"
 TF_TUNED=$(echo $TUNED | sed 's/--context-mode stream/--context-mode causal/')
+MLP3_2C="$MLP2 --val-split groups --cycles 2 --ema 0.9999 --head mlp3 --head-hidden 141 ${THREADS:+--threads $THREADS}"
 case "$1" in
   frontier)
     for s in 0 1 2; do run rc-750-mlp191-authors-cos3e-3-ema-val-s$s $MLP --seed $s; done
@@ -102,7 +102,21 @@ case "$1" in
       run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.9999-refit-s$s $(echo $MLP2 | sed 's/ --val-fraction 0.05 --keep-best-val//') \
           --cycles 2 --ema 0.9999 --head mlp3 --head-hidden 141 --seed $s ${THREADS:+--threads $THREADS}
     done ;;
+  probe)   # one change to the chosen configuration (mlp3 over two cycles), at SEEDS (default 0): KEY is one of
+    # lr6e-3 | lr1.5e-3 (the peak learning rate, never chosen on validation for this head) | ema0.99995 |
+    # min0.01 (the cosine's floor at 1% of the peak, not 10%). Each is judged at seed 0 against the chosen
+    # configuration's seed 0 (val 1.6242); the one with the lowest val CE there, if lower, goes on to seeds 1
+    # and 2, and the rule stays the lowest mean validation CE over three seeds.
+    for s in ${3:-0}; do
+      case "$2" in
+        lr6e-3) run rc-750-mlp3-141-authors-cos6e-3-2c-ema0.9999-gval-s$s $MLP3_2C --lr 6e-3 --seed $s ;;
+        lr1.5e-3) run rc-750-mlp3-141-authors-cos1.5e-3-2c-ema0.9999-gval-s$s $MLP3_2C --lr 1.5e-3 --seed $s ;;
+        ema0.99995) run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.99995-gval-s$s $MLP3_2C --ema 0.99995 --seed $s ;;
+        min0.01) run rc-750-mlp3-141-authors-cos3e-3-min0.01-2c-ema0.9999-gval-s$s $MLP3_2C --min-lr-frac 0.01 --seed $s ;;
+        *) echo "probe: KEY is lr6e-3, lr1.5e-3, ema0.99995 or min0.01" >&2; exit 2 ;;
+      esac
+    done ;;
   ema9999)   # the longer EMA at more seeds (scripts/val_chain.sh ema9999 [SEEDS], default 1 2)
     for s in ${2:-1 2}; do run rc-750-mlp2-160-authors-cos3e-3-ema0.9999-val-s$s $MLP2 --ema 0.9999 --seed $s; done ;;
-  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|mlp3|mlp3-3c|refit|ema9999 [SEEDS]" >&2; exit 2 ;;
+  *) echo "usage: scripts/val_chain.sh frontier|ceilings|tf|aerc|routes|routes2|groups-a|groups-b|best|best3|routes3|mlp3|mlp3-3c|refit|ema9999 [SEEDS] | probe KEY [SEEDS]" >&2; exit 2 ;;
 esac
