@@ -103,17 +103,18 @@ case "$1" in
           --cycles 2 --ema 0.9999 --head mlp3 --head-hidden 141 --seed $s ${THREADS:+--threads $THREADS}
     done ;;
   probe)   # one change to the chosen configuration (mlp3 over two cycles), at SEEDS (default 0): KEY is one of
-    # lr6e-3 | lr1.5e-3 (the peak learning rate, never chosen on validation for this head) | ema0.99995 |
+    # lr6e-3 | lr1.5e-3 | lr7.5e-4 (the peak learning rate, never chosen on validation for this head) | ema0.99995 |
     # min0.01 (the cosine's floor at 1% of the peak, not 10%). Each is judged at seed 0 against the chosen
     # configuration's seed 0 (val 1.6242); the one with the lowest val CE there, if lower, goes on to seeds 1
     # and 2, and the rule stays the lowest mean validation CE over three seeds.
     for s in ${3:-0}; do
       case "$2" in
         lr6e-3) run rc-750-mlp3-141-authors-cos6e-3-2c-ema0.9999-gval-s$s $MLP3_2C --lr 6e-3 --seed $s ;;
+        lr7.5e-4) run rc-750-mlp3-141-authors-cos7.5e-4-2c-ema0.9999-gval-s$s $MLP3_2C --lr 7.5e-4 --seed $s ;;
         lr1.5e-3) run rc-750-mlp3-141-authors-cos1.5e-3-2c-ema0.9999-gval-s$s $MLP3_2C --lr 1.5e-3 --seed $s ;;
         ema0.99995) run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.99995-gval-s$s $MLP3_2C --ema 0.99995 --seed $s ;;
         min0.01) run rc-750-mlp3-141-authors-cos3e-3-min0.01-2c-ema0.9999-gval-s$s $MLP3_2C --min-lr-frac 0.01 --seed $s ;;
-        *) echo "probe: KEY is lr6e-3, lr1.5e-3, ema0.99995 or min0.01" >&2; exit 2 ;;
+        *) echo "probe: KEY is lr6e-3, lr1.5e-3, lr7.5e-4, ema0.99995 or min0.01" >&2; exit 2 ;;
       esac
     done ;;
   ema9999)   # the longer EMA at more seeds (scripts/val_chain.sh ema9999 [SEEDS], default 1 2)
