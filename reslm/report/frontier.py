@@ -255,6 +255,8 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
         L += ["", "## Every run", ""]
     L += ["| run | family | trainable | strict | val CE | test CE (nats) | bits/char | selection | cycle | what differs "
           "from the paper's protocol | weights |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    # a configuration compared on whole held-out plays at several seeds, trained again without the split
+    refits = {g["base_config"] for g in groups if g["val_split"] == "groups"}
     for p in points:
         link = f"[{p['folder']}](../{p['folder']})" + ("" if p["finished"] else " (in progress)") if p["folder"] \
             else NOT_PUBLISHED
@@ -263,8 +265,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
         # recipe compared on validation, or on the test shard itself
         chose = any(not (r.endswith(" context") or r.startswith("state_dtype=")) for r in p["route"])
         selection = (f"validation ({p['val_split']})" if val is not None else
-                     f"refit of validation ({top['val_split']})" if top and p.get("base_config") == top["base_config"]
-                     else "*test*" if chose else "-")
+                     "refit of validation (groups)" if p.get("base_config") in refits else "*test*" if chose else "-")
         L.append(f"| {p['name']} | {p['family']} | {p['trainable_params']:,} | {'yes' if p['strict'] else 'no'} | "
                  f"{'-' if val is None else f'{val:.4f}'} | {p['test_loss']:.4f} | {p['test_loss'] / LN2:.3f} | "
                  f"{selection} | {p['cycle']} | {'; '.join(p['route']) or '-'} | "

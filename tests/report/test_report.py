@@ -157,9 +157,9 @@ def test_a_configuration_level_on_validation_with_the_best_is_named_beside_it():
 
 
 def test_the_chosen_configuration_trained_on_the_whole_text_is_reported_as_its_refit():
-    """Runs of the configuration validation chose, without the split (the same configuration less its
-    validation fields), are its refit: named under the chosen configuration with their mean test CE, and
-    marked so in the selection column; a configuration validation did not choose stays *test*."""
+    """Runs of a configuration compared on held-out plays, without the split (the same configuration less
+    its validation fields), are its refit, marked so in the selection column; the chosen configuration's
+    refit is named under it with its mean test CE. A configuration never validated stays *test*."""
     from reslm.report.frontier import frontier_md
 
     def runs(config, vals, test, base=None):
@@ -169,12 +169,14 @@ def test_the_chosen_configuration_trained_on_the_whole_text_is_reported_as_its_r
                 for s, v in enumerate(vals)]
 
     points = (runs("chosen", [1.630, 1.634], 1.60, base="B") + runs("other", [1.650, 1.652], 1.58, base="O")
-              + runs("refit", [None, None], 1.59, base="B") + runs("legacy", [None], 1.55, base="L"))
+              + runs("refit", [None, None], 1.59, base="B") + runs("legacy", [None], 1.55, base="L")
+              + runs("other-refit", [None], 1.57, base="O"))
     page = frontier_md(points, None, None)
     assert "[refit-s0](../results/refit-s0) and its other seeds at **1.5905 ± 0.0007** nats" in page
     rows = {line.split(" | ")[0][2:]: line for line in page.splitlines() if line.startswith("| ") and "-s" in line}
     assert "| refit of validation (groups) |" in rows["refit-s0"] and "| *test* |" in rows["legacy-s0"]
-    assert "| validation (groups) |" in rows["chosen-s0"]
+    assert "| validation (groups) |" in rows["chosen-s0"] and "| refit of validation (groups) |" in rows["other-refit-s0"]
+    assert "other-refit-s0](" not in page.split("## Over seeds")[0]
 
 
 def test_report_refuses_a_folder_without_results(tmp_path, capsys):
