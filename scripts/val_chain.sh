@@ -95,14 +95,14 @@ case "$1" in
       run rc-750-mlp3-141-authors-cos3e-3-3c-ema0.9999-gval-s$s $MLP2 --val-split groups --cycles 3 --ema 0.9999 \
           --head mlp3 --head-hidden 141 --seed $s ${THREADS:+--threads $THREADS}
     done ;;
-  refit)   # the configuration validation chose (the lowest mean val CE over three seeds: mlp3 over two
-    # cycles) trained again on the whole training text, the validation split folded back in, and scored
+  refit)   # the configuration validation chose before the probes below (the lowest mean val CE over three
+    # seeds: mlp3 over two cycles at the peak 3e-3) trained again on the whole training text, the validation split folded back in, and scored
     # with its final weights, at SEEDS (default 0 1 2): nothing is chosen here, so nothing needs the split
     for s in ${2:-0 1 2}; do
       run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.9999-refit-s$s $(echo $MLP2 | sed 's/ --val-fraction 0.05 --keep-best-val//') \
           --cycles 2 --ema 0.9999 --head mlp3 --head-hidden 141 --seed $s ${THREADS:+--threads $THREADS}
     done ;;
-  probe)   # one change to the chosen configuration (mlp3 over two cycles), at SEEDS (default 0): KEY is one of
+  probe)   # one change to the configuration chosen before (mlp3 over two cycles, peak 3e-3), at SEEDS (default 0): KEY is one of
     # lr6e-3 | lr1.5e-3 | lr7.5e-4 (the peak learning rate, never chosen on validation for this head) | ema0.99995 |
     # min0.01 (the cosine's floor at 1% of the peak, not 10%). Each is judged at seed 0 against the chosen
     # configuration's seed 0 (val 1.6242); the one with the lowest val CE there, if lower, goes on to seeds 1
