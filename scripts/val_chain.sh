@@ -99,8 +99,8 @@ case "$1" in
     # seeds: mlp3 over two cycles at the peak 3e-3) trained again on the whole training text, the validation split folded back in, and scored
     # with its final weights, at SEEDS (default 0 1 2): nothing is chosen here, so nothing needs the split
     for s in ${2:-0 1 2}; do
-      run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.9999-refit-s$s $(echo $MLP2 | sed 's/ --val-fraction 0.05 --keep-best-val//') \
-          --cycles 2 --ema 0.9999 --head mlp3 --head-hidden 141 --seed $s ${THREADS:+--threads $THREADS}
+      run rc-750-mlp3-141-authors-cos3e-3-2c-ema0.9999-refit-s$s \
+          $(echo $MLP3_2C | sed 's/ --val-fraction 0.05 --keep-best-val//; s/ --val-split groups//') --seed $s
     done ;;
   probe)   # one change to the configuration chosen before (mlp3 over two cycles, peak 3e-3), at SEEDS (default 0): KEY is one of
     # lr6e-3 | lr1.5e-3 | lr7.5e-4 (the peak learning rate, never chosen on validation for this head) | ema0.99995 |

@@ -155,8 +155,9 @@ def _level_on_validation(top: dict, groups: list[dict]) -> list[str]:
 def _refit_of(top: dict | None, groups: list[dict]) -> dict | None:
     """The seed group that trains the configuration validation chose (top) again on the whole training text:
     the same configuration without a validation split."""
-    return next((g for g in groups if top and g["val"] is None and g["base_config"] is not None
-                 and g["base_config"] == top["base_config"]), None)
+    if top is None or top["base_config"] is None:
+        return None
+    return next((g for g in groups if g["val"] is None and g["base_config"] == top["base_config"]), None)
 
 
 def _mean_sd(st) -> str:
