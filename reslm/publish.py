@@ -22,11 +22,9 @@ import contextlib
 import datetime
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -38,18 +36,16 @@ from reslm.core.device import cpu_name
 from reslm.core.errors import ReslmError, write_error
 from reslm.core.files import (atomic_write, exchange, fsync_dir, fsync_tree, make_temp_dir, missing_parents, read_json,
                               remove_empty_dirs, sha256_file, write_json)
-from reslm.models import make_config, preset
 from reslm.reservoir import model_radii
 from reslm.run.checkpoint import identity_difference
 from reslm.run.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, eval_matches, fixed_fingerprints,
                                 is_published, load_published, only_trainable, read_manifest, read_provenance,
                                 same_tensor, split_state,
                                 verify_published, weights_digest)
-from reslm.run import (CHECKPOINT, CONFIG, LOCK, METRICS, SUMMARY, load_checkpoint, lock_run, read_config, read_metrics,
+from reslm.models.identity import command as train_command
+from reslm.run import (CHECKPOINT, CONFIG, LOCK, METRICS, SUMMARY, is_finished, load_checkpoint, lock_run, read_config, read_metrics,
                        run_identity, save_checkpoint)
-from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.models.load import load_run_model
-from reslm.train import is_finished, train_config
 
 TIMING = ("wall", "samples_per_s", "seconds", "tokens_per_s")   # metrics fields that differ run to run
 
@@ -64,31 +60,6 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return r.stdout.strip() + ("+dirty" if d.stdout.strip() else "") if r.returncode == 0 else "unknown"
-
-
-def _flag(name: str, value) -> list[str]:
-    flag = "--" + name.replace("_", "-")
-    if isinstance(value, bool):
-        return [flag if value else "--no-" + name.replace("_", "-")]
-    return [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
-
-
-def train_command(cfg: dict) -> str:
-    """A `reslm train` command that makes this run: its preset (or family), the model and training
-    fields that differ from the preset's and the family's defaults, its dataset and seed."""
-    name, over = preset(cfg["preset"]) if cfg.get("preset") else (cfg["family"], {})
-    args = ["reslm", "train"] + (["--preset", cfg["preset"]] if cfg.get("preset") else ["--family", name])
-    model = asdict(make_config(name, **{**over, "vocab_size": cfg["model"].get("vocab_size")}))
-    for k, v in cfg["model"].items():
-        if k not in ("seed", "vocab_size") and model.get(k) != v:
-            args += _flag(k, v)
-    defaults = asdict(train_config(name))
-    for k, v in cfg["train"].items():
-        if k not in ("seed", "device") and defaults.get(k) != v:
-            args += _flag(k, v)
-    seed = cfg["train"].get("seed", 0)
-    args += ["--data", cfg["data"].get("name", cfg["data"]["path"])] + (["--seed", str(seed)] if seed else [])
-    return " ".join(shlex.quote(a) for a in args)
 
 
 def _consistent_summary(summary: dict | None, rows: list[dict]) -> bool:
@@ -354,27 +325,4 @@ def unpacked(folder: Path):
     publish(folder, folder)
 
 
-EVAL_TOKENS = 500       # tokens a token run generates in evaluate_and_publish's evaluation (after its val-split score)
-
-
-def _evaluated(run_dir: Path) -> bool:
-    """Whether run_dir/eval.json scored the whole val (or test) text after the last checkpoint was written."""
-    ev, path = read_json(run_dir / EVAL_FILE), run_dir / EVAL_FILE
-    return (ev is not None and ev.get("settings", {}).get("score") == 0
-            and path.stat().st_mtime >= (run_dir / CHECKPOINT).stat().st_mtime)
-
-
-def evaluate_and_publish(run_dir: Path, dest_root: Path, say=None) -> dict:
-    """Score a trained run on the whole of its held-out text (eval.json, unless it has one already:
-    `evaluate_run` with score=0) and publish it into dest_root/<run folder name>; returns the manifest.
-    `reslm sweep --publish DIR` calls it on each run once trained."""
-    run_dir = Path(run_dir)
-    if not _evaluated(run_dir):
-        evaluate_run(run_dir, length=EVAL_TOKENS, score=0, seed=0)
-    manifest = publish(run_dir, Path(dest_root) / run_dir.name)
-    if say:
-        say(f"published {run_dir.name} into {Path(dest_root) / run_dir.name} (step {manifest['step']:,})")
-    return manifest
-
-
-__all__ = ["publish", "evaluate_and_publish", "published_config", "unpack", "unpacked", "train_command", "git_commit", "TIMING"]
+__all__ = ["publish", "published_config", "unpack", "unpacked", "train_command", "git_commit", "TIMING"]

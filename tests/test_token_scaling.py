@@ -13,7 +13,7 @@ from reslm.cli import main
 from reslm.core.errors import ReslmError
 from reslm.experiments import Sweep, run_sweep
 from reslm.experiments.plans import extras_plan, sweep_plan
-from reslm.publish import evaluate_and_publish
+from reslm.experiments.runner import evaluate_and_publish
 from reslm.report import report
 from reslm.report.scaling import fit_log10, fit_log10_ci, t_quantile
 from reslm.report.tokens import TOKENS_BEGIN, TOKENS_END, token_rows

@@ -24,7 +24,7 @@ from reslm.core.errors import ReslmError, describe
 # Commands that train take their thread count from each run's config (train, sweep, search: --threads is
 # a training field) or leave torch's default unless --threads is given (reproduce, lab, demo), so that a
 # training's numbers do not depend on the machine's load; the others default to the idle cores.
-_RUN_THREADS = ("train", "sweep", "search")
+_RUN_THREADS = ("train", "sweep", "search", "frontier")
 _TRAINING = ("reproduce", "lab", "demo", "bench")
 
 

@@ -21,7 +21,8 @@ from reslm.experiments.reproduce import reproduce
 from reslm.experiments.sweep import SWEEP_OUTPUTS
 from reslm.generate import check_length, sample
 from reslm.models import MODELS, preset, preset_table
-from reslm.publish import evaluate_and_publish, publish, unpacked
+from reslm.experiments.runner import evaluate_and_publish
+from reslm.publish import publish, unpacked
 from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig

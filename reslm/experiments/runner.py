@@ -17,6 +17,7 @@ from reslm.core.errors import ReslmError
 from reslm.evaluate import EVAL_FILE, evaluate_run
 from reslm.experiments.plans import Run
 from reslm.core.files import read_json, write_json
+from reslm.publish import publish
 from reslm.run import CHECKPOINT, SUMMARY, check_output_folder, lock_run
 from reslm.train import ensure_run, make_run_config, train
 
@@ -95,3 +96,26 @@ class Clock:
         t = time.perf_counter()
         yield
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t
+
+
+EVAL_TOKENS = 500       # tokens a token run generates in evaluate_and_publish's evaluation (after its val-split score)
+
+
+def _evaluated(run_dir: Path) -> bool:
+    """Whether run_dir/eval.json scored the whole val (or test) text after the last checkpoint was written."""
+    ev, path = read_json(run_dir / EVAL_FILE), run_dir / EVAL_FILE
+    return (ev is not None and ev.get("settings", {}).get("score") == 0
+            and path.stat().st_mtime >= (run_dir / CHECKPOINT).stat().st_mtime)
+
+
+def evaluate_and_publish(run_dir: Path, dest_root: Path, say=None) -> dict:
+    """Score a trained run on the whole of its held-out text (eval.json, unless it has one already:
+    `evaluate_run` with score=0) and publish it into dest_root/<run folder name>; returns the manifest.
+    `reslm sweep --publish DIR` calls it on each run once trained."""
+    run_dir = Path(run_dir)
+    if not _evaluated(run_dir):
+        evaluate_run(run_dir, length=EVAL_TOKENS, score=0, seed=0)
+    manifest = publish(run_dir, Path(dest_root) / run_dir.name)
+    if say:
+        say(f"published {run_dir.name} into {Path(dest_root) / run_dir.name} (step {manifest['step']:,})")
+    return manifest

@@ -8,7 +8,7 @@ directory), then the sweep's extra runs (ablations, out/<name>); it skips finish
 unfinished ones from their checkpoint, so an interrupted sweep is resumed by running it again.
 
 `after(run_dir)` is called on each run as soon as it is trained: `reslm sweep --publish DIR` passes
-reslm.publish.evaluate_and_publish (the whole val split scored, then published into DIR/<name>), so an
+reslm.experiments.runner.evaluate_and_publish (the whole val split scored, then published into DIR/<name>), so an
 interrupted sweep keeps what it finished.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ def run_sweep(out: Path, dataset: TokenDataset, sweep: str | Sweep = "cpu", fami
     """Train every (family, size) of the sweep into out/<family>-d<D>-l<L>, then (extras) its extra runs
     into out/<name>; returns one row per sized run (reslm.report.scaling.CSV_FIELDS; the extras are not
     in the fit). Finished runs are skipped, unfinished ones continued from their checkpoint; after(run_dir)
-    is called on each run once it is trained (`reslm sweep --publish DIR`: reslm.publish.evaluate_and_publish)."""
+    is called on each run once it is trained (`reslm sweep --publish DIR`: reslm.experiments.runner.evaluate_and_publish)."""
     plan = sweep_plan(sweep, tuple(families), train_overrides)
     more = extras_plan(sweep, tuple(families), train_overrides) if extras else []
     check_runs_folder(out, SWEEP_OUTPUTS, "a sweep")   # never write scaling.* over a folder of the user's

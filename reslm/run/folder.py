@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from reslm.core.errors import ReslmError, describe
-from reslm.core.files import (atomic_write, fsync_dir, fsync_file, missing_parents, non_finite, open_plain, read_plain,
+from reslm.core.files import (atomic_write, fsync_dir, fsync_file, missing_parents, non_finite, open_plain, read_json, read_plain,
                               reason, remove_empty_dirs, strict_dumps)
 
 CONFIG, METRICS, CHECKPOINT, SUMMARY, LOCK = "config.json", "metrics.jsonl", "checkpoint.pt", "summary.json", ".lock"
@@ -362,3 +363,15 @@ def check_same_run(run_dir: Path, want: dict, defaults: dict | None = None,
         diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         raise ReslmError(f"{run_dir} was trained with a different budget ({', '.join(diff)}); "
                          f"remove it or use another output folder")
+
+
+def schedule_key(cfg: dict) -> str:
+    """A hash of what fixes a run's schedule (its training config), kept in summary.json."""
+    return hashlib.sha256(json.dumps(cfg["train"], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def is_finished(run_dir: Path) -> bool:
+    """True when the run's summary says it reached the end of the schedule its config now asks for."""
+    summary = read_json(Path(run_dir) / SUMMARY)
+    return (bool(summary) and summary.get("finished") is True
+            and summary.get("schedule") == schedule_key(read_config(run_dir)))

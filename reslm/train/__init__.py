@@ -7,9 +7,10 @@ the optimizers and the lr schedule: reslm.train.optim; the batch samplers: reslm
     create_run, ensure_run     a run folder from a family, its overrides and a dataset
     resume_run                 what a resume may change: more cycles, the thread count
 """
-from reslm.train.config import (CHECKPOINT_SECONDS, STATES, TrainConfig, authors_variant, create_run, data_fields,
-                                ensure_run, grow_cycles, is_finished, make_run_config, resume_run, run_train_config,
-                                sampler_for, train_config)
+from reslm.run import is_finished
+from reslm.settings import TrainConfig, data_fields
+from reslm.train.config import (CHECKPOINT_SECONDS, STATES, authors_variant, create_run, ensure_run, grow_cycles,
+                                make_run_config, resume_run, run_train_config, sampler_for, train_config)
 from reslm.train.loop import HeldoutLoss, summarize, train, train_step
 from reslm.train.optim import SOLVERS, lr_at, make_optimizer
 

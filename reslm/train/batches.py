@@ -502,7 +502,6 @@ class TokenWindows:
 
 
 SAMPLERS = {"chars": CharShards, "tokens": TokenWindows}   # a family's data kind -> its sampler
-VAL_SPLITS = ("tails", "groups")   # how --val-fraction carves the validation split (TrainConfig.val_split)
 
 
 def val_groups_cut(dataset, fraction: float, context: int) -> int:

@@ -43,11 +43,11 @@ from reslm.models.base import bits, count_params
 from reslm.models.budget import check_frontier
 from reslm.data.datasets import check_dataset, open_dataset
 from reslm.models.load import load_model
-from reslm.run import SUMMARY, MetricsLog, load_checkpoint, lock_run, read_config, read_metrics, save_checkpoint
+from reslm.run import (SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_run, read_config, read_metrics,
+                       save_checkpoint, schedule_key)
 from reslm.run.registry import only_trainable, with_fixed
 from reslm.train.batches import CharShards, step_seed
-from reslm.train.config import (CHECKPOINT_SECONDS, STATES, TrainConfig, schedule_key, is_finished,
-                                run_train_config, sampler_for)
+from reslm.train.config import CHECKPOINT_SECONDS, STATES, run_train_config, sampler_for
 from reslm.train.ema import EMA, checkpoint_weights
 from reslm.train.optim import SOLVERS, lr_at, make_optimizer
 

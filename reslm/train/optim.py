@@ -11,13 +11,13 @@ import math
 
 import torch
 
+from reslm import settings
 from reslm.models.base import decay_groups
 from reslm.train.lbfgs import fit_lbfgs
 from reslm.train.ridge import fit_ridge
 
 SOLVERS = {"ridge": fit_ridge, "lbfgs": fit_lbfgs}   # rc readouts fitted in one solve on the training shards
-OPTIMIZERS = ("adam", "adamw", *SOLVERS)
-SCHEDULES = ("constant", "cosine")
+assert tuple(SOLVERS) == settings.SOLVERS   # the names a config may give (reslm.settings), each with its solver
 
 
 def make_optimizer(model, tc, device: torch.device) -> torch.optim.Optimizer:

@@ -1,0 +1,227 @@
+"""`reslm frontier bench`: how good a language model is *your* reservoir at the paper's budget?
+
+The frontier's recipe (the configuration the RECIPE_PLAN's rule chose on validation, from results/) is run
+with your reservoir in place of the ESN, at each seed, after the strict rules are checked (a fixed
+substrate, a head that reads only its state, at most the budget's trainable parameters: a --size other
+than the recipe's gets the widest head that fits). Its test CE is printed beside the published ESN
+frontier and the tuned trained ceiling, all read the same way: the test text scored with the state
+carried through it. A model card (card.md) records what ran, where, and every figure.
+
+Budgets: "full" is the recipe as published; "quick" keeps every setting but trains one shard-epoch per
+shard over one cycle (a tenth of the full recipe's steps). How well quick ranks configurations against
+full is measured in docs/frontier-plans.md (plan quick-ranks).
+"""
+from __future__ import annotations
+
+import hashlib
+import runpy
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import reslm
+from reslm.core.device import cpu_name
+from reslm.core.errors import ReslmError
+from reslm.core.files import atomic_write, read_json
+from reslm.data.datasets import find_dataset
+from reslm.frontier.plan import Config, load_plan
+from reslm.frontier.runner import plan_table, selection
+from reslm.models import check_frontier_config, make_config
+from reslm.models.base import LN2
+from reslm.models.identity import command, delta, describe, run_name
+from reslm.reservoir import RESERVOIRS
+from reslm.run import SUMMARY, is_finished
+from reslm.train import ensure_run, train
+
+RECIPE_PLAN = "esn-lr"          # the plan whose chosen configuration is the recipe
+CEILING_PLANS = ("gru-ceiling", "lstm-ceiling", "ceilings-tails")   # the trained ceilings, first chosen wins
+BUDGETS = ("quick", "full")
+QUICK = dict(epochs_per_shard=1, cycles=1)
+QUICK_TEXT = "one shard-epoch per shard, one cycle (a tenth of the steps: minutes per seed on 2 cores)"
+CARD = "card.md"
+
+
+def recipe_config(plan_name: str = RECIPE_PLAN, results: Path = Path("results")) -> Config:
+    """The chosen configuration of the recipe plan (its base while the rule has chosen nothing)."""
+    plan = load_plan(plan_name)
+    chosen = selection(plan, plan_table(plan, results, Path("runs")))["chosen"]
+    return next((c for c in plan.configs if (c.label or "base") == chosen), plan.base)
+
+
+def _fit_head(cfg: Config, budget: int) -> Config:
+    """The same configuration with the widest head_hidden whose trainable count fits `budget`."""
+    def count(h):
+        return check_frontier_config(cfg.family, make_config(cfg.family, **{**cfg.model, "head_hidden": h,
+                                                                         "vocab_size": 59})).trainable_params
+    lo, hi = 1, 4096
+    if count(lo) > budget:
+        raise ReslmError(f"reservoir size {cfg.model.get('size')} leaves no room for a head within {budget:,} "
+                         "trainable parameters")
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if count(mid) <= budget else (lo, mid - 1)
+    return Config(**{**cfg.__dict__, "model": {**cfg.model, "head_hidden": lo}})
+
+
+def bench_config(reservoir: str, base: Config, *, budget: str = "quick", reservoir_options: str | None = None,
+                 size: int | None = None, limit: int = 155_459) -> tuple[Config, list[str]]:
+    """The recipe with `reservoir` in place of its own, checked against the strict rules; and notes on
+    what was adapted (options dropped, head refitted)."""
+    if reservoir not in RESERVOIRS:
+        raise ReslmError(f"unknown reservoir {reservoir!r} (registered: {', '.join(RESERVOIRS)}; --import FILE.py "
+                         "registers your own)")
+    notes = []
+    model = {**base.model, "reservoir": reservoir}
+    if reservoir_options is not None:
+        model["reservoir_options"] = reservoir_options
+    elif reservoir != base.model.get("reservoir", "esn"):
+        try:
+            make_config(base.family, **{**model, "vocab_size": 59})
+        except ReslmError:
+            notes.append(f"the recipe's reservoir options ({base.model.get('reservoir_options')}) do not apply to "
+                         f"{reservoir}: left out")
+            model["reservoir_options"] = ""
+    train = {**base.train, **(QUICK if budget == "quick" else {})}
+    cfg = Config(label=f"{reservoir}-{budget}", family=base.family, preset=base.preset, data=base.data, model=model,
+                 train=train)
+    if size is not None and size != base.model.get("size", make_config(base.family, vocab_size=59).size):
+        cfg = _fit_head(Config(**{**cfg.__dict__, "model": {**model, "size": size}}), limit)
+        notes.append(f"size {size}: the head's width fitted to the budget ({cfg.model['head_hidden']})")
+    verdict = check_frontier_config(cfg.family, make_config(cfg.family, **{**cfg.model, "vocab_size": 59}))
+    if not verdict.ok:
+        raise ReslmError(f"{reservoir} in the recipe breaks the strict rules: {'; '.join(verdict.reasons)}")
+    return cfg, notes
+
+
+def _import(files: list[str] | None) -> list[dict]:
+    """Run each user file (it registers a reservoir); returns their paths and sha256 for the card."""
+    out = []
+    for f in files or []:
+        path = Path(f)
+        if not path.is_file():
+            raise ReslmError(f"--import {f}: no such file")
+        runpy.run_path(str(path), run_name="__reslm_import__")
+        out.append(dict(path=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest()))
+    return out
+
+
+def _group(label: str, plan_name: str, results: Path, which: str = "chosen") -> dict | None:
+    """A published reference: the chosen configuration of a plan (or its base, complete), its mean ± sd."""
+    try:
+        plan = load_plan(plan_name)
+    except ReslmError:
+        return None
+    sel = selection(plan, plan_table(plan, results, Path("runs")))
+    base = plan.base.label or "base"
+    key = sel["chosen"] or (base if sel["groups"][base]["complete"] else None)
+    if key is None:
+        return None
+    g = sel["groups"][key]
+    return dict(name=f"{label}: {plan_name} plan, {key}", test=g["test_stream"] or g["test"], seconds=g["train_seconds"],
+                budget="full", trainable=None)
+
+
+def _stats(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
+
+
+def _row(name, st, seconds, trainable, budget) -> str:
+    if not st:
+        return f"| {name} | {budget} | {trainable or '-'} | not measured | - | - |"
+    mean, sd, n = st
+    wall = f"{seconds[0] / 60:.1f} min" if seconds else "-"
+    return (f"| {name} | {budget} | {f'{trainable:,}' if trainable else '-'} | {mean:.4f} ± {sd:.4f} ({n}) | "
+            f"{mean / LN2:.3f} | {wall} |")
+
+
+def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=None, reservoir_options=None,
+          size=None, out: Path = Path("runs/frontier-bench"), results: Path = Path("results"), jobs: int = 1,
+          threads: int | None = None, data_root: Path | None = None, progress: bool = True,
+          recipe_plan: str = RECIPE_PLAN, table_only: bool = False) -> dict:
+    """Run the recipe with `reservoir` at each seed in out/, then the table and the model card."""
+    if budget not in BUDGETS:
+        raise ReslmError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
+    sources = _import(imports)
+    base = recipe_config(recipe_plan, results)
+    cfg, notes = bench_config(reservoir, base, budget=budget, reservoir_options=reservoir_options, size=size)
+    dataset = find_dataset(cfg.data, "chars", data_root, prepare=True)
+    out = Path(out)
+    runs = {s: out / run_name(cfg.run_config(s), cfg.label) for s in seeds}
+    for s, run_dir in runs.items():   # every folder made (or checked) before the first one trains
+        rc = cfg.run_config(s)
+        ensure_run(run_dir, cfg.family, rc["model"], {**rc["train"], **({"threads": threads} if threads else {})},
+                   dataset, preset=cfg.preset)
+    t0 = time.perf_counter()
+    todo = [s for s, d in runs.items() if not is_finished(d)]
+    if jobs > 1 and len(todo) > 1:
+        _parallel(todo, runs, jobs, progress)
+    else:
+        for s in todo:
+            train(runs[s], progress=progress)
+    summaries = {s: read_json(d / SUMMARY) or {} for s, d in runs.items()}
+    mine = dict(test=_stats([m.get("weights_test_loss", m.get("final_test_loss")) for m in summaries.values()]),
+                val=_stats([m.get("weights_val_loss", m.get("final_val_loss")) for m in summaries.values()]),
+                seconds=_stats([m.get("train_seconds") for m in summaries.values()]),
+                trainable=next(iter(summaries.values())).get("trainable_params"))
+    refs = [_group("ESN frontier", recipe_plan, results)]
+    if budget == "quick":
+        refs.append(_group("ESN, quick", "quick-ranks", results))
+    refs += [next((g for g in (_group("trained ceiling", p, results) for p in CEILING_PLANS) if g), None)]
+    lines = ["| model | budget | trainable | test CE, state carried (nats, mean ± sd (seeds)) | bits/char | "
+             "train time per seed |", "|---|---|---|---|---|---|",
+             _row(f"**{reservoir}** (this bench)", mine["test"], mine["seconds"], mine["trainable"], budget)]
+    lines += [_row(r["name"], r["test"], r["seconds"], r["trainable"], r["budget"]) for r in refs if r]
+    table = "\n".join(lines)
+    card = _card(reservoir, cfg, base, notes, sources, budget, runs, summaries, table, threads)
+    atomic_write(out / CARD, lambda p: p.write_text(card))
+    return dict(table=table, card=str(out / CARD), runs={s: str(d) for s, d in runs.items()}, mine=mine,
+                wall_seconds=time.perf_counter() - t0)
+
+
+def _parallel(todo: list[int], runs: dict, jobs: int, progress: bool) -> None:
+    """Train the seeds' runs `jobs` at a time, each in its own `reslm train --resume` process."""
+    procs: list[subprocess.Popen] = []
+    queue = list(todo)
+    while queue or procs:
+        while queue and len(procs) < jobs:
+            s = queue.pop(0)
+            procs.append(subprocess.Popen([sys.executable, "-m", "reslm.cli", "train", "--out", str(runs[s]), "--resume",
+                                           "--no-progress"], stdout=subprocess.DEVNULL))
+        time.sleep(2)
+        for p in [p for p in procs if p.poll() is not None]:
+            procs.remove(p)
+            if p.returncode:
+                raise ReslmError(f"a seed's training process exited with status {p.returncode} (its run folder "
+                                 "keeps its checkpoint: run the bench again to continue)")
+
+
+def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, summaries, table, threads) -> str:
+    change = describe(delta(cfg.run_config(0), base.run_config(0)))
+    L = [f"# Model card: {reservoir} in the reservoir frontier's recipe ({budget})", "",
+         f"Made by `reslm frontier bench` (reslm {reslm.__version__}) on {cpu_name()}"
+         + (f", {threads} threads per run" if threads else "") + ".", "",
+         f"- Reservoir: `{reservoir}`" + "".join(f"; registered by `{s['path']}` (sha256 {s['sha256'][:16]})" for s in sources),
+         f"- Recipe: the {RECIPE_PLAN} plan's choice ({base.label or 'base'}), changed: {', '.join(change) or 'nothing'}",
+         f"- Strict reservoir rules: checked before training (fixed substrate, head reads the state only, "
+         f"{summaries[next(iter(summaries))].get('trainable_params', 0):,} trainable parameters)",
+         *[f"- Note: {n}" for n in notes], "",
+         "## Runs", "", "| seed | folder | val CE | test CE (state carried) | bits/char | train time |", "|---|---|---|---|---|---|"]
+    for s, d in runs.items():
+        m = summaries[s]
+        test = m.get("weights_test_loss", m.get("final_test_loss"))
+        val = m.get("weights_val_loss", m.get("final_val_loss"))
+        L.append(f"| {s} | `{d}` | {val if val is None else f'{val:.4f}'} | {test if test is None else f'{test:.4f}'} | "
+                 f"{'-' if test is None else f'{test / LN2:.3f}'} | {m.get('train_seconds', 0) / 60:.1f} min |")
+    L += ["", "## Beside the references", "", table, "",
+          "The references are published runs (results/), each the configuration its plan's rule chose on validation; "
+          "every test CE scores the whole test shard with the state carried through it.", "",
+          "Re-run one seed: `" + command(cfg.run_config(0), out=str(runs[next(iter(runs))])) + "`"]
+    return "\n".join(L) + "\n"
+
+
+__all__ = ["BUDGETS", "CARD", "QUICK", "RECIPE_PLAN", "bench", "bench_config", "recipe_config"]

@@ -1,0 +1,241 @@
+"""A frontier plan as data: a TOML file that names a base configuration (the incumbent), candidate
+changes to it, the seeds, and the rule that chooses among them on the validation split.
+
+    [plan]
+    about = "the peak learning rate of the three-layer head, never chosen on validation"
+
+    [base]                       # the incumbent: a preset (or family) with model and training overrides
+    label = "mlp3-2c"
+    preset = "rc-750"
+    model = { head = "mlp3", head_hidden = 141 }
+    train = { lr = 3e-3, schedule = "cosine", val_fraction = 0.05, val_split = "groups", keep_best_val = true }
+
+    [rule]
+    select = "screen"            # screen: every candidate at screen_seed; the `finalists` lowest on
+    screen_seed = 0              # validation, if lower than the base there, go on to every seed; the
+    seeds = [0, 1, 2]            # lowest mean validation CE over the seeds chooses. none: every
+    finalists = 1                # configuration at every seed, nothing chosen (a refit, a seed study)
+    strict = true                # every configuration obeys the strict reservoir rules and the budget
+
+    [[candidate]]
+    label = "lr1.5e-3"
+    train = { lr = 1.5e-3 }      # the change, over the base (a candidate may also set model fields)
+
+Everything is checked before anything runs (`load_plan`): unknown keys and fields, values of the wrong
+type, a candidate that breaks the strict rules or the budget, two candidates of one configuration.
+A plan's `sha` is a sha256 of its file's text: the ledger (reslm.frontier.ledger) records which
+plan text each run was started under.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reslm.core.errors import ReslmError
+from reslm.models import PRESETS, check_frontier_config, make_config
+from reslm.models.budget import FRONTIER_BUDGET
+from reslm.models.identity import check_label, fingerprint, recipe, run_name
+from reslm.settings import TrainConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:   # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+BUNDLED = Path(__file__).resolve().parent / "plans"   # the plans reslm ships (`reslm frontier list`)
+SELECTS = ("screen", "none")
+_KEYS = {"plan": {"about"}, "base": {"label", "preset", "family", "data", "model", "train"},
+         "rule": {"select", "screen_seed", "seeds", "finalists", "strict", "budget"},
+         "candidate": {"label", "model", "train", "about"}}
+# fields a plan may not set: the seed is the rule's, where and how a run runs is the command line's
+_NOT_IN_PLANS = {"seed", "threads", "device"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of a plan: the base or a candidate, as a run config without its seed."""
+    label: str
+    family: str
+    preset: str | None
+    data: str
+    model: dict
+    train: dict
+    about: str = ""
+
+    def run_config(self, seed: int) -> dict:
+        """The config a run of this configuration at `seed` gets (the shape of a run's config.json)."""
+        return dict(family=self.family, preset=self.preset, model={**self.model, "seed": seed},
+                    train={**self.train, "seed": seed}, data=dict(name=self.data))
+
+    def name(self, seed: int) -> str:
+        """The run's folder name (reslm.models.identity.run_name)."""
+        return run_name(self.run_config(seed), self.label)
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.run_config(0))
+
+
+@dataclass(frozen=True)
+class Rule:
+    select: str = "screen"
+    screen_seed: int = 0
+    seeds: tuple[int, ...] = (0, 1, 2)
+    finalists: int = 1
+    strict: bool = True
+    budget: int = FRONTIER_BUDGET
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    path: Path
+    sha: str
+    about: str
+    base: Config
+    candidates: tuple[Config, ...]
+    rule: Rule
+    text: str = field(repr=False, default="")
+
+    @property
+    def configs(self) -> tuple[Config, ...]:
+        """The base, then the candidates."""
+        return (self.base, *self.candidates)
+
+
+def find_plan(name_or_path: str) -> Path:
+    """A plan file: a path, or the name of a plan reslm ships (reslm/frontier/plans/NAME.toml)."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise ReslmError(f"plan {p}: no such file")
+        return p
+    bundled = BUNDLED / f"{name_or_path}.toml"
+    if not bundled.is_file():
+        known = ", ".join(sorted(q.stem for q in BUNDLED.glob("*.toml")))
+        raise ReslmError(f"no plan {name_or_path!r}: give a .toml file or one of {known}")
+    return bundled
+
+
+def bundled_plans() -> list[Path]:
+    return sorted(BUNDLED.glob("*.toml"))
+
+
+def load_plan(name_or_path: str | Path) -> Plan:
+    """Read, check and resolve a plan file (ReslmError naming the file and what is wrong)."""
+    path = find_plan(str(name_or_path))
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ReslmError(f"plan {path}: not valid TOML ({e})") from None
+    try:
+        return _resolve(path, text, raw)
+    except ReslmError as e:
+        raise ReslmError(f"plan {path}: {e}") from None
+
+
+def _keys(where: str, table, kind: str) -> dict:
+    if not isinstance(table, dict):
+        raise ReslmError(f"[{where}] must be a table")
+    unknown = sorted(set(table) - _KEYS[kind])
+    if unknown:
+        raise ReslmError(f"[{where}] has unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_KEYS[kind]))})")
+    return table
+
+
+def _config(where: str, table: dict, base: Config | None) -> Config:
+    for part in ("model", "train"):
+        if not isinstance(table.get(part, {}), dict):
+            raise ReslmError(f"[{where}] {part} must be a table of fields")
+        banned = sorted(_NOT_IN_PLANS & set(table.get(part, {})))
+        if banned:
+            raise ReslmError(f"[{where}] sets {', '.join(banned)}: seeds are the rule's, threads and device the "
+                             "command line's")
+    label = check_label(str(table.get("label", "")))
+    if base is None:
+        preset, fam = table.get("preset"), table.get("family")
+        if preset is not None and preset not in PRESETS:
+            raise ReslmError(f"[{where}] unknown preset {preset!r} (see `reslm presets`)")
+        r = recipe(fam, preset) if (preset or fam) else None
+        if r is None:
+            raise ReslmError(f"[{where}] names no preset or family")
+        fam, model, train, data = r["family"], dict(PRESETS[preset][1]) if preset else {}, {}, table.get("data", "shakespeare")
+    else:
+        fam, preset, model, train, data = base.family, base.preset, dict(base.model), dict(base.train), base.data
+    model.update(table.get("model", {}))
+    train.update(table.get("train", {}))
+    try:   # unknown fields and values of the wrong type: the model's and TrainConfig's own checks
+        make_config(fam, **{**model, "vocab_size": 59})
+        TrainConfig(**{**recipe(fam)["train"], **train}).validate()
+    except TypeError as e:
+        raise ReslmError(f"[{where}] {e}") from None
+    except ReslmError as e:
+        raise ReslmError(f"[{where}] {e}") from None
+    return Config(label=label, family=fam, preset=preset, data=str(data), model=model, train=train,
+                  about=str(table.get("about", "")))
+
+
+def _rule(table: dict) -> Rule:
+    rule = Rule(**{k: tuple(v) if k == "seeds" else v for k, v in table.items()})
+    if rule.select not in SELECTS:
+        raise ReslmError(f"[rule] select must be one of {', '.join(SELECTS)}, got {rule.select!r}")
+    if not rule.seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in rule.seeds) \
+            or len(set(rule.seeds)) != len(rule.seeds):
+        raise ReslmError(f"[rule] seeds must be distinct non-negative integers, got {list(rule.seeds)}")
+    if rule.select == "screen" and rule.screen_seed not in rule.seeds:
+        raise ReslmError(f"[rule] screen_seed {rule.screen_seed} is not one of the seeds {list(rule.seeds)}")
+    if not isinstance(rule.finalists, int) or rule.finalists < 1:
+        raise ReslmError(f"[rule] finalists must be an integer >= 1, got {rule.finalists!r}")
+    if not isinstance(rule.strict, bool) or not isinstance(rule.budget, int) or rule.budget < 1:
+        raise ReslmError("[rule] strict must be true or false and budget a positive integer")
+    return rule
+
+
+def _check(plan_rule: Rule, c: Config, where: str) -> None:
+    """A configuration's verdict under the plan's rules: strict reservoir family and budget."""
+    if c.train.get("val_fraction", 0) <= 0 and plan_rule.select == "screen":
+        raise ReslmError(f"[{where}] has no validation split (train.val_fraction): the rule chooses on validation")
+    if plan_rule.strict:
+        verdict = check_frontier_config(c.family, make_config(c.family, **{**c.model, "vocab_size": 59}))
+        over = verdict.trainable_params > plan_rule.budget
+        reasons = [r for r in verdict.reasons if "over the budget" not in r] + (
+            [f"{verdict.trainable_params:,} trainable parameters, over the plan's budget of {plan_rule.budget:,}"]
+            if over else [])
+        if reasons:
+            raise ReslmError(f"[{where}] breaks the strict rules: {'; '.join(reasons)}")
+
+
+def _resolve(path: Path, text: str, raw: dict) -> Plan:
+    unknown = sorted(set(raw) - {"plan", "base", "rule", "candidate"})
+    if unknown:
+        raise ReslmError(f"unknown table(s) {', '.join(unknown)} (known: plan, base, rule, candidate)")
+    about = _keys("plan", raw.get("plan", {}), "plan").get("about", "")
+    if "base" not in raw:
+        raise ReslmError("no [base] table: the configuration the candidates change")
+    base = _config("base", _keys("base", raw["base"], "base"), None)
+    rule = _rule(_keys("rule", raw.get("rule", {}), "rule"))
+    items = raw.get("candidate", [])
+    if not isinstance(items, list):
+        raise ReslmError("candidates are [[candidate]] tables")
+    candidates = tuple(_config(f"candidate {i + 1}", _keys(f"candidate {i + 1}", t, "candidate"), base)
+                       for i, t in enumerate(items))
+    seen: dict[str, str] = {}
+    for i, c in enumerate((base, *candidates)):
+        where = "base" if i == 0 else f"candidate {i} ({c.label or 'no label'})"
+        if i and not c.label:
+            raise ReslmError(f"[{where}] needs a label (its name in folder names and tables)")
+        _check(rule, c, where)
+        if c.fingerprint in seen:
+            raise ReslmError(f"[{where}] is the same configuration as {seen[c.fingerprint]}")
+        seen[c.fingerprint] = where
+    labels = [c.label for c in candidates]
+    if len(set(labels)) != len(labels):
+        raise ReslmError("two candidates share a label")
+    return Plan(name=path.stem, path=path, sha=hashlib.sha256(text.encode()).hexdigest(), about=str(about),
+                base=base, candidates=candidates, rule=rule, text=text)
+
+
+__all__ = ["BUNDLED", "Config", "Plan", "Rule", "bundled_plans", "find_plan", "load_plan"]

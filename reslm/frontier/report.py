@@ -1,0 +1,151 @@
+"""What a plan has measured, as text: `status_lines` (the terminal's view: every run, its state and the
+time left) and `plan_markdown` (a plan's section of docs/frontier-plans.md: the rule's verdict, one row
+per configuration with mean ± sd over its seeds, and the ledger's account of when each candidate joined).
+Every figure comes from the published runs; nothing is typed by hand."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from reslm.core.files import atomic_write
+from reslm.frontier import ledger
+from reslm.frontier.plan import Plan, bundled_plans, load_plan
+from reslm.frontier.runner import Entry, estimate, pending, plan_table, selection
+from reslm.models.base import LN2
+from reslm.models.identity import delta, describe, recipe
+
+PLANS_PAGE = "docs/frontier-plans.md"
+
+
+def _hms(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    m = round(seconds / 60)
+    return f"{m // 60}h{m % 60:02d}" if m >= 60 else f"{m} min"
+
+
+def _ms(st, digits: int = 4) -> str:
+    if not st:
+        return "-"
+    mean, sd, n = st
+    return f"{mean:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
+
+
+def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
+    """One line per run (state, progress, validation and test CE, time left), then the rule's verdict
+    and the time left in all."""
+    sel = selection(plan, table)
+    out = [f"plan {plan.name} ({plan.path}, sha {plan.sha[:12]}): rule {plan.rule.select}, seeds "
+           f"{list(plan.rule.seeds)}" + (f", screen seed {plan.rule.screen_seed}" if plan.rule.select == "screen" else "")]
+    out.append(f"  {'run':<44}{'state':<11}{'done':>6}{'val CE':>9}{'test CE':>9}{'left':>9}")
+    left = 0.0
+    unknown = False
+    for e in table:
+        t = estimate(e, table) if e.state in ("pending", "unfinished", "running", "waiting") else 0.0
+        if e.state != "waiting":
+            left += t or 0.0
+            unknown |= t is None
+        val = f"{e.val:.4f}" if e.val is not None else "-"
+        test = f"{e.test:.4f}" if e.test is not None and e.state == "done" else "-"
+        state = e.state + (f" ({e.holder.split(' ')[1]})" if e.state == "running" and e.holder else "")
+        out.append(f"  {e.name:<44}{state:<11}{e.progress:>6.0%}{val:>9}{test:>9}"
+                   f"{_hms(t) if e.state not in ('done', 'not run') else '':>9}")
+    todo = pending(plan, table)
+    out.append(f"{sum(e.state == 'done' for e in table)} done, {sum(e.state == 'running' for e in table)} running, "
+               f"{len(todo)} to run now, {sum(e.state == 'waiting' for e in table)} waiting on the screen; "
+               f"about {_hms(left)}{' or more' if unknown else ''} of one run's threads left (estimated from the "
+               "plan's finished runs)")
+    out += ["  " + line for line in _verdict(plan, sel)]
+    return out
+
+
+def _verdict(plan: Plan, sel: dict) -> list[str]:
+    if plan.rule.select != "screen":
+        return ["rule none: nothing is chosen; each configuration's mean over its seeds is reported"]
+    lines = []
+    if not sel["screened"]:
+        lines.append("the screen is not complete: no finalist yet")
+    else:
+        base = sel["screen"].get(plan.base.label or "base")
+        lines.append(f"screen at seed {plan.rule.screen_seed}: base val {base:.4f}" if base is not None else
+                     "screen: the base has no validation CE")
+        lines.append("finalists: " + (", ".join(sel["finalists"]) or "none (no candidate below the base)"))
+    lines.append(f"chosen: {sel['chosen']}" if sel["chosen"] else "chosen: not yet (finalists' seeds not all done)")
+    return lines
+
+
+def plan_markdown(plan: Plan, results: Path, runs: Path) -> str:
+    """A plan's section: what it asks, the rule's verdict, a table of every configuration and the ledger."""
+    table = plan_table(plan, results, runs)
+    sel = selection(plan, table)
+    base = plan.base
+    changed = describe(delta(base.run_config(0), recipe(base.family, base.preset)))
+    L = [f"## {plan.name}", "", plan.about.strip(), "",
+         f"Plan file: `{_rel(plan.path)}` (sha256 {plan.sha[:12]}). Base (`{base.label or 'base'}`): "
+         f"{base.preset or base.family} with {', '.join(changed) or 'the paper protocol'}. Rule: "
+         + (f"screen at seed {plan.rule.screen_seed} against the base on validation, the {plan.rule.finalists} "
+            f"lowest below it on to seeds {list(plan.rule.seeds)}, the lowest mean validation CE chooses."
+            if plan.rule.select == "screen" else f"none: every configuration at seeds {list(plan.rule.seeds)}, "
+            "nothing chosen.") + (" Strict reservoir rules and the budget checked before any run." if plan.rule.strict
+                                  else ""), ""]
+    L += ["| configuration | change over the base | seeds done | val CE | test CE (nats) | bits/char | test CE, 32-char "
+          "windows | test CE, state carried | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for c in plan.configs:
+        g = sel["groups"][c.label or "base"]
+        label = c.label or "base"
+        change = ", ".join(describe(delta(c.run_config(0), base.run_config(0)))) or "-"
+        verdict = ("**chosen**" if sel["chosen"] == label else
+                   "finalist" if label in sel["finalists"] else
+                   "screened out" if plan.rule.select == "screen" and sel["screened"] and c is not base else "")
+        bits = f"{g['test'][0] / LN2:.3f}" if g["test"] else "-"
+        L.append(f"| {label} | {change} | {', '.join(map(str, g['seeds'])) or '-'} | {_ms(g['val'])} | "
+                 f"{_ms(g['test'])} | {bits} | {_ms(g['test_window'])} | {_ms(g['test_stream'])} | {verdict} |")
+    L += ["", "Runs: " + ", ".join(f"[{e.name}](../{_rel(e.folder)})" if e.state == "done" else f"{e.name} ({e.state})"
+                                   for e in table if e.state != "waiting"), ""]
+    L += _ledger_lines(plan, results)
+    return "\n".join(L) + "\n"
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _ledger_lines(plan: Plan, results: Path) -> list[str]:
+    events = ledger.read_ledger(results, plan.name)
+    if not events:
+        return ["Ledger: none yet (every run of this plan predates `reslm frontier run`)."]
+    joined = ledger.added_after(events)
+    versions = [e for e in events if e.get("event") == "plan"]
+    L = [f"Ledger (`results/plans/{plan.name}.jsonl`): {len(versions)} plan text(s) seen, the current one "
+         f"{'recorded' if any(e['sha'] == plan.sha for e in versions) else 'not yet recorded'}."]
+    for c in plan.configs:
+        e = joined.get(c.label)
+        if e is None:
+            L.append(f"- {c.label or 'base'}: not in any recorded plan text")
+        else:
+            known = e.get("known", [])
+            L.append(f"- {c.label or 'base'}: joined on {e['at'][:10]} (plan {e['sha'][:12]}), when "
+                     + (f"{len(known)} of the plan's runs had finished: {', '.join(known)}" if known else
+                        "none of the plan's runs had finished"))
+    return L
+
+
+def write_plans_page(repo: Path, plans: list[Plan] | None = None) -> Path:
+    """docs/frontier-plans.md: one section per plan (default: every plan reslm ships), from results/."""
+    repo = Path(repo)
+    plans = plans if plans is not None else [load_plan(p) for p in bundled_plans()]
+    body = ["# Frontier plans", "",
+            "Every plan reslm ships (`reslm frontier list`), with what its runs measured: generated by "
+            "`reslm frontier report` from results/ (mean ± sd over seeds; test CE read only for reporting, "
+            "every choice made on validation). How to run one: `reslm frontier run NAME`; its state: "
+            "`reslm frontier status NAME`.", ""]
+    for plan in plans:
+        body.append(plan_markdown(plan, repo / "results", repo / "runs"))
+    path = repo / PLANS_PAGE
+    atomic_write(path, lambda p: p.write_text("\n".join(body)))
+    return path
+
+
+__all__ = ["PLANS_PAGE", "plan_markdown", "status_lines", "write_plans_page"]

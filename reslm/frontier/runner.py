@@ -1,0 +1,306 @@
+"""Running a plan: which runs its rule needs now, their state, training and publishing them, and the
+selection the rule makes from what is finished.
+
+Runs are found by what they are, not by name: a published folder in results/ whose config has the
+configuration's fingerprint and the seed is that run, whatever its folder is called (runs published
+before plans existed are found so). A new run trains in RUNS/NAME (NAME from run_name) and is published
+to RESULTS/NAME when it finishes; a published unfinished run is continued in place. A run someone holds
+(another process, on this machine or one sharing the folder) is skipped, never trained twice.
+
+    plan_table(plan, results, runs)   every run the rule knows of, with its state and figures
+    selection(plan, table)            the screen's verdicts, the finalists and the chosen configuration
+    pending(plan, table)              the runs to train now (the screen first, then the finalists)
+    run_one(plan, config, seed, ...)  train one run (or continue it) and publish it
+"""
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from reslm.core.errors import ReslmError
+from reslm.core.files import read_json
+from reslm.data.datasets import find_dataset
+from reslm.frontier import ledger
+from reslm.frontier.plan import Config, Plan
+from reslm.models.identity import fingerprint, seed_of
+from reslm.publish import publish, unpacked
+from reslm.run import CONFIG, SUMMARY, lock_run, read_config, read_metrics
+from reslm.run.lock import RunInUse, writer_of
+from reslm.run.registry import is_published, read_manifest
+from reslm.train import ensure_run, resume_run, train
+
+STATES = ("done", "running", "unfinished", "pending", "waiting", "not run")
+
+
+@dataclass
+class Entry:
+    """One run of a plan: its configuration, seed, folder (where it is or will be) and state."""
+    config: Config
+    seed: int
+    name: str
+    folder: Path | None
+    state: str             # done | running (held by a process) | unfinished | pending | waiting | not run
+    val: float | None = None
+    test: float | None = None
+    test_window: float | None = None    # the 32-character metric, where the run's summary has it
+    test_stream: float | None = None    # the state carried through the test text, where it has it
+    train_seconds: float | None = None
+    progress: float = 0.0               # shard-epochs done / shard-epochs in all
+    holder: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.config.label or "base"
+
+
+def _index(results: Path) -> dict[tuple[str, int], Path]:
+    """(fingerprint, seed) -> published folder, for every published run under `results`."""
+    out: dict[tuple[str, int], Path] = {}
+    if not Path(results).is_dir():
+        return out
+    for folder in sorted(p for p in Path(results).iterdir() if p.is_dir()):
+        cfg = read_json(folder / CONFIG) if is_published(folder) else None
+        if not cfg or "family" not in cfg:
+            continue
+        try:
+            out.setdefault((fingerprint(cfg), seed_of(cfg)), folder)
+        except ReslmError:
+            continue   # a family or field this reslm does not know: not a run of any plan
+    return out
+
+
+def _figures(folder: Path) -> dict:
+    """A run's figures from its summary: validation and test CE of the weights it keeps (both metrics
+    where the summary has them), training time, and progress (evaluations / shard-epochs in all)."""
+    summary = read_json(folder / SUMMARY) or {}
+    cfg = read_config(folder)
+    tc = cfg["train"]
+    evals = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("step", 0) > 0]
+    total = max(1, len(cfg["data"].get("train_shards", [0] * 5)) * tc.get("epochs_per_shard", 1) * tc.get("cycles", 1))
+    metric = summary.get("test_metric")
+    test = summary.get("weights_test_loss", summary.get("final_test_loss"))
+    stream = summary.get("weights_test_stream_loss", summary.get("final_test_stream_loss"))
+    return dict(val=summary.get("weights_val_loss", summary.get("final_val_loss")), test=test,
+                test_window=test if metric == "window-32" else None,
+                test_stream=test if metric == "stream" else stream,
+                train_seconds=summary.get("train_seconds") or (evals[-1].get("wall") if evals else None),
+                progress=min(1.0, len(evals) / total))
+
+
+def _finished(folder: Path) -> bool:
+    return bool(read_manifest(folder).get("finished")) if is_published(folder) else \
+        bool((read_json(folder / SUMMARY) or {}).get("finished"))
+
+
+def _entry(c: Config, seed: int, index: dict, runs: Path, wanted: bool) -> Entry:
+    name = c.name(seed)
+    folder = index.get((c.fingerprint, seed))
+    local = Path(runs) / name
+    if folder is None and (local / CONFIG).is_file():
+        folder = local
+    e = Entry(config=c, seed=seed, name=name, folder=folder or local, state="pending" if wanted else "waiting")
+    if folder is None:
+        return e
+    e.holder = writer_of(folder)
+    if folder.parent != Path(runs) and _finished(folder):
+        e.state = "done"
+    elif e.holder:
+        e.state = "running"
+    else:
+        e.state = "unfinished"
+    try:
+        for k, v in _figures(folder).items():
+            setattr(e, k, v)
+    except ReslmError:
+        pass   # a run folder being created: no figures yet
+    return e
+
+
+def plan_table(plan: Plan, results: Path, runs: Path) -> list[Entry]:
+    """Every run the plan's rule may need: the base at every seed and each candidate at the screen seed
+    (rule "screen"; the finalists' other seeds follow once the screen is done), or every configuration
+    at every seed (rule "none"). A finalist's other seeds are "waiting" until the screen is complete."""
+    index = _index(results)
+    rule = plan.rule
+    table = [_entry(plan.base, s, index, runs, True) for s in rule.seeds]
+    if rule.select == "none":
+        return table + [_entry(c, s, index, runs, True) for c in plan.candidates for s in rule.seeds]
+    screen = [_entry(c, rule.screen_seed, index, runs, True) for c in plan.candidates]
+    table += screen
+    chosen = selection(plan, table)
+    for c in plan.candidates:
+        for s in rule.seeds:
+            if s != rule.screen_seed:
+                e = _entry(c, s, index, runs, c.label in chosen["finalists"])
+                if e.state == "waiting" and chosen["screened"]:
+                    e.state = "not run"   # the screen is done and this candidate did not go on
+                table.append(e)
+    return table
+
+
+def _stats(values: list[float]) -> tuple[float, float, int] | None:
+    values = [v for v in values if isinstance(v, (int, float))]
+    if not values:
+        return None
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
+
+
+def selection(plan: Plan, table: list[Entry]) -> dict:
+    """What the rule says from the finished runs in `table`.
+
+    screened: every screen run is done. screen: {label: validation CE at the screen seed}. finalists:
+    the candidates (at most rule.finalists, lowest first) whose screen validation CE is below the
+    base's. groups: {label: {"val", "test", "test_window", "test_stream": (mean, sd, n) or None,
+    "seeds": [...], "complete": every rule seed done}}. chosen: the label with the lowest mean
+    validation CE among the base and the finalists once all their seeds are done (rule "screen"), else
+    None; rule "none" chooses nothing."""
+    rule = plan.rule
+    done = [e for e in table if e.state == "done"]
+    groups = {}
+    for c in plan.configs:
+        runs = [e for e in done if e.config is c]
+        groups[c.label or "base"] = dict(
+            seeds=sorted(e.seed for e in runs), complete={e.seed for e in runs} >= set(rule.seeds),
+            **{k: _stats([getattr(e, k) for e in runs]) for k in ("val", "test", "test_window", "test_stream")},
+            train_seconds=_stats([e.train_seconds for e in runs]))
+    out = dict(screened=False, screen={}, finalists=[], groups=groups, chosen=None)
+    if rule.select != "screen":
+        return out
+    screen = {e.label: e.val for e in table if e.seed == rule.screen_seed and e.state == "done"}
+    out["screen"] = screen
+    out["screened"] = all(e.state == "done" for e in table if e.seed == rule.screen_seed
+                          and (e.config is plan.base or e.config in plan.candidates))
+    base_key = plan.base.label or "base"
+    base_val = screen.get(base_key)
+    if out["screened"] and base_val is not None:
+        better = sorted((v, c.label) for c in plan.candidates if (v := screen.get(c.label)) is not None and v < base_val)
+        out["finalists"] = [label for _, label in better[:rule.finalists]]
+        contenders = [base_key, *out["finalists"]]
+        if all(groups[k]["complete"] and groups[k]["val"] for k in contenders):
+            out["chosen"] = min(contenders, key=lambda k: groups[k]["val"][0])
+    return out
+
+
+def pending(plan: Plan, table: list[Entry]) -> list[Entry]:
+    """The runs to train now, not done and not held by another process: the screen seed's first."""
+    todo = [e for e in table if e.state in ("pending", "unfinished")]
+    return sorted(todo, key=lambda e: e.seed != plan.rule.screen_seed)
+
+
+def _length(e: Entry) -> int:
+    t = e.config.train
+    return t.get("cycles", 1) * t.get("epochs_per_shard", 5)
+
+
+def estimate(e: Entry, table: list[Entry]) -> float | None:
+    """Seconds of training left for a run: from its own pace when it has begun, else from the finished
+    runs of the plan (those of its configuration first), scaled by its number of shard-epochs."""
+    if e.state == "done":
+        return 0.0
+    if e.progress > 0 and e.train_seconds:
+        return e.train_seconds * (1 - e.progress) / e.progress
+    done = [d for d in table if d.state == "done" and d.train_seconds]
+    same = [d for d in done if d.config is e.config] or done
+    if not same:
+        return None
+    return statistics.median(d.train_seconds / _length(d) for d in same) * _length(e)
+
+
+def finished_names(table: list[Entry]) -> list[str]:
+    return [e.folder.name for e in table if e.state == "done"]
+
+
+def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int | None = None,
+            data_root: Path | None = None, progress: bool = True, say=print) -> str:
+    """Train one run of the plan (or continue it) and publish it into results/NAME. Returns what
+    happened: "trained", "skipped: ..." (done, or held by another process)."""
+    folder = entry.folder
+    if entry.state == "done":
+        return "skipped: done"
+    if folder is not None and (holder := writer_of(folder)):
+        return f"skipped: {folder} is being trained by {holder}"
+    known = finished_names(plan_table(plan, results, runs))
+    ledger.note_start(results, plan, entry.label, entry.seed, entry.name, known)
+    over = {"threads": threads} if threads else {}
+    try:
+        if folder is not None and is_published(folder):    # published unfinished: continue it in place
+            if over:
+                resume_run(folder, over)
+            with unpacked(folder):
+                train(folder, progress=progress)
+            return "trained"
+        c, cfg = entry.config, entry.config.run_config(entry.seed)
+        dataset = find_dataset(c.data, "chars", data_root, prepare=True)
+        run_dir = Path(runs) / entry.name
+        with lock_run(Path(runs), create=True):   # creating a run folder: one process at a time
+            what = ensure_run(run_dir, c.family, cfg["model"], {**cfg["train"], **over}, dataset, preset=c.preset)
+        if over and what != "starting":
+            resume_run(run_dir, over)
+        say(f"{entry.name}: {what}")
+        train(run_dir, progress=progress)
+        publish(run_dir, Path(results) / entry.name)
+        say(f"{entry.name}: published to {Path(results) / entry.name}")
+        return "trained"
+    except RunInUse as e:
+        return f"skipped: {e}"
+
+
+def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: int | None = None,
+             only: tuple[str, ...] = (), data_root: Path | None = None, progress: bool = True, say=print,
+             poll: float = 5.0) -> list[Entry]:
+    """Train every run the rule needs now and publish each as it finishes, `jobs` at a time (more than
+    one: each in its own `reslm frontier run PLAN --only NAME` process, with `threads` threads), until
+    nothing is left: the screen first, then the finalists' other seeds. `only`: just these run names.
+    A run held by another process is left to it. Returns the final table."""
+    ledger.note_plan(results, plan, finished_names(plan_table(plan, results, runs)))
+    skipped: set[str] = set()
+    running: dict[str, subprocess.Popen] = {}
+    while True:
+        table = plan_table(plan, results, runs)
+        todo = [e for e in pending(plan, table) if e.name not in skipped and e.name not in running
+                and (not only or e.name in only)]
+        if only and not todo and not running and not any(e.name in only for e in table):
+            raise ReslmError(f"no run of plan {plan.name} is named {', '.join(only)} (see `reslm frontier status`)")
+        if jobs <= 1:
+            if not todo:
+                return table
+            what = run_one(plan, todo[0], results, runs, threads=threads, data_root=data_root, progress=progress,
+                           say=say)
+            if what.startswith("skipped"):
+                say(f"{todo[0].name}: {what}")
+                skipped.add(todo[0].name)
+            continue
+        for e in todo[:max(0, jobs - len(running))]:
+            say(f"{e.name}: started in its own process ({threads or 'default'} threads)")
+            running[e.name] = subprocess.Popen(_self_command(plan, e.name, results, runs, threads, data_root))
+        if not running:
+            return table
+        time.sleep(poll)
+        for name, proc in list(running.items()):
+            if proc.poll() is not None:
+                del running[name]
+                if proc.returncode:
+                    skipped.add(name)
+                    say(f"{name}: its process exited with status {proc.returncode}")
+
+
+def _self_command(plan: Plan, name: str, results: Path, runs: Path, threads: int | None,
+                  data_root: Path | None) -> list[str]:
+    return [sys.executable, "-m", "reslm.cli", *command_args(plan, name, results, runs, threads, data_root)]
+
+
+def command_args(plan: Plan, name: str, results: Path, runs: Path, threads: int | None = None,
+                 data_root: Path | None = None) -> list[str]:
+    """`frontier run PLAN --only NAME ...`: one run of the plan, self-contained (trains or continues it,
+    then publishes it; skips it when done or held by another process)."""
+    args = ["frontier", "run", str(plan.path), "--only", name, "--results", str(results), "--runs", str(runs),
+            "--no-progress"]
+    return args + (["--threads", str(threads)] if threads else []) + (["--root", str(data_root)] if data_root else [])
+
+
+__all__ = ["Entry", "STATES", "command_args", "estimate", "finished_names", "pending", "plan_table", "run_one",
+           "run_plan", "selection"]
