@@ -9,6 +9,7 @@ that field's default today, so an old run compares as the configuration it was.
     identity(cfg)          the configuration of a run config: family, data, model and training fields
     recipe(family, ...)    a base: a family or preset with overrides (default: the paper's protocol)
     delta(cfg, base)       {"model": {...}, "train": {...}}: the fields where cfg differs from base
+    same_run_problem(a, b) why config a is not the run config b asks for (a resumed sweep, reproduction)
     fingerprint(cfg)       8 hex digits over the configuration (seed aside)
     run_name(cfg, label)   the folder name of a new run: STEM[-LABEL]-FINGERPRINT-sSEED
     name_problem(name, cfg)  why a folder's name does not describe its config (None when it does)
@@ -107,6 +108,19 @@ def delta(cfg: dict, base: dict | None = None, *, ignore=()) -> dict:
     have, want = identity(cfg), identity(base)
     return {part: {k: v for k, v in have[part].items() if k not in ignore and want[part].get(k) != v}
             for part in ("model", "train")}
+
+
+def same_run_problem(have: dict, want: dict) -> str | None:
+    """Why run config `have` is not the run `want` asks for (None when it is): "a different model" (family,
+    model fields or seed), or "a different budget (fields)" (identity training fields). Where and on how
+    many threads it runs, and what it logs, may differ."""
+    a, b = identity(have), identity(want)
+    if a["family"] != b["family"] or a["model"] != b["model"] or \
+            (have.get("model") or {}).get("seed", 0) != (want.get("model") or {}).get("seed", 0):
+        return "a different model"
+    diff = sorted(k for k in set(a["train"]) | set(b["train"]) if a["train"].get(k) != b["train"].get(k))
+    diff += ["seed"] if seed_of(have) != seed_of(want) else []
+    return f"a different budget ({', '.join(diff)})" if diff else None
 
 
 def describe(d: dict) -> list[str]:
@@ -218,14 +232,15 @@ def _flag(name: str, value) -> list[str]:
 
 def command(cfg: dict, *, out: str | None = None, extra: dict | None = None) -> str:
     """A `reslm train` command line that makes the run of `cfg`: its preset (or family), the identity
-    fields that differ from the preset's defaults (delta), its dataset and seed, then `extra` training
-    flags (threads, say) and --out."""
+    fields that differ from the preset's defaults (delta), its dataset and seed, then `extra` flags
+    (given whatever their value: threads, or an optimizer named even at its default) and --out."""
     d = delta(cfg)
     args = ["reslm", "train"] + (["--preset", cfg["preset"]] if cfg.get("preset") in PRESETS
                                  else ["--family", cfg["family"]])
     for part in ("model", "train"):
         for k, v in d[part].items():
-            args += _flag(k, v)
+            if k not in (extra or {}):
+                args += _flag(k, v)
     if _data_name(cfg):
         args += ["--data", _data_name(cfg)]
     args += ["--seed", str(seed_of(cfg))] if seed_of(cfg) else []
@@ -235,5 +250,5 @@ def command(cfg: dict, *, out: str | None = None, extra: dict | None = None) -> 
     return " ".join(shlex.quote(a) for a in args)
 
 
-__all__ = ["command", "delta", "describe", "fingerprint", "identity", "model_defaults", "name_problem", "paper_base",
+__all__ = ["command", "delta", "describe", "same_run_problem", "fingerprint", "identity", "model_defaults", "name_problem", "paper_base",
            "recipe", "run_name", "seed_of", "train_defaults"]

@@ -9,7 +9,8 @@ from pathlib import Path
 from reslm.core.files import read_json
 from reslm.models import PRESETS, check_frontier_config, make_config
 from reslm.models.budget import FRONTIER_BUDGET
-from reslm.models.base import LN2, config_dict
+from reslm.models.base import LN2
+from reslm.models.identity import delta, fingerprint
 from reslm.paper import LARGEST, TEST_CE
 from reslm.run.registry import is_published, read_manifest
 from reslm.report.rows import NOT_PUBLISHED, _variant, whole_shard_final
@@ -17,14 +18,10 @@ from reslm.run import CONFIG, SUMMARY, read_metrics
 
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
 CEILING_BUDGET = 155_803   # the trained ceilings: at most tf-256-16-16's trainable count, the paper's largest
-# training fields added since runs were first published, with a default that is not off: at that value a
-# run is the same configuration as one whose config.json predates the field
-ADDED_DEFAULTS = dict(val_split="tails")
 VAL_FIELDS = ("val_fraction", "val_split", "keep_best_val")   # the validation split's training fields
-# the training fields a lab route may change, with the paper's values (what the frontier table lists)
-PAPER_ROUTE = dict(optimizer="adam", lr=1e-4, schedule="constant", warmup_steps=0, hold_steps=0, cycles=1, ema=0.0,
-                   weight_decay=0.0, grad_clip=0.0, batch_size=1024, epochs_per_shard=5, shard_chars=0,
-                   epoch_samples=0, state_dtype="float32")
+# the training fields of a lab route the frontier table lists where they differ from the paper's protocol
+ROUTE_FIELDS = ("optimizer", "lr", "schedule", "warmup_steps", "hold_steps", "cycles", "ema", "weight_decay",
+                "grad_clip", "batch_size", "epochs_per_shard", "shard_chars", "epoch_samples", "state_dtype")
 
 
 def _test_at_best_val(summary: dict, evals: list[dict]):
@@ -40,11 +37,11 @@ def _test_at_best_val(summary: dict, evals: list[dict]):
 
 def _route(cfg: dict) -> list[str]:
     """What a run changed against the paper's protocol: its context mode, model variant, training fields."""
-    tc, model = cfg["train"], cfg["model"]
+    tc, model = delta(cfg)["train"], cfg["model"]
     out = [f"{model['context_mode']} context"] if model.get("context_mode", "window") != "window" else []
     out += _variant(cfg)
-    out += [f"{k}={tc[k]}" for k, v in PAPER_ROUTE.items() if k in tc and tc[k] != v and
-            not (k == "warmup_steps" and tc.get("schedule") == "constant")]
+    out += [f"{k}={tc[k]}" for k in ROUTE_FIELDS if k in tc and
+            not (k == "warmup_steps" and cfg["train"].get("schedule") == "constant")]
     return out
 
 
@@ -62,22 +59,14 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         model = make_config(cfg["family"], **cfg["model"])
         verdict = check_frontier_config(cfg["family"], model)
         route = _route(cfg)
-        # a configuration: the model's fields with today's defaults filled in (a field added since reads
-        # as its default) and the training fields that are set (an option added since is off by default),
-        # seeds and where it ran aside
-        model_cfg = {k: v for k, v in config_dict(model).items() if k != "seed"}
-        train_cfg = {k: v for k, v in cfg["train"].items() if k not in ("seed", "threads", "device") and v
-                     and ADDED_DEFAULTS.get(k) != v}
-        # the same without the validation split: a run on the whole training text matches the configuration
-        # it refits
-        train_base = {k: v for k, v in train_cfg.items() if k not in VAL_FIELDS}
+        # a configuration (reslm.models.identity): seeds and where it ran aside; the same without the
+        # validation split, so that a run on the whole training text matches the configuration it refits
         summary = read_json(folder / SUMMARY) or {}
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
                         test_loss=summary.get("weights_test_loss", rows[-1]["test_loss"]),
                         val_loss=summary.get("weights_val_loss", rows[-1].get("val_loss")), strict=verdict.ok,
                         weights=summary.get("weights", "last"),
-                        config=repr((cfg["family"], sorted(model_cfg.items()), sorted(train_cfg.items()))),
-                        base_config=repr((cfg["family"], sorted(model_cfg.items()), sorted(train_base.items()))),
+                        config=fingerprint(cfg), base_config=fingerprint(cfg, ignore=VAL_FIELDS),
                         seed=cfg["train"].get("seed", 0), test_at_best_val=_test_at_best_val(summary, rows),
                         best_val_loss=summary.get("best_val_loss"),
                         val_split=cfg["train"].get("val_split", "tails") if cfg["train"].get("val_fraction") else None,

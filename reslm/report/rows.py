@@ -10,8 +10,8 @@ from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
-from reslm.models import PRESETS, make_config
-from reslm.models.base import LN2, config_dict
+from reslm.models.base import LN2
+from reslm.models.identity import delta
 from reslm.paper import LARGEST, TEST_CE
 from reslm.run.registry import PROVENANCE, is_published, read_manifest
 from reslm.run import CONFIG, SUMMARY, read_metrics
@@ -41,15 +41,15 @@ def _shard_ends(epochs: list[dict], cycle: int, shards: list[int], last_epoch: i
 
 
 def _variant(cfg: dict) -> list[str]:
-    """How a published run's model differs from its preset (or family) defaults, e.g.
-    ["spectral_radius=1.1111", "seed=1"]; the context mode has a column of its own."""
-    fam, preset = cfg["family"], cfg.get("preset")
+    """How a published run's model differs from its preset (or family) defaults (reslm.models.identity),
+    with its seed, e.g. ["spectral_radius=1.1111", "seed=1"]; the context mode has a column of its own."""
     try:
-        base = config_dict(make_config(fam, **(PRESETS[preset][1] if preset in PRESETS else {})))
+        d = delta(cfg)["model"]
     except ReslmError:
         return []
-    have = cfg.get("model", {})
-    return [f"{k}={have[k]}" for k in sorted(have) if k != "context_mode" and k in base and have[k] != base[k]]
+    seed = (cfg.get("model") or {}).get("seed", 0)
+    d = {**d, **({"seed": seed} if seed else {})}
+    return [f"{k}={d[k]}" for k in sorted(d) if k != "context_mode"]
 
 
 def _last_cycle(rows: list[dict], last_epoch: int) -> int:

@@ -10,29 +10,22 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-import shlex
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import atomic_write, write_json
 from reslm.core.progress import say
+from reslm.models.identity import command
 from reslm.report.figures import _pyplot
 
 
 def train_command(family: str, model: dict, train: dict, data: str, optimizer: str, out: str) -> str:
-    """The `reslm train ...` command line for these overrides (values printed exactly)."""
-    args = ["reslm", "train", "--family", family, "--data", data, "--out", out]
-    if "seed" in model:
-        args += ["--seed", str(model["seed"])]
-    for k, v in {**{k: v for k, v in model.items() if k != "seed"},
-                 **{k: v for k, v in train.items() if k not in ("seed", "device")}, "optimizer": optimizer}.items():
-        flag = "--" + k.replace("_", "-")
-        if isinstance(v, bool):
-            args.append(flag if v else "--no-" + k.replace("_", "-"))
-        else:
-            args += [flag, v if isinstance(v, str) else json.dumps(v)]
-    return " ".join(shlex.quote(str(a)) for a in args)
+    """The `reslm train ...` command line of a trial's configuration (reslm.models.identity.command: the
+    fields that differ from the family's defaults), its optimizer always named."""
+    seed = model.get("seed", 0)
+    cfg = dict(family=family, preset=None, model=model, train={**train, "optimizer": optimizer, "seed": seed},
+               data=dict(name=data))
+    return command(cfg, out=out, extra={"optimizer": optimizer})
 
 
 def write_outputs(out: Path, study, family: str, optimizer: str, train_over: dict, dataset,

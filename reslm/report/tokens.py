@@ -31,8 +31,8 @@ import math
 from pathlib import Path
 
 from reslm.core.files import read_json
-from reslm.models import families, make_config
-from reslm.models.base import config_dict
+from reslm.models import families
+from reslm.models.identity import delta, identity, recipe, seed_of
 from reslm.models.laerc import AUTHORS_VARIANT
 from reslm.paper import SLOPES
 from reslm.run import CONFIG, SUMMARY, read_metrics
@@ -46,18 +46,17 @@ SIZE_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "context", "r_mult", 
 FIELDS = ("name", "family", "group", "variant", "dim", "n_layers", "trainable_params", "fixed_params", "steps",
           "tokens_seen", "epochs", "min_train_loss", "best_val_loss", "best_val_step", "final_val_loss",
           "val_change_last_20pct", "val_split_loss", "val_split_bpc", "train_seconds", "cpu", "threads")
-TRAIN_IGNORE = ("threads", "device", "precision", "log_every")   # how a run was executed, not what it trained
 PAPER_A = {"laerc": SLOPES["a_Res"], "gpt": SLOPES["a_TF"]}
 NAMES = {"laerc": "LAERC", "gpt": "GPT"}
 
 
 def _variant(cfg: dict) -> str:
-    """How a token run's model differs from its family's defaults beyond its size ("" for none); the
-    authors' released LAERC (AUTHORS_VARIANT) is named as such."""
+    """How a token run's model differs from its family's defaults beyond its size ("" for none): its delta
+    (reslm.models.identity) from the family at the run's size; the authors' released LAERC (AUTHORS_VARIANT)
+    is named as such."""
     fam = cfg["family"]
-    model = config_dict(make_config(fam, **cfg.get("model", {})))   # fields renamed since under today's names
-    base = config_dict(make_config(fam, **{k: model[k] for k in SIZE_FIELDS if k in model}))
-    diff = {k: v for k, v in model.items() if k in base and k not in SIZE_FIELDS and v != base[k]}
+    model = identity(cfg)["model"]
+    diff = delta(cfg, recipe(fam, model={k: model[k] for k in SIZE_FIELDS if k in model}))["model"]
     if fam == "laerc" and diff and all(model.get(k) == v for k, v in AUTHORS_VARIANT.items() if k not in SIZE_FIELDS):
         return "authors' variant"
     return ", ".join(f"{k}={v}" for k, v in sorted(diff.items()))
@@ -120,7 +119,7 @@ runs before variants, trainable parameters."""
             val_split_bpc=ev.get("test_bpc") if whole else None,
             train_seconds=(prov.get("wall") or {}).get("train_seconds"), cpu=prov.get("cpu", "?"),
             threads=prov.get("threads"), finished=bool(m.get("finished")),
-            train={k: v for k, v in cfg["train"].items() if k not in TRAIN_IGNORE}))
+            train={**identity(cfg)["train"], "seed": seed_of(cfg)}))
     _train_variants(rows)
     order = {fam: i for i, fam in enumerate(("laerc", "gpt"))}
     return sorted(rows, key=lambda r: (r["group"], order.get(r["family"], 9), bool(r["variant"]), r["trainable_params"],

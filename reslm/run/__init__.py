@@ -15,7 +15,7 @@ One package writes and reads these files, side by side, by job:
 
     reslm.core.files         (below it) atomic writes, fsync, strict JSON: every file here goes through them
     reslm.run.folder         the file names, config.json (create_run_dir, read_config), metrics.jsonl
-                             (MetricsLog, read_metrics), check_same_run, is_finished
+                             (MetricsLog, read_metrics), is_finished, schedule_key
     reslm.run.lock           lock_run, lock_new_run (a failed command's run folder undone), stale temp files,
                              check_output_folder
     reslm.run.checkpoint     save_checkpoint, load_checkpoint, run_identity
@@ -30,13 +30,13 @@ checkpoint, never a half-written one; a failed write (disk full) raises ReslmErr
 PATH: no space left on device" and keeps the previous file. JSON files are strict JSON.
 """
 from reslm.run.checkpoint import CHECKSUM, RUN_KEY, load_checkpoint, run_identity, save_checkpoint
-from reslm.run.folder import (CHECKPOINT, CONFIG, LOCK, METRICS, NAME_MAX, RUNTIME_FIELDS, SUMMARY, MetricsLog,
-                              check_same_run, create_run_dir, drop_stale_evals, is_finished, read_config, read_metrics,
+from reslm.run.folder import (CHECKPOINT, CONFIG, LOCK, METRICS, NAME_MAX, SUMMARY, MetricsLog,
+                              create_run_dir, drop_stale_evals, is_finished, read_config, read_metrics,
                               schedule_key)
 from reslm.run.lock import check_output_folder, check_runs_folder, clean_stale_temps, is_reslm_folder, lock_new_run, lock_run
 
-__all__ = ["CHECKPOINT", "CHECKSUM", "CONFIG", "LOCK", "METRICS", "NAME_MAX", "RUNTIME_FIELDS", "RUN_KEY", "SUMMARY",
-           "MetricsLog", "check_output_folder", "check_runs_folder", "check_same_run", "drop_stale_evals", "clean_stale_temps", "create_run_dir",
+__all__ = ["CHECKPOINT", "CHECKSUM", "CONFIG", "LOCK", "METRICS", "NAME_MAX", "RUN_KEY", "SUMMARY",
+           "MetricsLog", "check_output_folder", "check_runs_folder", "drop_stale_evals", "clean_stale_temps", "create_run_dir",
            "is_finished", "schedule_key",
            "is_reslm_folder", "load_checkpoint", "lock_new_run", "lock_run", "read_config", "read_metrics",
            "run_identity", "save_checkpoint"]

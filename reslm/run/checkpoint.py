@@ -28,7 +28,7 @@ def _torch_save(state: dict, path: Path) -> None:
 
 # what a checkpoint holds besides the training state: the identity of its run and its checksum
 RUN_KEY, CHECKSUM = "run", "checksum"
-# training fields that do not make a run another run: where it runs (RUNTIME_FIELDS) and its number
+# training fields that do not make a run another run: where it runs (device, precision, threads) and its number
 # of cycles, which grow_cycles raises in config.json under an existing checkpoint
 _NOT_IDENTITY = ("device", "precision", "threads", "cycles")
 

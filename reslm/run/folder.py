@@ -339,32 +339,6 @@ def drop_stale_evals(run_dir: Path) -> list[Path]:
     return removed
 
 
-# training fields that may differ between the run that was started and the one that resumes it
-RUNTIME_FIELDS = ("device", "precision", "threads")
-
-
-def check_same_run(run_dir: Path, want: dict, defaults: dict | None = None,
-                   model_defaults: dict | None = None, current=None) -> None:
-    """Raise unless run_dir holds the model and training budget of the run config `want` (sweeps and
-    reproductions continue existing runs; they must not silently mix budgets). Fields that a run made
-    by an older reslm lacks count as their defaults (they did not exist then): training fields from
-    `defaults`, model fields from `model_defaults` (the family's config defaults, as when it is loaded).
-    `current(model) -> model`, when given, brings the saved model fields to today's names first."""
-    have = read_config(run_dir)
-    if current is not None and isinstance(have["model"], dict):
-        have = {**have, "model": current(have["model"])}
-    have = {**have, "train": {**{k: v for k, v in (defaults or {}).items() if k in want["train"]}, **have["train"]}}
-    have_model = {**(model_defaults or {}), **have["model"]} if isinstance(have["model"], dict) else have["model"]
-    if have["family"] != want["family"] or have_model != want["model"]:
-        raise ReslmError(f"{run_dir} holds a different model than asked for (remove it or use another output folder)")
-    a = {k: v for k, v in have["train"].items() if k not in RUNTIME_FIELDS}
-    b = {k: v for k, v in want["train"].items() if k not in RUNTIME_FIELDS}
-    if a != b:
-        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        raise ReslmError(f"{run_dir} was trained with a different budget ({', '.join(diff)}); "
-                         f"remove it or use another output folder")
-
-
 def schedule_key(cfg: dict) -> str:
     """A hash of what fixes a run's schedule (its training config), kept in summary.json."""
     return hashlib.sha256(json.dumps(cfg["train"], sort_keys=True).encode()).hexdigest()[:16]

@@ -12,11 +12,11 @@ import torch
 from reslm.core import distributed as dist_
 from reslm.core.errors import ReslmError
 from reslm.core.files import write_json
-from reslm.models import complete_fields, family, make_config
-from reslm.models.base import config_dict
+from reslm.models import family, make_config
+from reslm.models.identity import same_run_problem
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.data.datasets import describe_dataset
-from reslm.run import CONFIG, check_same_run, create_run_dir, is_finished, lock_run, read_config
+from reslm.run import CONFIG, create_run_dir, is_finished, lock_run, read_config
 from reslm.settings import SOLVERS, TrainConfig
 from reslm.train.batches import SAMPLERS
 import reslm
@@ -105,8 +105,9 @@ def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrid
     if (Path(out) / CONFIG).is_file():
         have = read_config(out)["train"].get("cycles", 1)   # more cycles than the run has: it grows
         cycles = min(have, cfg["train"]["cycles"])
-        check_same_run(out, {**cfg, "train": {**cfg["train"], "cycles": cycles}}, defaults=asdict(TrainConfig()),
-                       model_defaults=config_dict(family(family_name).config()), current=lambda m: complete_fields(family_name, m))
+        problem = same_run_problem(read_config(out), {**cfg, "train": {**cfg["train"], "cycles": cycles}})
+        if problem:
+            raise ReslmError(f"{out} holds {problem}; remove it or use another output folder")
         grown = grow_cycles(out, cfg["train"]["cycles"])
         return "done" if is_finished(out) else f"resuming{f' to {grown} cycles' if grown else ''}"
     create_run_dir(Path(out), cfg)
@@ -136,7 +137,7 @@ def grow_cycles(run_dir: Path, cycles: int) -> int:
     where the longer run is exactly what a fresh run of `cycles` would be: a constant learning rate
     (the shuffle of shard-epoch k and each step's seed depend on k and the step alone), Adam, not the
     closed-form ridge readout; anything else raises ReslmError. Fewer cycles than the run has is left
-    to check_same_run (a different budget)."""
+    to ensure_run (a different budget)."""
     with lock_run(run_dir):
         cfg = read_config(run_dir)
         tc = cfg["train"]

@@ -340,9 +340,10 @@ def test_registered_reservoir_runs_inside_laerc(monkeypatch, name, entry):
 def test_old_run_configs_read_with_the_current_field_names(tmp_path):
     """LAERC's `reservoir: bool` + `reservoir_type: str` became `no_reservoir` + `reservoir: str` (the character
     models' name): a run config written before builds the same model and compares as the same run."""
-    from reslm.models import complete_fields, make_config
+    from reslm.models import make_config
     from reslm.models.base import config_dict
-    from reslm.run import check_same_run, create_run_dir
+    from reslm.models.identity import same_run_problem
+    from reslm.run import create_run_dir, read_config
     base = dict(vocab_size=V, dim=8, n_layers=1, context=16)
     assert make_config("laerc", **base, reservoir=False, reservoir_type="esn") == small(**base, no_reservoir=True)
     old = make_config("laerc", **base, reservoir=True, reservoir_type="leaky")
@@ -354,18 +355,18 @@ def test_old_run_configs_read_with_the_current_field_names(tmp_path):
     del legacy["model"]["no_reservoir"]
     create_run_dir(tmp_path / "old", legacy)
     want = {**legacy, "model": config_dict(small(**base))}
-    check_same_run(tmp_path / "old", want, current=lambda m: complete_fields("laerc", m))
-    with pytest.raises(ReslmError, match="different model"):
-        check_same_run(tmp_path / "old", {**want, "model": config_dict(small(**base, no_reservoir=True))},
-                       current=lambda m: complete_fields("laerc", m))
+    assert same_run_problem(read_config(tmp_path / "old"), want) is None
+    assert "different model" in same_run_problem(read_config(tmp_path / "old"),
+                                                  {**want, "model": config_dict(small(**base, no_reservoir=True))})
 
 
 def test_old_radius_fields_read_as_spectral_radius(tmp_path):
     """LAERC's `radius_start` / `radius_end` became `spectral_radius` (the ESN's name) / `spectral_radius_end`:
     a run config written before builds the same reservoirs and compares as the same run."""
-    from reslm.models import complete_fields, make_config
+    from reslm.models import make_config
     from reslm.models.base import config_dict
-    from reslm.run import check_same_run, create_run_dir
+    from reslm.models.identity import same_run_problem
+    from reslm.run import create_run_dir, read_config
     base = dict(vocab_size=V, dim=8, n_layers=2, context=16)
     old = make_config("laerc", **base, radius_start=0.5, radius_end=0.7)
     assert old == small(**base, spectral_radius=0.5, spectral_radius_end=0.7)
@@ -376,5 +377,4 @@ def test_old_radius_fields_read_as_spectral_radius(tmp_path):
     legacy = dict(family="laerc", preset=None, train=dict(lr=1e-3), data=dict(path="/x"),
                   model={**model, "radius_start": 0.95, "radius_end": 0.99})
     create_run_dir(tmp_path / "old", legacy)
-    check_same_run(tmp_path / "old", {**legacy, "model": config_dict(small(**base))},
-                   current=lambda m: complete_fields("laerc", m))
+    assert same_run_problem(read_config(tmp_path / "old"), {**legacy, "model": config_dict(small(**base))}) is None
