@@ -103,7 +103,9 @@ def _entry(c: Config, seed: int, index: dict, runs: Path, wanted: bool) -> Entry
     if folder is None and (local / CONFIG).is_file():
         folder = local
     e = Entry(config=c, seed=seed, name=name, folder=folder or local, state="pending" if wanted else "waiting")
-    if folder is None:
+    if folder is None:   # not begun here; a process that is creating it holds its folder
+        if local.is_dir() and (holder := writer_of(local)):
+            e.state, e.holder = "running", holder
         return e
     e.holder = writer_of(folder)
     if folder.parent != Path(runs) and _finished(folder):
@@ -162,7 +164,7 @@ def selection(plan: Plan, table: list[Entry]) -> dict:
     done = [e for e in table if e.state == "done"]
     groups = {}
     for c in plan.configs:
-        runs = [e for e in done if e.config is c]
+        runs = [e for e in done if e.config == c]
         groups[c.label or "base"] = dict(
             seeds=sorted(e.seed for e in runs), complete={e.seed for e in runs} >= set(rule.seeds),
             **{k: _stats([getattr(e, k) for e in runs]) for k in ("val", "test", "test_window", "test_stream")},
@@ -172,8 +174,7 @@ def selection(plan: Plan, table: list[Entry]) -> dict:
         return out
     screen = {e.label: e.val for e in table if e.seed == rule.screen_seed and e.state == "done"}
     out["screen"] = screen
-    out["screened"] = all(e.state == "done" for e in table if e.seed == rule.screen_seed
-                          and (e.config is plan.base or e.config in plan.candidates))
+    out["screened"] = all(e.state == "done" for e in table if e.seed == rule.screen_seed)
     base_key = plan.base.label or "base"
     base_val = screen.get(base_key)
     if out["screened"] and base_val is not None:
@@ -204,7 +205,7 @@ def estimate(e: Entry, table: list[Entry]) -> float | None:
     if e.progress > 0 and e.train_seconds:
         return e.train_seconds * (1 - e.progress) / e.progress
     done = [d for d in table if d.state == "done" and d.train_seconds]
-    same = [d for d in done if d.config is e.config] or done
+    same = [d for d in done if d.config == e.config] or done
     if not same:
         return None
     return statistics.median(d.train_seconds / _length(d) for d in same) * _length(e)
@@ -256,7 +257,11 @@ def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: i
     one: each in its own `reslm frontier run PLAN --only NAME` process, with `threads` threads), until
     nothing is left: the screen first, then the finalists' other seeds. `only`: just these run names.
     A run held by another process is left to it. Returns the final table."""
-    ledger.note_plan(results, plan, finished_names(plan_table(plan, results, runs)))
+    first = plan_table(plan, results, runs)
+    ledger.note_plan(results, plan, finished_names(first))
+    for e in first:
+        if e.state == "running" and (not only or e.name in only):
+            say(f"{e.name}: being trained by {e.holder}; left to it")
     skipped: set[str] = set()
     running: dict[str, subprocess.Popen] = {}
     while True:

@@ -29,6 +29,7 @@ the files that are out of date (a test and CI use it so that no published number
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
@@ -37,6 +38,7 @@ from reslm.models import families
 from reslm.models.budget import FRONTIER_BUDGET
 from reslm.report import figures, plots
 from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, frontier_md, frontier_points
+from reslm.report.names import REGISTRY, registry_md, registry_rows
 from reslm.report.rows import LEGACY, NOT_PUBLISHED, _read_csv, legacy_rows, published_rows, replace_between
 from reslm.report.tokens import plot_tokens, token_outputs
 from reslm.run.lock import writer_of
@@ -281,8 +283,10 @@ def build(repo: Path) -> tuple[dict[str, str], list[dict]]:
         outputs["README.md"] = replace_readme_table(readme.read_text(encoding="utf-8"), readme_table(paper))
     tokens, token_runs, token_fits = token_outputs(repo, outputs.get("README.md"))
     outputs.update(tokens)
+    names = registry_rows(repo)
+    outputs[REGISTRY] = registry_md(names)
     return outputs, dict(curves=_curves(paper), frontier=points, references=_references(kn),
-                         token_rows=token_runs, token_fits=token_fits)
+                         token_rows=token_runs, token_fits=token_fits, names=names)
 
 
 def report(repo: Path = Path("."), check: bool = False) -> list[str]:
@@ -291,6 +295,9 @@ def report(repo: Path = Path("."), check: bool = False) -> list[str]:
     if not (repo / "results").is_dir():   # nothing to report from: write no empty pages into a stray folder
         raise ReslmError(f"{repo} has no results/ folder: run `reslm report` in the repository (or pass --repo)")
     outputs, figs = build(repo)
+    for r in figs["names"]:
+        if r["problem"]:
+            print(f"reslm: note: results/{r['folder']}: {r['problem']} (see {REGISTRY})", file=sys.stderr)
     curves = figs["curves"]
     changed = []
     for rel, text in outputs.items():

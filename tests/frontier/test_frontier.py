@@ -1,0 +1,215 @@
+"""`reslm frontier`: plans as data, the rule, the ledger, running, claiming, commands and the bench, on a
+tiny corpus made in the test."""
+import json
+import shlex
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from reslm.cli import main
+from reslm.core.errors import ReslmError
+from reslm.frontier import bundled_plans, load_plan, plan_table, run_plan, selection
+from reslm.frontier import ledger
+from reslm.frontier import runner as frunner
+from reslm.frontier.bench import bench
+from reslm.frontier.report import plan_markdown, status_lines
+from reslm.models.identity import fingerprint, name_problem
+from reslm.run import read_config
+
+BASE = """
+[plan]
+about = "a tiny plan"
+
+[base]
+label = "b"
+family = "rc"
+data = "tiny"
+model = { size = 30, streams = 8 }
+train = { batch_size = 64, epochs_per_shard = 1, epoch_samples = 128, lr = 3e-3, val_fraction = 0.2, eval_samples = 100 }
+
+[rule]
+seeds = [0, 1]
+finalists = 1
+"""
+CANDIDATES = """
+[[candidate]]
+label = "lr3e-2"
+train = { lr = 3e-2 }
+
+[[candidate]]
+label = "lr1e-4"
+train = { lr = 1e-4 }
+"""
+
+
+def write_plan(tmp_path, text, name="tiny-plan"):
+    path = tmp_path / f"{name}.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.fixture
+def where(tmp_path, chars):
+    """(plan path, results, runs, data root) of a tiny screen plan: a base and two candidates."""
+    return write_plan(tmp_path, BASE + CANDIDATES), tmp_path / "results", tmp_path / "runs", chars.path.parent
+
+
+def run(plan, results, runs, root, **kw):
+    return run_plan(load_plan(plan), results, runs, data_root=root, progress=False, say=lambda m: None, **kw)
+
+
+def test_a_plan_is_screened_then_its_finalist_finishes_and_the_rule_chooses(where, monkeypatch):
+    path, results, runs, root = where
+    plan = load_plan(path)
+    table = run(path, results, runs, root)
+    sel = selection(plan, table)
+    assert sel["screened"] and len(sel["finalists"]) <= 1
+    done = [e for e in table if e.state == "done"]
+    assert {(e.label, e.seed) for e in done} >= {("b", 0), ("b", 1), ("lr3e-2", 0), ("lr1e-4", 0)}
+    for e in done:   # each published under its derived name, which its config matches
+        assert e.folder == results / e.name and name_problem(e.name, read_config(e.folder)) is None
+    contenders = ["b", *sel["finalists"]]
+    assert all(sel["groups"][k]["complete"] for k in contenders)
+    assert sel["chosen"] == min(contenders, key=lambda k: sel["groups"][k]["val"][0])
+    losers = [c.label for c in plan.candidates if c.label not in sel["finalists"]]
+    assert all(e.state == "not run" for e in table if e.label in losers and e.seed == 1)
+    # a second run finds everything done and trains nothing
+    monkeypatch.setattr(frunner, "train", lambda *a, **k: pytest.fail("trained a finished run"))
+    again = run(path, results, runs, root)
+    assert [e.state for e in again] == [e.state for e in table]
+    text = "\n".join(status_lines(plan, again))
+    assert f"chosen: {sel['chosen']}" in text and "0 to run now" in text
+
+
+def test_runs_are_found_by_configuration_not_by_name(where):
+    path, results, runs, root = where
+    plan = load_plan(path)
+    run(path, results, runs, root, only=(plan.base.name(0),))
+    (results / plan.base.name(0)).rename(results / "an-older-name-s0")
+    table = plan_table(plan, results, runs)
+    e = next(e for e in table if e.label == "b" and e.seed == 0)
+    assert e.state == "done" and e.folder.name == "an-older-name-s0"
+    assert fingerprint(read_config(e.folder)) == plan.base.fingerprint
+
+
+def test_a_run_held_by_another_process_is_left_to_it(where):
+    path, results, runs, root = where
+    plan = load_plan(path)
+    name = plan.base.name(0)
+    (runs / name).mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from reslm.run import lock_run\n"
+         f"with lock_run({str(runs / name)!r}):\n print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        said = []
+        table = run_plan(plan, results, runs, data_root=root, progress=False, say=said.append, only=(name,))
+        assert any("being trained by pid" in s for s in said)
+        assert next(e for e in table if e.name == name).state == "running"
+        assert not (results / name).exists()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    run(path, results, runs, root, only=(name,))   # released: now it trains
+    assert (results / name / "manifest.json").is_file()
+
+
+def test_commands_print_one_self_contained_line_per_run_to_run_now(where, capsys):
+    path, results, runs, root = where
+    assert main(["frontier", "run", str(path), "--commands", "--results", str(results), "--runs", str(runs),
+                 "--root", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    plan = load_plan(path)
+    assert len(lines) == 4   # the base at two seeds, each candidate at the screen seed
+    first = shlex.split(lines[0].split("   # = ")[0])
+    assert first[:3] == ["reslm", "frontier", "run"] and first[first.index("--only") + 1] == plan.base.name(0)
+    assert "reslm train --family rc" in lines[0] and "reslm publish" in lines[0]
+    assert main(first[1:]) == 0   # the line alone trains and publishes that run
+    assert (results / plan.base.name(0) / "manifest.json").is_file()
+    assert not (results / plan.base.name(1)).exists()
+
+
+def test_the_ledger_says_what_was_finished_when_a_candidate_joined(where):
+    path, results, runs, root = where
+    run(path, results, runs, root)
+    finished = len([e for e in plan_table(load_plan(path), results, runs) if e.state == "done"])
+    path.write_text(path.read_text() + '\n[[candidate]]\nlabel = "lr1e-3"\ntrain = { lr = 1e-3 }\n')
+    plan = load_plan(path)
+    ledger.note_plan(results, plan, frunner.finished_names(plan_table(plan, results, runs)))
+    joined = ledger.added_after(ledger.read_ledger(results, plan.name))
+    assert joined["lr3e-2"]["known"] == [] and len(joined["lr1e-3"]["known"]) == finished
+    page = plan_markdown(plan, results, runs)
+    assert f"lr1e-3: joined on" in page and f"when {finished} of the plan's runs had finished" in page
+    starts = [e for e in ledger.read_ledger(results, plan.name) if e["event"] == "start"]
+    assert len(starts) == finished and all(e["sha"] != plan.sha for e in starts)
+
+
+def test_parallel_jobs_each_in_its_own_process(tmp_path, chars):
+    path = write_plan(tmp_path, BASE.replace("seeds = [0, 1]", "seeds = [0, 1]\nselect = \"none\""))
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    table = run(path, results, runs, chars.path.parent, jobs=2, threads=1, poll=0.2)
+    assert [e.state for e in table] == ["done", "done"]
+    assert all(read_config(e.folder)["train"]["threads"] == 1 for e in table)
+
+
+@pytest.mark.parametrize("change, message", [
+    ("[base]\nlabel = 'x'\nfamily = 'rc'\ncolour = 1\n", "unknown key(s) colour"),
+    ("[base]\nfamily = 'rc'\nmodel = { sise = 3 }\n", "unknown rc option(s): sise"),
+    ("[base]\nfamily = 'rc'\ntrain = { lr = 'fast' }\n", "lr must be of type float"),
+    ("[base]\nfamily = 'rc'\ntrain = { seed = 3 }\n", "sets seed"),
+    ("[base]\npreset = 'tf-64-4-4'\n[rule]\nselect = 'none'\n", "breaks the strict rules"),
+    ("[base]\nfamily = 'rc'\nmodel = { size = 5000 }\n[rule]\nselect = 'none'\n", "over the plan's budget"),
+    ("[base]\nfamily = 'rc'\n[rule]\nselect = 'screen'\n", "no validation split"),
+    ("[base]\nfamily = 'rc'\n[rule]\nselect = 'none'\n[[candidate]]\ntrain = { lr = 1e-3 }\n", "needs a label"),
+    ("[base]\nfamily = 'rc'\n[rule]\nselect = 'none'\n[[candidate]]\nlabel = 'same'\n", "same configuration as base"),
+    ("[base]\nfamily = 'rc'\n[rule]\nseeds = [0, 0]\nselect = 'none'\n", "distinct"),
+    ("[base]\npreset = 'rc-9'\n", "unknown preset"),
+    ("[base\n", "not valid TOML"),
+])
+def test_a_bad_plan_is_refused_before_anything_runs(tmp_path, capsys, change, message):
+    path = write_plan(tmp_path, change, name="bad")
+    with pytest.raises(ReslmError, match="plan .*bad.toml") as e:
+        load_plan(path)
+    assert message in str(e.value)
+    assert main(["frontier", "run", str(path), "--results", str(tmp_path / "r"), "--runs", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not (tmp_path / "r").exists() and not (tmp_path / "runs").exists()
+
+
+def test_every_bundled_plan_loads():
+    plans = [load_plan(p) for p in bundled_plans()]
+    assert {"esn-lr", "gru-ceiling"} <= {p.name for p in plans}
+    for p in plans:
+        assert p.about.strip() and all(c.label for c in p.candidates)
+
+
+def test_bench_runs_a_reservoir_from_a_user_file_in_the_recipe(where, tmp_path, monkeypatch, capsys):
+    path, results, runs, root = where
+    monkeypatch.chdir(tmp_path)
+    user = tmp_path / "ring.py"
+    user.write_text(textwrap.dedent("""\
+        import torch
+        from reslm.reservoir import ESN, ESNConfig, RESERVOIRS
+
+        class RingESN(ESN):
+            def __init__(self, cfg):
+                super().__init__(cfg)
+                self.W_T.copy_(cfg.spectral_radius * torch.roll(torch.eye(cfg.size), 1, dims=0))
+
+        RESERVOIRS["ring-test"] = (ESNConfig, RingESN)
+        """))
+    out = tmp_path / "bench"
+    r = bench("ring-test", imports=[str(user)], seeds=(0, 1), out=out, results=results, data_root=root,
+              progress=False, recipe_plan=str(path))
+    assert r["mine"]["test"][2] == 2 and "**ring-test** (this bench)" in r["table"]
+    card = (out / "card.md").read_text()
+    assert "ring-test" in card and str(user) in card and "Strict reservoir rules" in card
+    with pytest.raises(ReslmError, match="unknown reservoir"):
+        bench("no-such-reservoir", out=out, results=results, recipe_plan=str(path))
+    assert main(["frontier", "bench", "--reservoir", "nope", "--out", str(out), "--results", str(results)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown reservoir 'nope'" in err[0]
