@@ -52,8 +52,8 @@ class TrainConfig:
     cycles: int = field(default=1, metadata=_CHARS)  # C: passes over the training shards
     epoch_samples: int = field(default=0, metadata=_CHARS)  # samples per shard-epoch, a fresh random subset each time; 0 = all
     shard_chars: int = field(default=0, metadata=_CHARS)  # use only the first K characters of each training shard; 0 = all
-    eval_samples: int = field(default=0, metadata=_CHARS)  # test samples per evaluation (8 evenly spread blocks); 0 = whole test shard
-    final_eval_samples: int = field(default=-1, metadata=_CHARS)  # test samples of the last evaluation (0 = whole test shard); -1 = eval_samples
+    eval_samples: int = field(default=0, metadata=_CHARS)  # test samples per evaluation (8 evenly spread blocks), and the validation split's (evenly spaced, the same at every evaluation); 0 = all
+    final_eval_samples: int = field(default=-1, metadata=_CHARS)  # test samples of the last evaluation and of the kept weights' score (0 = whole test shard); -1 = eval_samples
     state_dtype: str = field(default="float32", metadata=_CHARS)  # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)
     # closed-form readout (rc with optimizer ridge) and `reslm search`
     holdout: float = 0.1            # ridge, lbfgs and search: the last fraction of each training shard held out (chooses alpha and the temperature; the search objective); adam trains on all of it unless heldout_eval

@@ -170,7 +170,7 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
                 trainable=next(iter(summaries.values())).get("trainable_params"))
     refs = [_group("ESN frontier", recipe_plan, results)]
     if budget == "quick":
-        refs.append(_group("ESN, quick", "quick-ranks", results))
+        refs.append(_group("ESN, quick", "esn-quick", results))
     refs += [next((g for g in (_group("trained ceiling", p, results) for p in CEILING_PLANS) if g), None)]
     lines = ["| model | budget | trainable | test CE, state carried (nats, mean ± sd (seeds)) | bits/char | "
              "train time per seed |", "|---|---|---|---|---|---|",

@@ -20,6 +20,8 @@ changes to it, the seeds, and the rule that chooses among them on the validation
     [[candidate]]
     label = "lr1.5e-3"
     train = { lr = 1.5e-3 }      # the change, over the base (a candidate may also set model fields)
+    # full = { epochs_per_shard = 5, cycles = 2 }   a reduced-budget run's full budget: the report ranks
+    #                              the plan's runs against the published runs of their full budgets
 
 Everything is checked before anything runs (`load_plan`): unknown keys and fields, values of the wrong
 type, a candidate that breaks the strict rules or the budget, two candidates of one configuration.
@@ -46,9 +48,9 @@ else:   # pragma: no cover - Python 3.10
 
 BUNDLED = Path(__file__).resolve().parent / "plans"   # the plans reslm ships (`reslm frontier list`)
 SELECTS = ("screen", "none")
-_KEYS = {"plan": {"about"}, "base": {"label", "preset", "family", "data", "model", "train"},
+_KEYS = {"plan": {"about"}, "base": {"label", "preset", "family", "data", "model", "train", "full"},
          "rule": {"select", "screen_seed", "seeds", "finalists", "strict", "budget"},
-         "candidate": {"label", "model", "train", "about"}}
+         "candidate": {"label", "model", "train", "about", "full"}}
 # fields a plan may not set: the seed is the rule's, where and how a run runs is the command line's
 _NOT_IN_PLANS = {"seed", "threads", "device"}
 
@@ -63,11 +65,16 @@ class Config:
     model: dict
     train: dict
     about: str = ""
+    full: dict = field(default_factory=dict)   # a reduced budget's full training fields (a rank study)
 
     def run_config(self, seed: int) -> dict:
         """The config a run of this configuration at `seed` gets (the shape of a run's config.json)."""
         return dict(family=self.family, preset=self.preset, model={**self.model, "seed": seed},
                     train={**self.train, "seed": seed}, data=dict(name=self.data))
+
+    def full_config(self) -> "Config | None":
+        """The full-budget configuration a reduced-budget one stands for (None without `full`)."""
+        return Config(**{**self.__dict__, "train": {**self.train, **self.full}, "full": {}}) if self.full else None
 
     def name(self, seed: int) -> str:
         """The run's folder name (reslm.models.identity.run_name)."""
@@ -174,8 +181,11 @@ def _config(where: str, table: dict, base: Config | None) -> Config:
         raise ReslmError(f"[{where}] {e}") from None
     except ReslmError as e:
         raise ReslmError(f"[{where}] {e}") from None
+    full = table.get("full", base.full if base is not None else {})
+    if not isinstance(full, dict) or set(full) - {"epochs_per_shard", "cycles", "epoch_samples"}:
+        raise ReslmError(f"[{where}] full gives the full budget's epochs_per_shard, cycles or epoch_samples only")
     return Config(label=label, family=fam, preset=preset, data=str(data), model=model, train=train,
-                  about=str(table.get("about", "")))
+                  about=str(table.get("about", "")), full=dict(full))
 
 
 def _rule(table: dict) -> Rule:

@@ -4,12 +4,13 @@ per configuration with mean ± sd over its seeds, and the ledger's account of wh
 Every figure comes from the published runs; nothing is typed by hand."""
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from reslm.core.files import atomic_write
 from reslm.frontier import ledger
 from reslm.frontier.plan import Plan, bundled_plans, load_plan
-from reslm.frontier.runner import Entry, estimate, pending, plan_table, selection
+from reslm.frontier.runner import Entry, estimate, figures, index_results, pending, plan_table, selection
 from reslm.models.base import LN2
 from reslm.models.identity import delta, describe, recipe
 
@@ -52,8 +53,9 @@ def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
     todo = pending(plan, table)
     out.append(f"{sum(e.state == 'done' for e in table)} done, {sum(e.state == 'running' for e in table)} running, "
                f"{len(todo)} to run now, {sum(e.state == 'waiting' for e in table)} waiting on the screen; "
-               f"about {_hms(left)}{' or more' if unknown else ''} of one run's threads left (estimated from the "
-               "plan's finished runs)")
+               + (f"about {_hms(left)}{' or more' if unknown else ''} of one run's threads left (estimated from the "
+                  "plan's finished runs)" if left or not unknown else "time left unknown (no run of the plan has "
+                  "finished yet)"))
     out += ["  " + line for line in _verdict(plan, sel)]
     return out
 
@@ -99,10 +101,75 @@ def plan_markdown(plan: Plan, results: Path, runs: Path) -> str:
         bits = f"{g['test'][0] / LN2:.3f}" if g["test"] else "-"
         L.append(f"| {label} | {change} | {', '.join(map(str, g['seeds'])) or '-'} | {_ms(g['val'])} | "
                  f"{_ms(g['test'])} | {bits} | {_ms(g['test_window'])} | {_ms(g['test_stream'])} | {verdict} |")
+    L += _against_full(plan, table, results)
     L += ["", "Runs: " + ", ".join(f"[{e.name}](../{_rel(e.folder)})" if e.state == "done" else f"{e.name} ({e.state})"
                                    for e in table if e.state != "waiting"), ""]
     L += _ledger_lines(plan, results)
     return "\n".join(L) + "\n"
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation of two equally long lists (average ranks for ties); None under 3."""
+    if len(a) < 3:
+        return None
+    ra, rb = (_ranks(x) for x in (a, b))
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else None
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in order[i:j + 1]:
+            ranks[k] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def quick_against_full(plan: Plan, table: list[Entry], results: Path) -> list[dict]:
+    """For each configuration with a full budget (`full`): its test CE at the plan's budget and its full
+    budget's published test CE, both at the seeds it has done (means), and the full run's folder."""
+    index = index_results(results)
+    rows = []
+    for c in plan.configs:
+        full = c.full_config()
+        done = [e for e in table if e.config == c and e.state == "done" and e.test is not None]
+        if full is None or not done:
+            continue
+        folders = [index.get((full.fingerprint, e.seed)) for e in done]
+        if any(f is None for f in folders):
+            continue
+        rows.append(dict(label=c.label or "base", seeds=[e.seed for e in done],
+                         quick=statistics.mean(e.test for e in done),
+                         full=statistics.mean(figures(f)["test"] for f in folders), folders=folders,
+                         seconds=statistics.mean(e.train_seconds or 0 for e in done),
+                         full_seconds=statistics.mean(figures(f)["train_seconds"] or 0 for f in folders)))
+    return rows
+
+
+def _against_full(plan: Plan, table: list[Entry], results: Path) -> list[str]:
+    rows = quick_against_full(plan, table, results)
+    if not rows:
+        return []
+    rq, rf = _ranks([r["quick"] for r in rows]), _ranks([r["full"] for r in rows])
+    rho = spearman([r["quick"] for r in rows], [r["full"] for r in rows])
+    L = ["", "Against the full budget (each configuration's published full-budget run at the same seeds):", "",
+         "| configuration | seeds | test CE here | rank | test CE, full budget | rank | train time here | full |",
+         "|---|---|---|---|---|---|---|---|"]
+    for r, a, b in zip(rows, rq, rf):
+        L.append(f"| {r['label']} | {', '.join(map(str, r['seeds']))} | {r['quick']:.4f} | {a:g} | "
+                 f"[{r['full']:.4f}](../{_rel(r['folders'][0])}) | {b:g} | {_hms(r['seconds'])} | "
+                 f"{_hms(r['full_seconds'])} |")
+    L += ["", f"Spearman's rank correlation over {len(rows)} configurations: "
+          + (f"**rho = {rho:.2f}**." if rho is not None else "too few to say (under 3).")]
+    return L
 
 
 def _rel(path: Path) -> str:

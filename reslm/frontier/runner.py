@@ -57,7 +57,7 @@ class Entry:
         return self.config.label or "base"
 
 
-def _index(results: Path) -> dict[tuple[str, int], Path]:
+def index_results(results: Path) -> dict[tuple[str, int], Path]:
     """(fingerprint, seed) -> published folder, for every published run under `results`."""
     out: dict[tuple[str, int], Path] = {}
     if not Path(results).is_dir():
@@ -73,7 +73,7 @@ def _index(results: Path) -> dict[tuple[str, int], Path]:
     return out
 
 
-def _figures(folder: Path) -> dict:
+def figures(folder: Path) -> dict:
     """A run's figures from its summary: validation and test CE of the weights it keeps (both metrics
     where the summary has them), training time, and progress (evaluations / shard-epochs in all)."""
     summary = read_json(folder / SUMMARY) or {}
@@ -115,7 +115,7 @@ def _entry(c: Config, seed: int, index: dict, runs: Path, wanted: bool) -> Entry
     else:
         e.state = "unfinished"
     try:
-        for k, v in _figures(folder).items():
+        for k, v in figures(folder).items():
             setattr(e, k, v)
     except ReslmError:
         pass   # a run folder being created: no figures yet
@@ -126,7 +126,7 @@ def plan_table(plan: Plan, results: Path, runs: Path) -> list[Entry]:
     """Every run the plan's rule may need: the base at every seed and each candidate at the screen seed
     (rule "screen"; the finalists' other seeds follow once the screen is done), or every configuration
     at every seed (rule "none"). A finalist's other seeds are "waiting" until the screen is complete."""
-    index = _index(results)
+    index = index_results(results)
     rule = plan.rule
     table = [_entry(plan.base, s, index, runs, True) for s in rule.seeds]
     if rule.select == "none":
@@ -307,5 +307,5 @@ def command_args(plan: Plan, name: str, results: Path, runs: Path, threads: int 
     return args + (["--threads", str(threads)] if threads else []) + (["--root", str(data_root)] if data_root else [])
 
 
-__all__ = ["Entry", "STATES", "command_args", "estimate", "finished_names", "pending", "plan_table", "run_one",
+__all__ = ["Entry", "STATES", "command_args", "estimate", "figures", "finished_names", "index_results", "pending", "plan_table", "run_one",
            "run_plan", "selection"]

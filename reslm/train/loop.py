@@ -66,8 +66,9 @@ class HeldoutLoss:
     the first evaluation and kept (the reservoir is fixed).
 
     With `name` "val" (a run with a validation split, TrainConfig.val_fraction) the row is val_loss /
-    val_bpc, scored on `samples` evenly spaced positions of the tails (0: all of them; the last
-    evaluation: final_eval_samples, as the test shard's), and the test CE follows it (`with_test`)."""
+    val_bpc, scored on eval_samples evenly spaced positions of the split (0: all of them) at every
+    evaluation, the last one included: keep_best_val compares like with like (final_eval_samples
+    sizes only the test shard's last evaluation). The test CE follows it (`with_test`)."""
 
     def __init__(self, source: CharShards, name: str = "heldout", with_test: bool = False):
         self.source, self.feats, self.name, self.with_test = source, None, name, with_test
@@ -84,8 +85,7 @@ class HeldoutLoss:
         if self.feats is None:
             self.feats = [self.source.heldout_features(s) for s in self.source.heldout_shards()]
         tc = self.source.tc
-        samples = 0 if self.name == "heldout" else (
-            tc.final_eval_samples if final and tc.final_eval_samples >= 0 else tc.eval_samples)
+        samples = 0 if self.name == "heldout" else tc.eval_samples   # the same positions every time
         per = -(-samples // len(self.feats)) if samples else 0
         total, count = 0.0, 0
         for feats in self.feats:
