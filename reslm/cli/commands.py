@@ -22,6 +22,7 @@ from reslm.experiments.sweep import SWEEP_OUTPUTS
 from reslm.generate import check_length, sample
 from reslm.models import MODELS, preset, preset_table
 from reslm.experiments.runner import evaluate_and_publish
+from reslm.frontier import write_plans_page
 from reslm.publish import publish, unpacked
 from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
@@ -253,7 +254,7 @@ def cmd_publish(args):
 
 
 def cmd_report(args):
-    changed = report(Path(args.repo), check=args.check)
+    changed = report(Path(args.repo), check=args.check) + write_plans_page(Path(args.repo), check=args.check)
     if args.check and changed:
         raise ReslmError(f"out of date: {', '.join(changed)} (run `reslm report`)")
     print(f"{'up to date' if not changed else 'updated: ' + ', '.join(changed)}")

@@ -27,7 +27,8 @@ def cmd_list(args):
     for path in bundled_plans():
         plan = load_plan(path)
         about = " ".join(plan.about.split())
-        print(f"{plan.name:<28} {len(plan.candidates):>2} candidates, seeds {list(plan.rule.seeds)}: "
+        n = len(plan.candidates)
+        print(f"{plan.name:<28} {n:>2} candidate{'s' if n != 1 else ''}, seeds {list(plan.rule.seeds)}: "
               f"{about[:90]}{'...' if len(about) > 90 else ''}")
 
 
@@ -65,7 +66,8 @@ def cmd_status(args):
 
 def cmd_report(args):
     plans = [load_plan(p) for p in args.plans] if args.plans else None
-    print(f"written {write_plans_page(Path(args.repo), plans)}")
+    changed = write_plans_page(Path(args.repo), plans)
+    print(f"updated: {', '.join(changed)}" if changed else "up to date")
 
 
 def cmd_bench(args):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from reslm.core.files import atomic_write
 from reslm.frontier import ledger
-from reslm.frontier.plan import Plan, bundled_plans, load_plan
+from reslm.frontier.plan import BUNDLED, Plan, bundled_plans, load_plan
 from reslm.frontier.runner import Entry, estimate, figures, index_results, pending, plan_table, selection
 from reslm.models.base import LN2
 from reslm.models.identity import delta, describe, recipe
@@ -75,14 +75,14 @@ def _verdict(plan: Plan, sel: dict) -> list[str]:
     return lines
 
 
-def plan_markdown(plan: Plan, results: Path, runs: Path) -> str:
+def plan_markdown(plan: Plan, results: Path, runs: Path | None) -> str:
     """A plan's section: what it asks, the rule's verdict, a table of every configuration and the ledger."""
     table = plan_table(plan, results, runs)
     sel = selection(plan, table)
     base = plan.base
     changed = describe(delta(base.run_config(0), recipe(base.family, base.preset)))
     L = [f"## {plan.name}", "", plan.about.strip(), "",
-         f"Plan file: `{_rel(plan.path)}` (sha256 {plan.sha[:12]}). Base (`{base.label or 'base'}`): "
+         f"Plan file: `{_shown(plan.path)}` (sha256 {plan.sha[:12]}). Base (`{base.label or 'base'}`): "
          f"{base.preset or base.family} with {', '.join(changed) or 'the paper protocol'}. Rule: "
          + (f"screen at seed {plan.rule.screen_seed} against the base on validation, the {plan.rule.finalists} "
             f"lowest below it on to seeds {list(plan.rule.seeds)}, the lowest mean validation CE chooses."
@@ -102,7 +102,8 @@ def plan_markdown(plan: Plan, results: Path, runs: Path) -> str:
         L.append(f"| {label} | {change} | {', '.join(map(str, g['seeds'])) or '-'} | {_ms(g['val'])} | "
                  f"{_ms(g['test'])} | {bits} | {_ms(g['test_window'])} | {_ms(g['test_stream'])} | {verdict} |")
     L += _against_full(plan, table, results)
-    L += ["", "Runs: " + ", ".join(f"[{e.name}](../{_rel(e.folder)})" if e.state == "done" else f"{e.name} ({e.state})"
+    L += ["", "Runs: " + ", ".join(f"[{e.name}](../results/{e.folder.name})" if e.state == "done"
+                                   else f"{e.name} ({e.state})"
                                    for e in table if e.state != "waiting"), ""]
     L += _ledger_lines(plan, results)
     return "\n".join(L) + "\n"
@@ -165,18 +166,16 @@ def _against_full(plan: Plan, table: list[Entry], results: Path) -> list[str]:
          "|---|---|---|---|---|---|---|---|"]
     for r, a, b in zip(rows, rq, rf):
         L.append(f"| {r['label']} | {', '.join(map(str, r['seeds']))} | {r['quick']:.4f} | {a:g} | "
-                 f"[{r['full']:.4f}](../{_rel(r['folders'][0])}) | {b:g} | {_hms(r['seconds'])} | "
+                 f"[{r['full']:.4f}](../results/{r['folders'][0].name}) | {b:g} | {_hms(r['seconds'])} | "
                  f"{_hms(r['full_seconds'])} |")
     L += ["", f"Spearman's rank correlation over {len(rows)} configurations: "
           + (f"**rho = {rho:.2f}**." if rho is not None else "too few to say (under 3).")]
     return L
 
 
-def _rel(path: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+def _shown(path: Path) -> str:
+    """A plan file as the docs name it: reslm/frontier/plans/NAME.toml for one reslm ships."""
+    return f"reslm/frontier/plans/{path.name}" if Path(path).resolve().parent == BUNDLED else str(path)
 
 
 def _ledger_lines(plan: Plan, results: Path) -> list[str]:
@@ -199,8 +198,10 @@ def _ledger_lines(plan: Plan, results: Path) -> list[str]:
     return L
 
 
-def write_plans_page(repo: Path, plans: list[Plan] | None = None) -> Path:
-    """docs/frontier-plans.md: one section per plan (default: every plan reslm ships), from results/."""
+def write_plans_page(repo: Path, plans: list[Plan] | None = None, check: bool = False) -> list[str]:
+    """docs/frontier-plans.md: one section per plan (default: every plan reslm ships), from results/ alone
+    (runs in progress elsewhere do not change it). Returns [the page] when it changed (with check=True:
+    would change, and nothing is written)."""
     repo = Path(repo)
     plans = plans if plans is not None else [load_plan(p) for p in bundled_plans()]
     body = ["# Frontier plans", "",
@@ -209,10 +210,13 @@ def write_plans_page(repo: Path, plans: list[Plan] | None = None) -> Path:
             "every choice made on validation). How to run one: `reslm frontier run NAME`; its state: "
             "`reslm frontier status NAME`.", ""]
     for plan in plans:
-        body.append(plan_markdown(plan, repo / "results", repo / "runs"))
-    path = repo / PLANS_PAGE
-    atomic_write(path, lambda p: p.write_text("\n".join(body)))
-    return path
+        body.append(plan_markdown(plan, repo / "results", None))
+    path, text = repo / PLANS_PAGE, "\n".join(body)
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return []
+    if not check:
+        atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+    return [PLANS_PAGE]
 
 
 __all__ = ["PLANS_PAGE", "plan_markdown", "status_lines", "write_plans_page"]

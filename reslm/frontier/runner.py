@@ -96,19 +96,20 @@ def _finished(folder: Path) -> bool:
         bool((read_json(folder / SUMMARY) or {}).get("finished"))
 
 
-def _entry(c: Config, seed: int, index: dict, runs: Path, wanted: bool) -> Entry:
+def _entry(c: Config, seed: int, index: dict, runs: Path | None, wanted: bool) -> Entry:
+    """A run's entry: published (found in `index`), begun in runs/NAME, or not begun (runs None: only
+    what is published counts, as the docs read it)."""
     name = c.name(seed)
-    folder = index.get((c.fingerprint, seed))
-    local = Path(runs) / name
-    if folder is None and (local / CONFIG).is_file():
-        folder = local
+    published = index.get((c.fingerprint, seed))
+    local = Path(runs) / name if runs is not None else None
+    folder = published or (local if local is not None and (local / CONFIG).is_file() else None)
     e = Entry(config=c, seed=seed, name=name, folder=folder or local, state="pending" if wanted else "waiting")
     if folder is None:   # not begun here; a process that is creating it holds its folder
-        if local.is_dir() and (holder := writer_of(local)):
+        if local is not None and local.is_dir() and (holder := writer_of(local)):
             e.state, e.holder = "running", holder
         return e
     e.holder = writer_of(folder)
-    if folder.parent != Path(runs) and _finished(folder):
+    if published is not None and _finished(folder):
         e.state = "done"
     elif e.holder:
         e.state = "running"
@@ -122,10 +123,11 @@ def _entry(c: Config, seed: int, index: dict, runs: Path, wanted: bool) -> Entry
     return e
 
 
-def plan_table(plan: Plan, results: Path, runs: Path) -> list[Entry]:
+def plan_table(plan: Plan, results: Path, runs: Path | None) -> list[Entry]:
     """Every run the plan's rule may need: the base at every seed and each candidate at the screen seed
     (rule "screen"; the finalists' other seeds follow once the screen is done), or every configuration
-    at every seed (rule "none"). A finalist's other seeds are "waiting" until the screen is complete."""
+    at every seed (rule "none"). A finalist's other seeds are "waiting" until the screen is complete.
+    `runs` None: only published runs count (the docs' view)."""
     index = index_results(results)
     rule = plan.rule
     table = [_entry(plan.base, s, index, runs, True) for s in rule.seeds]
