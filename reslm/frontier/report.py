@@ -4,6 +4,7 @@ per configuration with mean ± sd over its seeds, and the ledger's account of wh
 Every figure comes from the published runs; nothing is typed by hand."""
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from reslm.models.base import LN2
 from reslm.models.identity import delta, describe, recipe
 
 PLANS_PAGE = "docs/frontier-plans.md"
+PAGES_WITH_BLOCKS = ("docs/frontier-routes.md",)   # hand-written pages with generated plan tables
 
 
 def _hms(seconds: float | None) -> str:
@@ -75,20 +77,23 @@ def _verdict(plan: Plan, sel: dict) -> list[str]:
     return lines
 
 
-def plan_markdown(plan: Plan, results: Path, runs: Path | None) -> str:
-    """A plan's section: what it asks, the rule's verdict, a table of every configuration and the ledger."""
+def plan_markdown(plan: Plan, results: Path, runs: Path | None, *, heading: bool = True) -> str:
+    """A plan's section: what it asks, the rule's verdict, a table of every configuration and the ledger
+    (heading False: the table, its comparison with the full budget and the runs alone, for a page that
+    says the rest in its own words)."""
     table = plan_table(plan, results, runs)
     sel = selection(plan, table)
     base = plan.base
     changed = describe(delta(base.run_config(0), recipe(base.family, base.preset)))
-    L = [f"## {plan.name}", "", plan.about.strip(), "",
-         f"Plan file: `{_shown(plan.path)}` (sha256 {plan.sha[:12]}). Base (`{base.label or 'base'}`): "
+    L = [f"## {plan.name}", "", plan.about.strip(), "", f"Plan file: `{_shown(plan.path)}` (sha256 {plan.sha[:12]}). Base (`{base.label or 'base'}`): "
          f"{base.preset or base.family} with {', '.join(changed) or 'the paper protocol'}. Rule: "
          + (f"screen at seed {plan.rule.screen_seed} against the base on validation, the {plan.rule.finalists} "
             f"lowest below it on to seeds {list(plan.rule.seeds)}, the lowest mean validation CE chooses."
             if plan.rule.select == "screen" else f"none: every configuration at seeds {list(plan.rule.seeds)}, "
             "nothing chosen.") + (" Strict reservoir rules and the budget checked before any run." if plan.rule.strict
                                   else ""), ""]
+    if not heading:
+        L = [f"*Generated from plan [{plan.name}](frontier-plans.md#{plan.name}) by `reslm report`.*", ""]
     L += ["| configuration | change over the base | seeds done | val CE | test CE (nats) | bits/char | test CE, 32-char "
           "windows | test CE, state carried | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for c in plan.configs:
@@ -105,8 +110,19 @@ def plan_markdown(plan: Plan, results: Path, runs: Path | None) -> str:
     L += ["", "Runs: " + ", ".join(f"[{e.name}](../results/{e.folder.name})" if e.state == "done"
                                    else f"{e.name} ({e.state})"
                                    for e in table if e.state != "waiting"), ""]
-    L += _ledger_lines(plan, results)
+    if heading:
+        L += _ledger_lines(plan, results)
     return "\n".join(L) + "\n"
+
+
+BLOCK = re.compile(r"(<!-- plan:(?P<name>[A-Za-z0-9._-]+):begin -->\n)(?P<body>.*?)(<!-- plan:(?P=name):end -->)", re.S)
+
+
+def fill_plan_blocks(text: str, results: Path) -> str:
+    """Every `<!-- plan:NAME:begin -->` ... `<!-- plan:NAME:end -->` block of a page, filled with that
+    plan's table from results/ (plan_markdown without its heading): a page's prose stays its own, its
+    figures are generated."""
+    return BLOCK.sub(lambda m: m[1] + plan_markdown(load_plan(m["name"]), results, None, heading=False) + m[4], text)
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
@@ -199,9 +215,9 @@ def _ledger_lines(plan: Plan, results: Path) -> list[str]:
 
 
 def write_plans_page(repo: Path, plans: list[Plan] | None = None, check: bool = False) -> list[str]:
-    """docs/frontier-plans.md: one section per plan (default: every plan reslm ships), from results/ alone
-    (runs in progress elsewhere do not change it). Returns [the page] when it changed (with check=True:
-    would change, and nothing is written)."""
+    """docs/frontier-plans.md: one section per plan (default: every plan reslm ships), and the plan blocks
+    of PAGES_WITH_BLOCKS, from results/ alone (runs in progress elsewhere change nothing). Returns the
+    pages that changed (with check=True: would change, and nothing is written)."""
     repo = Path(repo)
     plans = plans if plans is not None else [load_plan(p) for p in bundled_plans()]
     body = ["# Frontier plans", "",
@@ -211,12 +227,19 @@ def write_plans_page(repo: Path, plans: list[Plan] | None = None, check: bool = 
             "`reslm frontier status NAME`.", ""]
     for plan in plans:
         body.append(plan_markdown(plan, repo / "results", None))
-    path, text = repo / PLANS_PAGE, "\n".join(body)
-    if path.is_file() and path.read_text(encoding="utf-8") == text:
-        return []
-    if not check:
-        atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
-    return [PLANS_PAGE]
+    pages = {PLANS_PAGE: "\n".join(body)}
+    for rel in PAGES_WITH_BLOCKS:   # pages whose tables are plans' (their prose is hand-written)
+        if (repo / rel).is_file():
+            pages[rel] = fill_plan_blocks((repo / rel).read_text(encoding="utf-8"), repo / "results")
+    changed = []
+    for rel, text in pages.items():
+        path = repo / rel
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            continue
+        changed.append(rel)
+        if not check:
+            atomic_write(path, lambda p, t=text: p.write_text(t, encoding="utf-8"))
+    return changed
 
 
-__all__ = ["PLANS_PAGE", "plan_markdown", "status_lines", "write_plans_page"]
+__all__ = ["PAGES_WITH_BLOCKS", "PLANS_PAGE", "fill_plan_blocks", "plan_markdown", "status_lines", "write_plans_page"]
