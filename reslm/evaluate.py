@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 import platform
 import time
 from contextlib import contextmanager, nullcontext
@@ -58,6 +59,7 @@ from reslm.data.datasets import check_dataset, data_kind, open_dataset
 from reslm.models.load import load_run
 
 EVAL_FILE = "eval.json"
+GRID_MAX = 1_000   # combinations of physical settings one `reslm eval` grid may score
 GRID_FILE = "eval-physical"   # .json and .csv
 PIECE = 65536                 # samples scored per reservoir pass
 
@@ -283,11 +285,21 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     return result
 
 
+def check_grid(grid: dict) -> None:
+    """ReslmError when a physical grid has more than GRID_MAX combinations (before any work)."""
+    combinations = math.prod(len(v) for v in grid.values()) if grid else 0
+    if combinations > GRID_MAX:
+        raise ReslmError(f"the physical grid has {combinations:,} combinations, over the cap of {GRID_MAX:,} (each "
+                         "is a pass over the scored text): give fewer values per constraint")
+
+
 def physical_grid(run_dir: Path, grid: dict, *, write: bool = True, **kw) -> dict:
     """Test CE of one rc / aerc run under every combination of the physical settings in `grid`
     ({field: [values]}, fields of PhysicalConfig; the others stay as trained), on the chunk
     `evaluate_run` scores. The reservoir runs once; each setting re-measures its states. Writes
-    run_dir/eval-physical.json and .csv (replacing a previous grid's)."""
+    run_dir/eval-physical.json and .csv (replacing a previous grid's). A grid of more than GRID_MAX
+    combinations is refused before anything is done."""
+    check_grid(grid)
     with lock_run(run_dir) if write else nullcontext():   # the whole command, as evaluate_run
         return _physical_grid(Path(run_dir), grid, write=write, **kw)
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -60,6 +62,29 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return r.stdout.strip() + ("+dirty" if d.stdout.strip() else "") if r.returncode == 0 else "unknown"
+
+
+STOPPED_AGE = 60.0   # seconds: a publish folder left this long by a process that is gone is a leftover
+_PUBLISH_FILES = {CONFIG, METRICS, SUMMARY, EVAL, WEIGHTS, PROVENANCE, MANIFEST, CHECKPOINT}
+
+
+def _remove_stopped_publishes(dest: Path) -> list[Path]:
+    """Remove what a publish of `dest` that was stopped (killed, a power cut) left beside it: folders
+    .NAME.publish-XXXXXXXX older than STOPPED_AGE that hold only the files a publish writes (and their
+    atomic-write temp files). Anything else, and a publish under way, is left alone."""
+    removed = []
+    for p in dest.parent.glob(f".{glob.escape(dest.name[:40])}.publish-*"):
+        try:
+            if p.is_symlink() or not p.is_dir() or time.time() - p.stat().st_mtime < STOPPED_AGE:
+                continue
+            if any(q.is_symlink() or not q.is_file() or not (q.name in _PUBLISH_FILES or q.name.endswith(".tmp"))
+                   for q in p.iterdir()):
+                continue
+            shutil.rmtree(p)
+            removed.append(p)
+        except OSError:
+            continue
+    return removed
 
 
 def _consistent_summary(summary: dict | None, rows: list[dict]) -> bool:
@@ -199,6 +224,9 @@ def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str 
     cfg = read_config(run_dir)
     ck = load_checkpoint(run_dir)
     if ck is None:
+        if is_published(run_dir) and read_manifest(run_dir).get("finished"):
+            raise ReslmError(f"{run_dir} is a finished published run already: nothing to publish (publish a run "
+                             "folder into it, or give another destination)")
         raise ReslmError(f"{run_dir} has no checkpoint yet: train it before publishing it")
     if is_published(run_dir) and "model" not in ck:   # a published folder as published: its files must be
         verify_published(run_dir, skip=(CONFIG,))      # (config.json: its identity is the checkpoint's)
@@ -225,6 +253,7 @@ def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str 
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ReslmError(f"cannot create {dest.parent}: {e.strerror or e}") from None
+    _remove_stopped_publishes(dest)
     tmp = make_temp_dir(dest.parent, f".{dest.name[:40]}.publish-")
     try:
         manifest = _write(tmp, ck, files, in_place=False)
@@ -299,8 +328,11 @@ def unpack(folder: Path) -> None:
     folder = Path(folder)
     ck = load_checkpoint(folder)
     if ck is None:
-        raise ReslmError(f"{folder} is a finished published run (no {CHECKPOINT}, no optimizer state): nothing "
-                         f"to resume; publish an unfinished run to continue it elsewhere")
+        if read_manifest(folder).get("finished"):
+            raise ReslmError(f"{folder} is a finished published run (no {CHECKPOINT}, no optimizer state): nothing "
+                             f"to resume; publish an unfinished run to continue it elsewhere")
+        raise ReslmError(f"{folder} is an unfinished published run whose {CHECKPOINT} is missing (its manifest "
+                         f"lists one): restore the folder (git checkout {folder}) to continue it")
     if "model" in ck:
         return   # unpacked already: a run folder whose training was stopped before it was published again
     verify_published(folder, skip=(CONFIG,))   # never continue (and re-sign) an edited metrics.jsonl or summary

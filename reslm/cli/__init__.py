@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from reslm.cli.flags import check_preset, check_resume
+from reslm.cli.flags import check_paths, check_preset, check_resume
 from reslm.cli.parsers import build_parser
 from reslm.core.device import use_threads
 from reslm.core.errors import ReslmError, describe
@@ -42,6 +42,7 @@ def main(argv=None) -> int:
         check_resume(argv)
         check_preset(argv)
         args = build_parser(argv).parse_args(argv)
+        check_paths(args)
     except ReslmError as e:
         print(f"reslm: error: {e}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
-from reslm.evaluate import GRID_FILE, eval_file_name, evaluate_run, physical_grid
+from reslm.evaluate import GRID_FILE, check_grid, eval_file_name, evaluate_run, physical_grid
 from reslm.experiments import run_demo, run_lab, run_sweep
 from reslm.experiments.reproduce import reproduce
 from reslm.experiments.sweep import SWEEP_OUTPUTS
@@ -190,6 +190,7 @@ def _print_grid(r: dict) -> None:
 def cmd_eval(args):
     _check_sampling(args)
     physical = _physical_values(args)
+    check_grid(physical)
     run = Path(args.run_dir)
     write = args.write if args.write is not None else not is_published(run)   # results/NAME: only read
     ensure_dataset(read_config(run))   # a fresh clone: the Shakespeare data is built, as train does

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -153,13 +154,15 @@ def train_family(argv: list[str]) -> str | None:
 
 
 def check_resume(argv: list[str]) -> None:
-    """`reslm train --out X --resume` where X holds no run: say so before the family's flags are parsed
-    (with no run there is no family, so its flags would read as unrecognised)."""
+    """`reslm train --out X --resume` where X holds no run, or a run whose config.json is damaged (or a
+    link): say so before the family's flags are parsed (with no family, its flags would read as
+    unrecognised)."""
     out = peek_flag(argv, "--out")
     is_train = argv[:1] == ["train"] or "train" in argv[:2]
-    if is_train and "--resume" in argv and out and not ({"-h", "--help"} & set(argv)) \
-            and not (Path(out) / CONFIG).exists():
-        raise ReslmError(f"{out} holds no run to resume (no {CONFIG})")
+    if is_train and "--resume" in argv and out and not ({"-h", "--help"} & set(argv)):
+        if not os.path.lexists(Path(out) / CONFIG):
+            raise ReslmError(f"{out} holds no run to resume (no {CONFIG})")
+        read_config(Path(out))   # a damaged config.json is named now, not as "unrecognized arguments" later
 
 
 def check_preset(argv: list[str]) -> None:
@@ -170,6 +173,22 @@ def check_preset(argv: list[str]) -> None:
     if is_train and name is not None and name not in PRESETS and "--resume" not in argv \
             and not ({"-h", "--help"} & set(argv)):
         preset(name)   # raises "unknown preset 'NAME' (see `reslm presets`)"
+
+
+# every argument that names a file or folder, by its dest, with how the user wrote it
+PATH_ARGS = {"out": "--out", "root": "--root", "repo": "--repo", "publish": "--publish", "drive": "--drive",
+             "states": "STATES", "run_dir": "RUN_DIR", "dest": "DEST", "data": "--data", "files": "FILE",
+             "corpus": "--corpus", "plan": "PLAN", "plans": "PLAN", "results": "--results", "runs": "--runs",
+             "imports": "--import", "storage": "--storage"}
+
+
+def check_paths(args) -> None:
+    """An empty or blank path is a mistake, never a default: ReslmError naming the argument."""
+    for dest, shown in PATH_ARGS.items():
+        value = getattr(args, dest, None)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and not v.strip():
+                raise ReslmError(f"{shown} is empty: give a path")
 
 
 # --- commands -----------------------------------------------------------------------------------

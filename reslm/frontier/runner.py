@@ -30,7 +30,7 @@ from reslm.models.identity import fingerprint, seed_of
 from reslm.publish import publish, unpacked
 from reslm.run import CONFIG, SUMMARY, lock_run, read_config, read_metrics
 from reslm.run.lock import RunInUse, writer_of
-from reslm.run.registry import is_published, read_manifest
+from reslm.run.registry import is_published, published_folders, read_manifest
 from reslm.train import ensure_run, resume_run, train
 
 STATES = ("done", "running", "unfinished", "pending", "waiting", "not run")
@@ -60,10 +60,8 @@ class Entry:
 def index_results(results: Path) -> dict[tuple[str, int], Path]:
     """(fingerprint, seed) -> published folder, for every published run under `results`."""
     out: dict[tuple[str, int], Path] = {}
-    if not Path(results).is_dir():
-        return out
-    for folder in sorted(p for p in Path(results).iterdir() if p.is_dir()):
-        cfg = read_json(folder / CONFIG) if is_published(folder) else None
+    for folder in published_folders(results):
+        cfg = read_json(folder / CONFIG)
         if not cfg or "family" not in cfg:
             continue
         try:

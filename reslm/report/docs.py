@@ -238,6 +238,8 @@ def check_inputs(repo: Path) -> None:
     repo = Path(repo)
     base = repo / "results"
     for folder in sorted(base.iterdir()) if base.is_dir() else []:
+        if folder.name.startswith("."):   # a stopped publish's leftover (reslm.run.registry.published_folders)
+            continue
         if folder.is_symlink():
             raise ReslmError(f"{folder} is a symbolic link: reslm report reads only real folders in results/")
         if folder.is_dir() and is_published(folder):
@@ -249,6 +251,10 @@ def check_inputs(repo: Path) -> None:
                     raise ReslmError(f"{folder} is being trained in place by {writer}; run reslm report when "
                                      f"it has stopped") from None
                 raise
+            family = (read_json(folder / "config.json") or {}).get("family")
+            if family not in families():
+                raise ReslmError(f"{folder}: its config names an unknown model family {family!r} (known: "
+                                 f"{', '.join(families())}): reslm report tabulates only runs it can load")
     legacy = repo / LEGACY
     if plain_stat(legacy) is None:
         return

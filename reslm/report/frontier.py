@@ -12,7 +12,7 @@ from reslm.models.budget import FRONTIER_BUDGET
 from reslm.models.base import LN2
 from reslm.models.identity import delta, fingerprint
 from reslm.paper import LARGEST, TEST_CE
-from reslm.run.registry import is_published, read_manifest
+from reslm.run.registry import published_folders, read_manifest
 from reslm.report.rows import NOT_PUBLISHED, _variant, whole_shard_final
 from reslm.run import CONFIG, SUMMARY, read_metrics
 
@@ -49,7 +49,7 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
     """Every character run scored on the whole test shard: the published ones (with the strict-rules
     verdict and what they changed) and the legacy rows (the paper's protocol)."""
     base, pts = repo / "results", []
-    for folder in sorted(p for p in base.iterdir() if p.is_dir() and is_published(p)) if base.is_dir() else []:
+    for folder in published_folders(base):
         cfg = read_json(folder / CONFIG) or {}
         if cfg.get("data", {}).get("kind", "chars") != "chars" or not whole_shard_final(cfg["train"]):
             continue

@@ -10,7 +10,7 @@ from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
 from reslm.models.identity import delta, describe, name_problem, run_name
 from reslm.run import CONFIG
-from reslm.run.registry import is_published
+from reslm.run.registry import published_folders
 
 REGISTRY = "docs/registry.md"
 
@@ -19,7 +19,7 @@ def registry_rows(repo: Path) -> list[dict]:
     """One row per published run folder under repo/results: name, derived name, delta, name problem."""
     base = Path(repo) / "results"
     rows = []
-    for folder in sorted(p for p in base.iterdir() if p.is_dir() and is_published(p)) if base.is_dir() else []:
+    for folder in published_folders(base):
         cfg = read_json(folder / CONFIG) or {}
         try:
             rows.append(dict(folder=folder.name, derived=run_name(cfg), changes=describe(delta(cfg)),

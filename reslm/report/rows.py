@@ -13,7 +13,7 @@ from reslm.core.files import read_json
 from reslm.models.base import LN2
 from reslm.models.identity import delta
 from reslm.paper import LARGEST, TEST_CE
-from reslm.run.registry import PROVENANCE, is_published, read_manifest
+from reslm.run.registry import PROVENANCE, published_folders, read_manifest
 from reslm.run import CONFIG, SUMMARY, read_metrics
 
 LEGACY = "results/legacy.csv"
@@ -75,7 +75,7 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
     """(paper-protocol rows, other rows) of the published runs under repo/results, by folder name."""
     paper, other = [], []
     base = repo / "results"
-    for folder in sorted(p for p in base.iterdir() if p.is_dir() and is_published(p)) if base.is_dir() else []:
+    for folder in published_folders(base):
         m = read_manifest(folder)
         cfg = read_json(folder / CONFIG) or {}
         prov = read_json(folder / PROVENANCE) or {}

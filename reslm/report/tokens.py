@@ -36,7 +36,7 @@ from reslm.models.identity import delta, identity, recipe, seed_of
 from reslm.models.laerc import AUTHORS_VARIANT
 from reslm.paper import SLOPES
 from reslm.run import CONFIG, SUMMARY, read_metrics
-from reslm.run.registry import EVAL, PROVENANCE, is_published, read_manifest
+from reslm.run.registry import EVAL, PROVENANCE, published_folders, read_manifest
 from reslm.report.rows import replace_between
 from reslm.report.scaling import FIT_KEYS, fit_all, plot_scaling
 
@@ -94,7 +94,7 @@ def token_rows(repo: Path) -> list[dict]:
 runs before variants, trainable parameters."""
     base = Path(repo) / "results"
     rows = []
-    for folder in sorted(p for p in base.iterdir() if p.is_dir() and is_published(p)) if base.is_dir() else []:
+    for folder in published_folders(base):
         cfg = read_json(folder / CONFIG) or {}
         if cfg.get("family") not in families("tokens"):
             continue

@@ -57,6 +57,17 @@ def is_published(folder: Path) -> bool:
     return os.path.lexists(Path(folder) / MANIFEST)
 
 
+def published_folders(results: Path) -> list[Path]:
+    """The published run folders under `results`, by name: real folders (not links) with a manifest,
+    except hidden names (".NAME.publish-XXXXXXXX": a publish that was stopped before it renamed its
+    folder into place; the next publish of NAME removes it)."""
+    results = Path(results)
+    if not results.is_dir():
+        return []
+    return sorted(p for p in results.iterdir() if not p.name.startswith(".") and not p.is_symlink() and p.is_dir()
+                  and is_published(p))
+
+
 def _bytes(t: torch.Tensor) -> bytes:
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
