@@ -56,6 +56,8 @@ def cmd_run(args):
 def cmd_status(args):
     plan = load_plan(args.plan)
     results, runs = _paths(args)
+    if not results.is_dir():
+        raise ReslmError(f"--results {results}: no such folder")
     table = plan_table(plan, results, runs)
     if args.json:
         print(json.dumps([dict(run=e.name, label=e.label, seed=e.seed, state=e.state, folder=str(e.folder),

@@ -121,12 +121,13 @@ def _entry(c: Config, seed: int, index: dict, runs: Path | None, wanted: bool) -
     return e
 
 
-def plan_table(plan: Plan, results: Path, runs: Path | None) -> list[Entry]:
+def plan_table(plan: Plan, results: Path, runs: Path | None, index: dict | None = None) -> list[Entry]:
     """Every run the plan's rule may need: the base at every seed and each candidate at the screen seed
     (rule "screen"; the finalists' other seeds follow once the screen is done), or every configuration
     at every seed (rule "none"). A finalist's other seeds are "waiting" until the screen is complete.
-    `runs` None: only published runs count (the docs' view)."""
-    index = index_results(results)
+    `runs` None: only published runs count (the docs' view). `index`: index_results(results), when the
+    caller has it already."""
+    index = index_results(results) if index is None else index
     rule = plan.rule
     table = [_entry(plan.base, s, index, runs, True) for s in rule.seeds]
     if rule.select == "none":
@@ -258,6 +259,9 @@ def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: i
     nothing is left: the screen first, then the finalists' other seeds. `only`: just these run names.
     A run held by another process is left to it. Returns the final table."""
     first = plan_table(plan, results, runs)
+    unknown = sorted(set(only) - {e.name for e in first})
+    if unknown:
+        raise ReslmError(f"no run of plan {plan.name} is named {', '.join(unknown)} (see `reslm frontier status`)")
     ledger.note_plan(results, plan, finished_names(first))
     for e in first:
         if e.state == "running" and (not only or e.name in only):
@@ -268,8 +272,6 @@ def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: i
         table = plan_table(plan, results, runs)
         todo = [e for e in pending(plan, table) if e.name not in skipped and e.name not in running
                 and (not only or e.name in only)]
-        if only and not todo and not running and not any(e.name in only for e in table):
-            raise ReslmError(f"no run of plan {plan.name} is named {', '.join(only)} (see `reslm frontier status`)")
         if jobs <= 1:
             if not todo:
                 return table
