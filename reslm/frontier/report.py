@@ -96,18 +96,22 @@ def plan_markdown(plan: Plan, results: Path, runs: Path | None, *, heading: bool
                                   else ""), ""]
     if not heading:
         L = [f"*Generated from plan [{plan.name}](frontier-plans.md#{plan.name}) by `reslm report`.*", ""]
-    L += ["| configuration | change over the base | seeds done | val CE | test CE (nats) | bits/char | test CE, 32-char "
-          "windows | test CE, state carried | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    screen = plan.rule.select == "screen"
+    L += ["| configuration | change over the base | seeds done |"
+          + (f" val CE at seed {plan.rule.screen_seed} (the screen) |" if screen else "")
+          + " val CE | test CE (nats) | bits/char | test CE, 32-char windows | test CE, state carried | verdict |",
+          "|---|---|---|" + ("---|" if screen else "") + "---|---|---|---|---|---|"]
+    base_key = base.label or "base"
     for c in plan.configs:
-        g = sel["groups"][c.label or "base"]
         label = c.label or "base"
+        g = sel["groups"][label]
         change = ", ".join(describe(delta(c.run_config(0), base.run_config(0)))) or "-"
-        verdict = ("**chosen**" if sel["chosen"] == label else
-                   "finalist" if label in sel["finalists"] else
-                   "screened out" if plan.rule.select == "screen" and sel["screened"] and c is not base else "")
         bits = f"{g['test'][0] / LN2:.3f}" if g["test"] else "-"
-        L.append(f"| {label} | {change} | {', '.join(map(str, g['seeds'])) or '-'} | {_ms(g['val'])} | "
-                 f"{_ms(g['test'])} | {bits} | {_ms(g['test_window'])} | {_ms(g['test_stream'])} | {verdict} |")
+        at = sel["screen"].get(label)
+        L.append(f"| {label} | {change} | {', '.join(map(str, g['seeds'])) or '-'} |"
+                 + (f" {'-' if at is None else f'{at:.4f}'} |" if screen else "")
+                 + f" {_ms(g['val'])} | {_ms(g['test'])} | {bits} | {_ms(g['test_window'])} | {_ms(g['test_stream'])} | "
+                 f"{_verdict_of(label, base_key, sel) if screen else ''} |")
     L += _against_full(plan, table, index)
     L += ["", "Runs: " + ", ".join(f"[{e.name}](../results/{e.folder.name})" if e.state == "done"
                                    else f"{e.name} ({e.state})"
@@ -191,6 +195,20 @@ def _against_full(plan: Plan, table: list[Entry], index: dict) -> list[str]:
     L += ["", f"Spearman's rank correlation over {len(rows)} configurations: "
           + (f"**rho = {rho:.2f}**." if rho is not None else "too few to say (under 3).")]
     return L
+
+
+def _verdict_of(label: str, base_key: str, sel: dict) -> str:
+    """A configuration's verdict under the screen rule, in words."""
+    if sel["chosen"] == label:
+        return "**chosen**"
+    if label == base_key:
+        return "the base" + ("" if sel["chosen"] else " (nothing chosen yet)")
+    at, base = sel["screen"].get(label), sel["screen"].get(base_key)
+    if at is None or base is None:
+        return "screen not done"
+    if at >= base:
+        return "screened out (not below the base)"
+    return "finalist" if label in sel["finalists"] else "below the base, not a finalist"
 
 
 def _shown(path: Path) -> str:

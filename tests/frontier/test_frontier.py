@@ -213,3 +213,16 @@ def test_bench_runs_a_reservoir_from_a_user_file_in_the_recipe(where, tmp_path, 
     assert main(["frontier", "bench", "--reservoir", "nope", "--out", str(out), "--results", str(results)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown reservoir 'nope'" in err[0]
+
+
+def test_a_run_trained_again_from_its_plan_gives_the_same_figures(where, tmp_path):
+    """Same plan, same seed, same machine: a run re-trained into a fresh registry scores what it did."""
+    path, results, runs, root = where
+    plan = load_plan(path)
+    name = plan.base.name(0)
+    run(path, results, runs, root, only=(name,))
+    again = tmp_path / "again"
+    run(path, again / "results", again / "runs", root, only=(name,))
+    a, b = (json.loads((r / name / "summary.json").read_text()) for r in (results, again / "results"))
+    figures = [k for k in a if k.endswith(("_loss", "_bpc"))]
+    assert figures and all(a[k] == b[k] for k in figures)
