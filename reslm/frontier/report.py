@@ -39,7 +39,7 @@ def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
     sel = selection(plan, table)
     out = [f"plan {plan.name} ({plan.path}, sha {plan.sha[:12]}): rule {plan.rule.select}, seeds "
            f"{list(plan.rule.seeds)}" + (f", screen seed {plan.rule.screen_seed}" if plan.rule.select == "screen" else "")]
-    out.append(f"  {'run':<44}{'state':<11}{'done':>6}{'val CE':>9}{'test CE':>9}{'left':>9}")
+    out.append(f"  {'run':<44}{'state':<15}{'done':>6}{'val CE':>9}{'test CE':>9}{'left':>9}")
     left = 0.0
     unknown = False
     for e in table:
@@ -50,7 +50,7 @@ def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
         val = f"{e.val:.4f}" if e.val is not None else "-"
         test = f"{e.test:.4f}" if e.test is not None and e.state == "done" else "-"
         state = e.state + (f" ({e.holder.split(' ')[1]})" if e.state == "running" and e.holder else "")
-        out.append(f"  {e.name:<44}{state:<11}{e.progress:>6.0%}{val:>9}{test:>9}"
+        out.append(f"  {e.name:<44}{state:<15}{e.progress:>6.0%}{val:>9}{test:>9}"
                    f"{_hms(t) if e.state not in ('done', 'not run') else '':>9}")
     todo = pending(plan, table)
     out.append(f"{sum(e.state == 'done' for e in table)} done, {sum(e.state == 'running' for e in table)} running, "

@@ -25,7 +25,7 @@ from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
 from reslm.data.datasets import find_dataset
 from reslm.frontier import ledger
-from reslm.frontier.plan import Config, Plan
+from reslm.frontier.plan import BUNDLED, Config, Plan
 from reslm.models.identity import fingerprint, seed_of
 from reslm.publish import publish, unpacked
 from reslm.run import CONFIG, SUMMARY, lock_run, read_config, read_metrics
@@ -304,7 +304,8 @@ def command_args(plan: Plan, name: str, results: Path, runs: Path, threads: int 
                  data_root: Path | None = None) -> list[str]:
     """`frontier run PLAN --only NAME ...`: one run of the plan, self-contained (trains or continues it,
     then publishes it; skips it when done or held by another process)."""
-    args = ["frontier", "run", str(plan.path), "--only", name, "--results", str(results), "--runs", str(runs),
+    shipped = Path(plan.path).resolve() == (BUNDLED / f"{plan.name}.toml").resolve()
+    args = ["frontier", "run", plan.name if shipped else str(plan.path), "--only", name, "--results", str(results), "--runs", str(runs),
             "--no-progress"]
     return args + (["--threads", str(threads)] if threads else []) + (["--root", str(data_root)] if data_root else [])
 
