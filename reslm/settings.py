@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 
 from reslm.core.device import PRECISIONS, state_dtype
 from reslm.core.errors import ReslmError
+from reslm.paper import PROTOCOL
 
 SOLVERS = ("ridge", "lbfgs")               # rc readouts fitted in one solve (reslm.train.optim.SOLVERS)
 OPTIMIZERS = ("adam", "adamw", *SOLVERS)
@@ -34,24 +35,24 @@ _RESOURCE, _RECORD, _SEED = {"role": "resource"}, {"role": "record"}, {"role": "
 class TrainConfig:
     # optimiser and schedule. These defaults are the paper's character protocol; the token families
     # override some of them (reslm.models TOKEN_TRAIN: their lr, schedule, batches)
-    optimizer: str = "adam"         # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.train.ridge) | lbfgs (rc: the linear readout's CE optimum, reslm.train.lbfgs)
-    lr: float = 1e-4                # (peak) learning rate
+    optimizer: str = PROTOCOL["optimizer"]  # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.train.ridge) | lbfgs (rc: the linear readout's CE optimum, reslm.train.lbfgs)
+    lr: float = PROTOCOL["lr"]      # (peak) learning rate
     beta1: float = 0.9
     beta2: float = 0.999
     weight_decay: float = 0.0       # adamw: on linear weight matrices only
     grad_clip: float = 0.0          # max global gradient norm; 0 = no clipping
-    schedule: str = "constant"      # constant | cosine (linear warmup, hold, cosine to lr * min_lr_frac)
+    schedule: str = PROTOCOL["schedule"]  # constant | cosine (linear warmup, hold, cosine to lr * min_lr_frac)
     warmup_steps: int = 0           # cosine: linear warmup steps
     hold_steps: int = 0             # cosine: steps at the peak lr after warmup
     min_lr_frac: float = 0.1        # cosine: floor = lr * min_lr_frac
     # batches
-    batch_size: int = 1024          # samples (characters) or windows (tokens) per optimizer step
+    batch_size: int = PROTOCOL["batch_size"]  # samples (characters) or windows (tokens) per optimizer step
     grad_accum: int = 1             # micro-batches the step is split into (tokens: each batch_size windows)
     # character protocol (rc, aerc, tf)
-    epochs_per_shard: int = field(default=5, metadata=_CHARS)  # E: epochs on a shard before the next (paper)
-    cycles: int = field(default=1, metadata=_CHARS)  # C: passes over the training shards
-    epoch_samples: int = field(default=0, metadata=_CHARS)  # samples per shard-epoch, a fresh random subset each time; 0 = all
-    shard_chars: int = field(default=0, metadata=_CHARS)  # use only the first K characters of each training shard; 0 = all
+    epochs_per_shard: int = field(default=PROTOCOL["epochs_per_shard"], metadata=_CHARS)  # E: epochs on a shard before the next (paper)
+    cycles: int = field(default=PROTOCOL["cycles"], metadata=_CHARS)  # C: passes over the training shards
+    epoch_samples: int = field(default=PROTOCOL["epoch_samples"], metadata=_CHARS)  # samples per shard-epoch, a fresh random subset each time; 0 = all
+    shard_chars: int = field(default=PROTOCOL["shard_chars"], metadata=_CHARS)  # use only the first K characters of each training shard; 0 = all
     eval_samples: int = field(default=0, metadata=_CHARS)  # test samples per evaluation (8 evenly spread blocks), and the validation split's (evenly spaced, the same at every evaluation); 0 = all
     final_eval_samples: int = field(default=-1, metadata=_CHARS)  # test samples of the last evaluation and of the kept weights' score (0 = whole test shard); -1 = eval_samples
     state_dtype: str = field(default="float32", metadata=_CHARS)  # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)

@@ -16,6 +16,7 @@ from reslm.cli.flags import (COUNTS, INT64, RC_ONLY, RIDGE_ONLY, SEED, TRAINING_
 from reslm.experiments import ALL_FAMILIES, BUDGETS, LAB_BUDGETS, STATE_DTYPES, SUBSTRATES, SWEEPS
 from reslm.generate import MAX_LENGTH
 from reslm.models import MODELS
+from reslm.paper import PROTOCOL_TEXT
 from reslm.models.reservoir_lm import ReservoirLMConfig
 from reslm.reservoir import KNOBS
 from reslm.search import FAMILIES as SEARCH_FAMILIES
@@ -302,14 +303,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_report)
 
     rp = sub.add_parser("reproduce", help="the paper's comparison in one command: train, evaluate, figures, report.md",
-                        description=textwrap.dedent("""\
+                        description=textwrap.dedent(f"""\
         Train the 15 Table-1 presets (rc, aerc, tf) and the LAERC / GPT size families, evaluate every run
         (test CE, closed-loop samples, 7/8-gram overlap, training and inference time with the reservoir's
         share apart), fit a character Kneser-Ney baseline, draw the paper's figures (PNG + CSV) and write
         OUT/report.md. Re-running skips finished runs and continues interrupted ones.
           smoke   every stage and figure from tiny training, a few minutes on 2 CPU cores
           quick   meaningful numbers in well under an hour on 2 CPU cores
-          paper   the paper's protocol: window context, 5 epochs per full shard, batch 1024, Adam 1e-4
+          paper   the paper's protocol: window context, {PROTOCOL_TEXT}
                   (hours on a CPU; the reservoir families fit 2 cores, the transformers want a GPU)"""),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("--budget", choices=list(BUDGETS), default="quick", help="how much to train (default quick)")
@@ -334,14 +335,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     lb = sub.add_parser("lab", help="the reservoir lab: every substrate at the paper's largest reservoir budgets, "
                         "and what physical constraints cost",
-                        description=textwrap.dedent("""\
+                        description=textwrap.dedent(f"""\
         Train every reservoir substrate (esn, leaky, deep, parallel, nvar, diagonal, delay) as rc at the rc-2600 budget
         and as aerc at the aerc-160-30 budget (<= 155,459 trainable parameters), in stream context mode, with
         a `reslm reproduce` budget; score the esn runs under readout noise and b-bit ADCs; write OUT/report.md,
         substrates.csv|png, physical.csv|png and results.json. Re-running skips finished runs.
           smoke   tiny training: checks every stage (its numbers mean nothing)
           quick   ~0.4% of the paper's protocol per run (minutes per substrate on 2 CPU cores)
-          paper   5 epochs on each full shard, batch 1024, Adam 1e-4 (hours per substrate on a CPU)"""),
+          paper   {PROTOCOL_TEXT} (hours per substrate on a CPU)"""),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     lb.add_argument("--budget", choices=list(LAB_BUDGETS), default="quick", help="how much to train (default quick)")
     lb.add_argument("--substrates", default=",".join(SUBSTRATES),

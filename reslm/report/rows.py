@@ -12,13 +12,14 @@ from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
 from reslm.models.base import LN2
 from reslm.models.identity import delta
-from reslm.paper import LARGEST, TEST_CE
+from reslm.paper import LARGEST, PROTOCOL, TEST_CE
 from reslm.run.registry import PROVENANCE, published_folders, read_manifest
 from reslm.run import CONFIG, SUMMARY, read_metrics
 
 LEGACY = "results/legacy.csv"
 # the paper's character protocol ("Training"): what a run must have trained with to sit in its table
-PAPER_TRAIN = dict(optimizer="adam", lr=1e-4, batch_size=1024, epochs_per_shard=5, epoch_samples=0, shard_chars=0)
+PAPER_TRAIN = {k: PROTOCOL[k] for k in ("optimizer", "lr", "batch_size", "epochs_per_shard", "epoch_samples",
+                                         "shard_chars")}
 
 
 def whole_shard_final(tc: dict) -> bool:
