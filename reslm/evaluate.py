@@ -285,6 +285,17 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     return result
 
 
+CHECK_POSITIONS = 16_384   # test positions (tokens: val tokens) of a published run's check (score_check)
+
+
+def score_check(run_dir: Path, positions: int = CHECK_POSITIONS, device: str = "cpu") -> dict:
+    """The run's CE on the first `positions` positions of its held-out text (the test shard; the val split
+    of a token run), scored as `reslm eval` scores it, and the digest of the weights scored: what a
+    published run's manifest keeps as its check and `reslm verify` re-scores. Reads the run only."""
+    r = _evaluate_run(Path(run_dir), length=1, ns=(1,), score=positions, seed=0, device=device, write=False)
+    return dict(positions=r["score_positions"], loss=r["test_loss"], weights_digest=r["weights_sha256"])
+
+
 def check_grid(grid: dict) -> None:
     """ReslmError when a physical grid has more than GRID_MAX combinations (before any work)."""
     combinations = math.prod(len(v) for v in grid.values()) if grid else 0

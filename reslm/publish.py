@@ -210,11 +210,13 @@ def _destination(run_dir: Path, dest: Path, cfg: dict, in_place: bool, replace: 
 
 
 def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str | None = None,
-            replace: bool = False) -> dict:
+            replace: bool = False, check: dict | None = None) -> dict:
     """Publish the run in run_dir into dest (a new folder, an earlier publish of the same run, or
     run_dir itself); returns the manifest. `command`: the training command to record (default: one
     rebuilt from the config); `date`: ISO date of this publish (default: now, UTC); `replace`: dest
-    may hold a published run of another configuration (refused otherwise).
+    may hold a published run of another configuration (refused otherwise); `check`: the published
+    weights' CE on a fixed subset of the test text (reslm.evaluate.score_check), kept in the manifest for
+    `reslm verify` (without it, the destination's earlier check stays when the weights are the same).
 
     A new or updated dest is written beside it and renamed into place (exchanged with the old folder):
     it appears whole or not at all, and a failed publish leaves nothing to clean up. Publishing a
@@ -241,8 +243,12 @@ def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str 
     evaluation = _current_eval(run_dir, weights_digest(model), int(ck.get("step", 0)))
     if evaluation is not None:
         evaluation = {**evaluation, "run": dest.resolve().name}   # no path of this machine
+    digest = weights_digest(model)
+    if check is None and is_published(dest) and not replace:
+        check = read_manifest(dest).get("check")
+    check = check if check and check.get("weights_digest") == digest else None   # never one of other weights
     files = dict(cfg=published_config(cfg), rows=rows, summary=summary, evaluation=evaluation, model=model,
-                 fixed=fixed, finished=finished,
+                 fixed=fixed, finished=finished, check=check,
                  provenance=_provenance(prior, cfg, ck, rows, finished, command, date, evaluation),
                  checkpoint=None if finished else _trimmed(model, ck))
     if in_place:
@@ -317,7 +323,8 @@ def _write(folder: Path, ck: dict, f: dict, *, in_place: bool) -> dict:
                     finished=f["finished"], files={n: sha256_file(folder / n) for n in sorted(names)},
                     trainable={k: dict(shape=list(v.shape), dtype=str(v.dtype).removeprefix("torch."))
                                for k, v in sorted(trainable.items())},
-                    fixed=dict(sorted(f["fixed"].items())), radii=model_radii(f["model"]))
+                    fixed=dict(sorted(f["fixed"].items())), radii=model_radii(f["model"]),
+                    **({"check": f["check"]} if f.get("check") else {}))
     write_json(folder / MANIFEST, manifest)
     return manifest
 

@@ -15,7 +15,7 @@ from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
-from reslm.evaluate import GRID_FILE, check_grid, eval_file_name, evaluate_run, physical_grid
+from reslm.evaluate import GRID_FILE, check_grid, eval_file_name, evaluate_run, physical_grid, score_check
 from reslm.experiments import run_demo, run_lab, run_sweep
 from reslm.experiments.reproduce import reproduce
 from reslm.experiments.sweep import SWEEP_OUTPUTS
@@ -27,11 +27,12 @@ from reslm.publish import publish, unpacked
 from reslm.run.registry import is_published
 from reslm.report import demo_text, report, write_lab, write_reproduction, write_scaling
 from reslm.reservoir.physical import PhysicalConfig
-from reslm.run import CONFIG, check_runs_folder, drop_stale_evals, lock_new_run, read_config
+from reslm.run import CHECKPOINT, CONFIG, check_runs_folder, drop_stale_evals, is_finished, lock_new_run, read_config
 from reslm.data.datasets import data_kind, ensure_dataset, find_dataset
 from reslm.models.load import load_run
 from reslm.search import run_search
 from reslm.recording import DRIVE_FILE, export_drive, import_states, simulate
+from reslm.verify import record_check
 from reslm.train import authors_variant, create_run, resume_run, sampler_for, train
 
 
@@ -127,6 +128,8 @@ def _train_command(args, out: Path, model_over: dict, train_over: dict):
     with unpacked(out) if published else contextlib.nullcontext():   # results/NAME: published again after
         summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,
                         cache_states=args.cache_states)
+    if published:   # and its check recorded for the weights it now holds (reslm verify)
+        record_check(out)
     if not fresh and not published:
         drop_stale_evals(out)
     if os.environ.get("RANK", "0") == "0":
@@ -247,7 +250,10 @@ def cmd_eval(args):
 
 def cmd_publish(args):
     dest = Path(args.dest) if args.dest else Path(args.run_dir)
-    m = publish(Path(args.run_dir), dest, command=args.command, replace=args.replace)
+    run = Path(args.run_dir)
+    finished = (run / CONFIG).is_file() and is_finished(run) and (run / CHECKPOINT).is_file()
+    check = score_check(run) if finished and not (is_published(run) and dest.resolve() == run.resolve()) else None
+    m = publish(run, dest, command=args.command, replace=args.replace, check=check)
     size = sum((dest / n).stat().st_size for n in m["files"])
     state = "finished" if m["finished"] else "in progress, with its checkpoint (continue it with `reslm train --out " \
         f"{dest} --resume`)"

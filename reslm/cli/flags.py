@@ -179,7 +179,7 @@ def check_preset(argv: list[str]) -> None:
 PATH_ARGS = {"out": "--out", "root": "--root", "repo": "--repo", "publish": "--publish", "drive": "--drive",
              "states": "STATES", "run_dir": "RUN_DIR", "dest": "DEST", "data": "--data", "files": "FILE",
              "corpus": "--corpus", "plan": "PLAN", "plans": "PLAN", "results": "--results", "runs": "--runs",
-             "imports": "--import", "storage": "--storage"}
+             "imports": "--import", "storage": "--storage", "paths": "PATH", "readme": "--readme"}
 
 
 def check_paths(args) -> None:

