@@ -107,20 +107,23 @@ def _import(files: list[str] | None) -> list[dict]:
     return out
 
 
-def _group(label: str, plan_name: str, results: Path, which: str = "chosen") -> dict | None:
+def _group(label: str, plan_name: str, results: Path, budget: str = "full") -> dict | None:
     """A published reference: the chosen configuration of a plan (or its base, complete), its mean ± sd."""
     try:
         plan = load_plan(plan_name)
     except ReslmError:
         return None
-    sel = selection(plan, plan_table(plan, results, Path("runs")))
+    table = plan_table(plan, results, None)
+    sel = selection(plan, table)
     base = plan.base.label or "base"
     key = sel["chosen"] or (base if sel["groups"][base]["complete"] else None)
     if key is None:
         return None
     g = sel["groups"][key]
+    done = next(e for e in table if e.label == key and e.state == "done")
+    trainable = (read_json(done.folder / SUMMARY) or {}).get("trainable_params")
     return dict(name=f"{label}: {plan_name} plan, {key}", test=g["test_stream"] or g["test"], seconds=g["train_seconds"],
-                budget="full", trainable=None)
+                budget=budget, trainable=trainable)
 
 
 def _stats(values):
@@ -170,7 +173,7 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
                 trainable=next(iter(summaries.values())).get("trainable_params"))
     refs = [_group("ESN frontier", recipe_plan, results)]
     if budget == "quick":
-        refs.append(_group("ESN, quick", "esn-quick", results))
+        refs.append(_group("ESN, quick", "esn-quick", results, "quick"))
     refs += [next((g for g in (_group("trained ceiling", p, results) for p in CEILING_PLANS) if g), None)]
     lines = ["| model | budget | trainable | test CE, state carried (nats, mean ± sd (seeds)) | bits/char | "
              "train time per seed |", "|---|---|---|---|---|---|",
