@@ -204,10 +204,12 @@ def _parallel(todo: list[int], runs: dict, jobs: int, progress: bool) -> None:
 
 
 def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, summaries, table, threads) -> str:
+    """card.md: what ran (the reservoir's source and its sha256, the recipe and what changed), where, every
+    seed's figures and the references."""
     change = describe(delta(cfg.run_config(0), base.run_config(0)))
     L = [f"# Model card: {reservoir} in the reservoir frontier's recipe ({budget})", "",
          f"Made by `reslm frontier bench` (reslm {reslm.__version__}) on {cpu_name()}"
-         + (f", {threads} threads per run" if threads else "") + ".", "",
+         + (f", {threads} thread{'s' if threads != 1 else ''} per run" if threads else "") + ".", "",
          f"- Reservoir: `{reservoir}`" + "".join(f"; registered by `{s['path']}` (sha256 {s['sha256'][:16]})" for s in sources),
          f"- Recipe: the {RECIPE_PLAN} plan's choice ({base.label or 'base'}), changed: {', '.join(change) or 'nothing'}",
          f"- Strict reservoir rules: checked before training (fixed substrate, head reads the state only, "
@@ -220,10 +222,15 @@ def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, su
         val = m.get("weights_val_loss", m.get("final_val_loss"))
         L.append(f"| {s} | `{d}` | {val if val is None else f'{val:.4f}'} | {test if test is None else f'{test:.4f}'} | "
                  f"{'-' if test is None else f'{test / LN2:.3f}'} | {m.get('train_seconds', 0) / 60:.1f} min |")
+    seed = next(iter(runs))
+    again = (f"reslm frontier bench --reservoir {reservoir} " + " ".join(f"--import {s['path']}" for s in sources)
+             + f" --budget {budget} --seeds {seed} --out DIR") if sources else \
+        command(cfg.run_config(seed), out=str(runs[seed]))
     L += ["", "## Beside the references", "", table, "",
           "The references are published runs (results/), each the configuration its plan's rule chose on validation; "
-          "every test CE scores the whole test shard with the state carried through it.", "",
-          "Re-run one seed: `" + command(cfg.run_config(0), out=str(runs[next(iter(runs))])) + "`"]
+          "every test CE scores the whole test shard with the state carried through it. Their training times are "
+          "those of the machines that trained them (each run's provenance.json names its CPU).", "",
+          f"Re-run one seed: `{again}`"]
     return "\n".join(L) + "\n"
 
 
