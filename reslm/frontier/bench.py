@@ -102,7 +102,10 @@ def _import(files: list[str] | None) -> list[dict]:
         path = Path(f)
         if not path.is_file():
             raise ReslmError(f"--import {f}: no such file")
-        runpy.run_path(str(path), run_name="__reslm_import__")
+        try:
+            runpy.run_path(str(path), run_name="__reslm_import__")
+        except Exception as e:   # the user's file failed: one line naming it, not a traceback
+            raise ReslmError(f"--import {f} failed: {type(e).__name__}: {e}") from None
         out.append(dict(path=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest()))
     return out
 
