@@ -15,6 +15,7 @@ from reslm.paper import PROTOCOL
 SOLVERS = ("ridge", "lbfgs")               # rc readouts fitted in one solve (reslm.train.optim.SOLVERS)
 OPTIMIZERS = ("adam", "adamw", *SOLVERS)
 SCHEDULES = ("constant", "cosine")
+COMPILES = ("auto", "on", "off")           # whether the training forward is compiled (reslm.train.compiled)
 VAL_SPLITS = ("tails", "groups")           # how --val-fraction carves the validation split (val_split)
 
 
@@ -78,6 +79,7 @@ class TrainConfig:
     device: str = field(default="auto", metadata=_RESOURCE)  # auto | cpu | cuda | cuda:N
     precision: str = field(default="auto", metadata=_RESOURCE)  # auto | fp32 | bf16 | fp16
     threads: int = field(default=0, metadata=_RESOURCE)  # torch CPU threads, at most the machine's cores; 0 = torch's default
+    compile: str = field(default="auto", metadata=_RESOURCE)  # auto | on | off: torch.compile the training forward (auto: on CUDA, for the character transformer; reslm.train.compiled)
     ema: float = 0.0                # decay of an EMA of the weights (reslm.train.ema) used for evaluation and the saved model; 0 = off
 
     def validate(self) -> "TrainConfig":
@@ -136,7 +138,8 @@ class TrainConfig:
                              f"{self.lbfgs_iters} and {self.lbfgs_l2}")
         if not 0 <= self.min_lr_frac <= 1:
             raise ReslmError(f"min_lr_frac must be in [0, 1], got {self.min_lr_frac}")
-        for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS)):
+        for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS),
+                              ("compile", COMPILES)):
             if getattr(self, name) not in allowed:
                 raise ReslmError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.state_dtype != "auto":

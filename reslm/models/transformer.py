@@ -251,6 +251,7 @@ class CharTransformer(nn.Module):
     """Next-character transformer over a window of `context` ids (see the module docstring)."""
 
     family = "tf"
+    compilable = True     # TrainConfig.compile "auto" compiles its training forward on CUDA (reslm.train.compiled)
     cpu_eval_batch = 64   # windows per evaluation forward on CPU (reslm.features.eval_batch_size)
 
     def __init__(self, cfg: TransformerConfig | None = None):

@@ -47,6 +47,7 @@ from reslm.run import (SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_r
                        save_checkpoint, schedule_key)
 from reslm.run.registry import only_trainable, with_fixed
 from reslm.train.batches import CharShards, step_seed
+from reslm.train.compiled import compiled_forward
 from reslm.train.config import CHECKPOINT_SECONDS, STATES, run_train_config, sampler_for
 from reslm.train.ema import EMA, checkpoint_weights
 from reslm.train.optim import SOLVERS, lr_at, make_optimizer
@@ -276,7 +277,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
         ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=bool(getattr(model, "has_unused_parameters", False)))
-    forward = ddp if ddp is not None else model.forward_features
+    forward = ddp if ddp is not None else compiled_forward(model, tc.compile, device, announce=main)
     end = source.total if stop_at is None else max(0, min(source.total, stop_at))
     evals = set(source.eval_points) | {end}
 
