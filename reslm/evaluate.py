@@ -51,11 +51,11 @@ from reslm.models.reservoir_lm import ReservoirLM
 from reslm.ngram import NgramReference, distinct_n
 from reslm.reservoir.base import Reservoir
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
-from reslm.run.registry import is_published, record_file, weights_digest
+from reslm.run.registry import MANIFEST, is_published, read_manifest, record_file, verify_published, weights_digest
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
 from reslm.core.files import atomic_write, write_json
-from reslm.run import lock_run
-from reslm.data.datasets import check_dataset, data_kind, open_dataset
+from reslm.run import lock_run, read_config
+from reslm.data.datasets import check_dataset, data_kind, ensure_dataset, open_dataset
 from reslm.models.load import load_run
 
 EVAL_FILE = "eval.json"
@@ -294,6 +294,20 @@ def score_check(run_dir: Path, positions: int = CHECK_POSITIONS, device: str = "
     published run's manifest keeps as its check and `reslm verify` re-scores. Reads the run only."""
     r = _evaluate_run(Path(run_dir), length=1, ns=(1,), score=positions, seed=0, device=device, write=False)
     return dict(positions=r["score_positions"], loss=r["test_loss"], weights_digest=r["weights_sha256"])
+
+
+def record_check(folder: Path, positions: int = CHECK_POSITIONS, device: str = "cpu") -> dict | None:
+    """Write a check into the manifest of a published run that has none (or one of other weights), after
+    its files verify; returns the check written, or None when it had a current one."""
+    with lock_run(folder):   # nobody trains in it or publishes into it meanwhile
+        manifest = verify_published(folder)
+        ensure_dataset(read_config(folder))
+        got = score_check(folder, positions, device=device)
+        have = manifest.get("check")
+        if have and have.get("weights_digest") == got["weights_digest"] and have.get("positions") == got["positions"]:
+            return None
+        write_json(Path(folder) / MANIFEST, {**read_manifest(folder), "check": got})
+    return got
 
 
 def check_grid(grid: dict) -> None:

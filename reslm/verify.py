@@ -13,7 +13,7 @@ trust model), for each run:
     full       (--full) the weights re-scored on the whole test shard, against the summary's figure
 
 A run is ok when every step agrees within TOLERANCE nats; the report says by how much it does not.
-`record_check` writes a check into a manifest that has none (trust on first use: git's history of
+`record_check` (reslm.evaluate, where the check is scored) writes a check into a manifest that has none (trust on first use: git's history of
 results/ says when it was recorded).
 """
 from __future__ import annotations
@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
-from reslm.core.files import read_json, write_json
-from reslm.evaluate import CHECK_POSITIONS, evaluate_run, score_check
+from reslm.core.files import read_json
+from reslm.evaluate import evaluate_run, record_check, score_check
 from reslm.data.datasets import ensure_dataset
-from reslm.run import METRICS, SUMMARY, lock_run, read_config, read_metrics
-from reslm.run.registry import MANIFEST, is_published, published_folders, read_manifest, verify_published
+from reslm.run import METRICS, SUMMARY, read_config, read_metrics
+from reslm.run.registry import is_published, published_folders, verify_published
 
 TOLERANCE = 1e-4   # nats: float32 arithmetic on another CPU moves a score by far less; an edit by far more
 
@@ -122,20 +122,6 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
         problems.append(str(e))
     return dict(run=str(folder), ok=not problems, problems=problems, mode="full" if full else "check",
                 positions=positions, seconds=time.perf_counter() - t0)
-
-
-def record_check(folder: Path, positions: int = CHECK_POSITIONS, device: str = "cpu") -> dict | None:
-    """Write a check into the manifest of a published run that has none (or one of other weights), after
-    its files verify; returns the check written, or None when it had a current one."""
-    with lock_run(folder):   # nobody trains in it or publishes into it meanwhile
-        manifest = verify_published(folder)
-        ensure_dataset(read_config(folder))
-        got = score_check(folder, positions, device=device)
-        have = manifest.get("check")
-        if have and have.get("weights_digest") == got["weights_digest"] and have.get("positions") == got["positions"]:
-            return None
-        write_json(Path(folder) / MANIFEST, {**read_manifest(folder), "check": got})
-    return got
 
 
 __all__ = ["TOLERANCE", "record_check", "targets", "verify_run"]

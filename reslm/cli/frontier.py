@@ -40,7 +40,7 @@ def cmd_run(args):
         todo = pending(plan, table)
         for e in todo:
             line = "reslm " + " ".join(command_args(plan, e.name, results, runs, args.threads,
-                                                    Path(args.root) if args.root else None))
+                                                    Path(args.root) if args.root else None, args.device))
             equivalent = train_command(e.config.run_config(e.seed), out=str(runs / e.name))
             print(f"{line}   # = {equivalent} && reslm publish {runs / e.name} {results / e.name}")
         waiting = sum(e.state == "waiting" for e in table)
@@ -48,7 +48,8 @@ def cmd_run(args):
                                                    if waiting else ""), file=sys.stderr)
         return
     say = (lambda msg: print(f"reslm frontier: {msg}", file=sys.stderr, flush=True))
-    table = run_plan(plan, results, runs, jobs=args.jobs, threads=args.threads, only=tuple(args.only or ()),
+    table = run_plan(plan, results, runs, jobs=args.jobs, threads=args.threads, device=args.device,
+                     minutes=args.minutes, only=tuple(args.only or ()),
                      data_root=Path(args.root) if args.root else None, progress=not args.no_progress, say=say)
     print("\n".join(status_lines(plan, table)))
 
@@ -91,6 +92,16 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def _minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of minutes, e.g. 9")
+    return value
+
+
 def _where(p, runs_default: str = "runs"):
     p.add_argument("--results", default="results", help="the results registry: where finished runs are looked up "
                    "and published, and the plan's ledger is kept (default results)")
@@ -123,6 +134,11 @@ def add_parser(sub) -> None:
     run.add_argument("--commands", action="store_true", help="train nothing: print one self-contained command per "
                      "run to run now, for a cluster's scheduler (SLURM job array, GNU parallel) on machines that "
                      "share --results and --runs; the run lock keeps two claimants of one run apart")
+    run.add_argument("--minutes", type=_minutes, metavar="M", help="a time budget for this call (one run at a "
+                     "time): the runs go shortest-left first, each is stopped at the deadline and published "
+                     "unfinished, and a later call continues them (a lent GPU's time, a cluster slot)")
+    run.add_argument("--device", help="where the runs train: auto, cpu, cuda or cuda:N (default: each run's own, "
+                     "auto for a new one); where a run runs, never part of what it is")
     _where(run)
     shared(run, "--root", "--no-progress", "--threads",
            threads_help=f"torch CPU threads of each run, at most {usable_cores()} (default: each run's torch default)")

@@ -19,7 +19,9 @@ changes to it, the seeds, and the rule that chooses among them on the validation
 
     [[candidate]]
     label = "lr1.5e-3"
-    train = { lr = 1.5e-3 }      # the change, over the base (a candidate may also set model fields)
+    train = { lr = 1.5e-3 }      # the change, over the base (a candidate may also set model fields, and
+                                 # name another preset of the base's family: its model fields, under the
+                                 # base's and its own model changes)
     # full = { epochs_per_shard = 5, cycles = 2 }   a reduced-budget run's full budget: the report ranks
     #                              the plan's runs against the published runs of their full budgets
 
@@ -50,7 +52,7 @@ BUNDLED = Path(__file__).resolve().parent / "plans"   # the plans reslm ships (`
 SELECTS = ("screen", "none")
 _KEYS = {"plan": {"about"}, "base": {"label", "preset", "family", "data", "model", "train", "full"},
          "rule": {"select", "screen_seed", "seeds", "finalists", "strict", "budget"},
-         "candidate": {"label", "model", "train", "about", "full"}}
+         "candidate": {"label", "preset", "model", "train", "about", "full"}}
 # fields a plan may not set: the seed is the rule's, where and how a run runs is the command line's
 _NOT_IN_PLANS = {"seed", "threads", "device"}
 
@@ -172,6 +174,8 @@ def _config(where: str, table: dict, base: Config | None) -> Config:
         fam, model, train, data = r["family"], dict(PRESETS[preset][1]) if preset else {}, {}, table.get("data", "shakespeare")
     else:
         fam, preset, model, train, data = base.family, base.preset, dict(base.model), dict(base.train), base.data
+        if table.get("preset") not in (None, preset):
+            preset, model = _other_preset(where, base, table["preset"])
     model.update(table.get("model", {}))
     train.update(table.get("train", {}))
     try:   # unknown fields and values of the wrong type: the model's and TrainConfig's own checks
@@ -186,6 +190,15 @@ def _config(where: str, table: dict, base: Config | None) -> Config:
         raise ReslmError(f"[{where}] full gives the full budget's epochs_per_shard, cycles or epoch_samples only")
     return Config(label=label, family=fam, preset=preset, data=str(data), model=model, train=train,
                   about=str(table.get("about", "")), full=dict(full))
+
+
+def _other_preset(where: str, base: Config, preset: str) -> tuple[str, dict]:
+    """A candidate's own preset (of the base's family): its model fields with the base's changes over them."""
+    if preset not in PRESETS or PRESETS[preset][0] != base.family:
+        raise ReslmError(f"[{where}] preset {preset!r} is not a {base.family} preset (see `reslm presets`)")
+    own = PRESETS[base.preset][1] if base.preset else {}
+    changes = {k: v for k, v in base.model.items() if k not in own or own[k] != v}
+    return preset, {**PRESETS[preset][1], **changes}
 
 
 def _rule(table: dict) -> Rule:

@@ -24,7 +24,7 @@ from pathlib import Path
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
 from reslm.data.datasets import find_dataset
-from reslm.evaluate import score_check
+from reslm.evaluate import record_check, score_check
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Config, Plan
 from reslm.models.identity import fingerprint, seed_of
@@ -218,9 +218,12 @@ def finished_names(table: list[Entry]) -> list[str]:
 
 
 def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int | None = None,
-            data_root: Path | None = None, progress: bool = True, say=print) -> str:
-    """Train one run of the plan (or continue it) and publish it into results/NAME. Returns what
-    happened: "trained", "skipped: ..." (done, or held by another process)."""
+            device: str | None = None, until: float | None = None, data_root: Path | None = None,
+            progress: bool = True, say=print) -> str:
+    """Train one run of the plan (or continue it) and publish it into results/NAME, finished or, stopped
+    at the wall-clock deadline `until` (time.time()), unfinished. `threads` and `device` are where it
+    runs (resource fields: never part of its identity). Returns what happened: "trained", "stopped"
+    (at the deadline), "skipped: ..." (done, or held by another process)."""
     folder = entry.folder
     if entry.state == "done":
         return "skipped: done"
@@ -228,15 +231,16 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
         return f"skipped: {folder} is being trained by {holder}"
     known = finished_names(plan_table(plan, results, runs))
     ledger.note_start(results, plan, entry.label, entry.seed, entry.name, known)
-    over = {"threads": threads} if threads else {}
+    over = {k: v for k, v in (("threads", threads), ("device", device)) if v}
     try:
         if folder is not None and is_published(folder):    # published unfinished: continue it in place
             if over:
                 resume_run(folder, over)
-            with unpacked(folder):
-                train(folder, progress=progress)
-            publish(folder, folder, check=score_check(folder))   # again, with its check (reslm verify)
-            return "trained"
+            with unpacked(folder):   # published again, in place, when training stops
+                train(folder, progress=progress, until=until)
+            if is_finished(folder):
+                record_check(folder)   # the check of the weights it now holds (reslm verify)
+            return "trained" if is_finished(folder) else "stopped"
         c, cfg = entry.config, entry.config.run_config(entry.seed)
         dataset = find_dataset(c.data, "chars", data_root, prepare=True)
         run_dir = Path(runs) / entry.name
@@ -245,21 +249,29 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
         if over and what != "starting":
             resume_run(run_dir, over)
         say(f"{entry.name}: {what}")
-        train(run_dir, progress=progress)
+        train(run_dir, progress=progress, until=until)
         publish(run_dir, Path(results) / entry.name, check=score_check(run_dir) if is_finished(run_dir) else None)
-        say(f"{entry.name}: published to {Path(results) / entry.name}")
-        return "trained"
+        say(f"{entry.name}: published to {Path(results) / entry.name}"
+            + ("" if is_finished(run_dir) else " unfinished (the deadline); run the plan again to continue it"))
+        return "trained" if is_finished(run_dir) else "stopped"
     except RunInUse as e:
         return f"skipped: {e}"
 
 
 def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: int | None = None,
-             only: tuple[str, ...] = (), data_root: Path | None = None, progress: bool = True, say=print,
-             poll: float = 5.0) -> list[Entry]:
+             device: str | None = None, minutes: float | None = None, only: tuple[str, ...] = (),
+             data_root: Path | None = None, progress: bool = True, say=print, poll: float = 5.0) -> list[Entry]:
     """Train every run the rule needs now and publish each as it finishes, `jobs` at a time (more than
     one: each in its own `reslm frontier run PLAN --only NAME` process, with `threads` threads), until
     nothing is left: the screen first, then the finalists' other seeds. `only`: just these run names.
-    A run held by another process is left to it. Returns the final table."""
+    A run held by another process is left to it. Returns the final table.
+
+    `minutes` (one job at a time): a time budget for the whole call. The runs go in order of their
+    estimated time left (`estimate`, the shortest first), each stopped at the deadline and published
+    unfinished; no run starts with under a minute left. A later call continues them."""
+    if minutes is not None and jobs > 1:
+        raise ReslmError("--minutes runs one run at a time: leave --jobs at 1")
+    until = None if minutes is None else time.time() + 60 * minutes
     first = plan_table(plan, results, runs)
     unknown = sorted(set(only) - {e.name for e in first})
     if unknown:
@@ -275,17 +287,23 @@ def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: i
         todo = [e for e in pending(plan, table) if e.name not in skipped and e.name not in running
                 and (not only or e.name in only)]
         if jobs <= 1:
+            if until is not None:
+                left = {e.name: estimate(e, table) for e in todo}
+                todo.sort(key=lambda e: (left[e.name] is None, left[e.name] or 0.0))
+                if todo and until - time.time() < 60:
+                    say(f"the time budget is spent: {len(todo)} run(s) left for the next call")
+                    return table
             if not todo:
                 return table
-            what = run_one(plan, todo[0], results, runs, threads=threads, data_root=data_root, progress=progress,
-                           say=say)
-            if what.startswith("skipped"):
+            what = run_one(plan, todo[0], results, runs, threads=threads, device=device, until=until,
+                           data_root=data_root, progress=progress, say=say)
+            if what.startswith("skipped") or what == "stopped":
                 say(f"{todo[0].name}: {what}")
                 skipped.add(todo[0].name)
             continue
         for e in todo[:max(0, jobs - len(running))]:
             say(f"{e.name}: started in its own process ({threads or 'default'} threads)")
-            running[e.name] = subprocess.Popen(_self_command(plan, e.name, results, runs, threads, data_root))
+            running[e.name] = subprocess.Popen(_self_command(plan, e.name, results, runs, threads, data_root, device))
         if not running:
             return table
         time.sleep(poll)
@@ -298,18 +316,19 @@ def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: i
 
 
 def _self_command(plan: Plan, name: str, results: Path, runs: Path, threads: int | None,
-                  data_root: Path | None) -> list[str]:
-    return [sys.executable, "-m", "reslm.cli", *command_args(plan, name, results, runs, threads, data_root)]
+                  data_root: Path | None, device: str | None = None) -> list[str]:
+    return [sys.executable, "-m", "reslm.cli", *command_args(plan, name, results, runs, threads, data_root, device)]
 
 
 def command_args(plan: Plan, name: str, results: Path, runs: Path, threads: int | None = None,
-                 data_root: Path | None = None) -> list[str]:
+                 data_root: Path | None = None, device: str | None = None) -> list[str]:
     """`frontier run PLAN --only NAME ...`: one run of the plan, self-contained (trains or continues it,
     then publishes it; skips it when done or held by another process)."""
     shipped = Path(plan.path).resolve() == (BUNDLED / f"{plan.name}.toml").resolve()
     args = ["frontier", "run", plan.name if shipped else str(plan.path), "--only", name, "--results", str(results), "--runs", str(runs),
             "--no-progress"]
-    return args + (["--threads", str(threads)] if threads else []) + (["--root", str(data_root)] if data_root else [])
+    return (args + (["--threads", str(threads)] if threads else []) + (["--device", device] if device else [])
+            + (["--root", str(data_root)] if data_root else []))
 
 
 __all__ = ["Entry", "STATES", "command_args", "estimate", "figures", "finished_names", "index_results", "pending", "plan_table", "run_one",

@@ -5,7 +5,7 @@ the optimizers and the lr schedule: reslm.train.optim; the batch samplers: reslm
     train_step(...)            the one optimiser step (the loop and the bench call it)
     TrainConfig, train_config  the training fields and a family's defaults
     create_run, ensure_run     a run folder from a family, its overrides and a dataset
-    resume_run                 what a resume may change: more cycles, the thread count
+    resume_run                 what a resume may change: more cycles, the resource fields (threads, device, ...)
 """
 from reslm.run import is_finished
 from reslm.settings import TrainConfig, data_fields

@@ -17,7 +17,7 @@ from reslm.models.identity import same_run_problem
 from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
 from reslm.data.datasets import describe_dataset
 from reslm.run import CONFIG, create_run_dir, is_finished, lock_run, read_config
-from reslm.settings import SOLVERS, TrainConfig
+from reslm.settings import SOLVERS, TrainConfig, field_roles
 from reslm.train.batches import SAMPLERS
 import reslm
 
@@ -116,17 +116,19 @@ def ensure_run(out: Path, family_name: str, model_overrides: dict, train_overrid
 
 def resume_run(run_dir: Path, train_overrides: dict) -> tuple[int, dict]:
     """What a resume (`reslm train --resume`) may change in the run's saved config before it goes on:
-    more `cycles` grow the run (grow_cycles), and `threads` replaces the saved count (where the run
-    runs, not what it computes). Returns (the cycles it grew to, or 0; the overrides it did not take:
+    more `cycles` grow the run (grow_cycles), and the resource fields (threads, device, precision,
+    compile: where and how the run runs, reslm.settings.field_roles) replace the saved ones. Returns (the cycles it grew to, or 0; the overrides it did not take:
     for everything else the saved config wins)."""
     rest = dict(train_overrides)
     grown = grow_cycles(run_dir, rest["cycles"]) if "cycles" in rest else 0
     if grown:
         del rest["cycles"]
-    if "threads" in rest:
+    roles = field_roles()
+    resources = {k: rest.pop(k) for k in list(rest) if roles.get(k) == "resource"}
+    if resources:
         with lock_run(run_dir):
             cfg = read_config(run_dir)
-            write_json(Path(run_dir) / CONFIG, {**cfg, "train": {**cfg["train"], "threads": rest.pop("threads")}})
+            write_json(Path(run_dir) / CONFIG, {**cfg, "train": {**cfg["train"], **resources}})
     return grown, rest
 
 

@@ -108,6 +108,11 @@ def _score(model, state: dict, evaluate, precision: str) -> dict:
         model.load_state_dict(own)
 
 
+def past(until: float | None) -> bool:
+    """Whether the wall-clock deadline `until` (time.time(); None: none) has passed."""
+    return until is not None and time.time() >= until
+
+
 def _sampler_state(source) -> dict:
     """What the batch source needs kept in a checkpoint besides the weights (CharShards.state_dict)."""
     return source.state_dict() if hasattr(source, "state_dict") else {}
@@ -161,11 +166,13 @@ def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: 
 
 
 def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
-          checkpoint_seconds: float = CHECKPOINT_SECONDS, cache_states: bool = False) -> dict:
+          checkpoint_seconds: float = CHECKPOINT_SECONDS, cache_states: bool = False,
+          until: float | None = None) -> dict:
     """Train (or continue training) the run in run_dir; returns the summary (also summary.json).
 
     `stop_at`: stop (after an evaluation and a checkpoint) once this many steps are done; a later call
-    resumes. Between evaluations a checkpoint is also written every `checkpoint_seconds` of training,
+    resumes. `until`: a wall-clock deadline (time.time()): the first step that ends past it stops the
+    run the same way (a checkpoint; a later call resumes). Between evaluations a checkpoint is also written every `checkpoint_seconds` of training,
     so a kill loses at most that much work even when an evaluation is hours away (a transformer's
     paper-protocol shard-epoch on a CPU); it holds the running window of the segment's train loss, and
     the resumed run logs what an uninterrupted one does. The run directory is locked while this runs (a
@@ -177,7 +184,7 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
     is removed once the run is finished."""
     run_dir = Path(run_dir)
     with lock_run(run_dir) if dist_.env_world()[0] == 0 else contextlib.nullcontext():
-        summary = _train(run_dir, progress, stop_at, checkpoint_seconds, cache_states)
+        summary = _train(run_dir, progress, stop_at, checkpoint_seconds, cache_states, until)
         if is_finished(run_dir):
             shutil.rmtree(run_dir / STATES, ignore_errors=True)
         return summary
@@ -229,7 +236,7 @@ class Meter:
 
 
 def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float,
-           cache_states: bool) -> dict:
+           cache_states: bool, until: float | None = None) -> dict:
     cfg = read_config(run_dir)
     tc = run_train_config(cfg)
     rank, world, local_rank = dist_.init(tc.device)
@@ -338,9 +345,12 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             dist_.barrier()
             # windows restart at every checkpoint, so a resumed run logs exactly what an uninterrupted one does
             meter.restart(step)
-        elif main and time.perf_counter() - meter.t_saved >= checkpoint_seconds:
+        elif main and (time.perf_counter() - meter.t_saved >= checkpoint_seconds or past(until)):
             save(segment=meter.state(time.perf_counter()))
             meter.t_saved = time.perf_counter()
+        if past(until):
+            say(f"stopped at step {step}/{source.total}: the deadline; --resume continues", enabled=progress and main)
+            break
     bar.close()
     summary = summarize(run_dir, model, cfg, source, eval_kind=getattr(evaluate, "eval_kind", None)) if main else None
     if world > 1:

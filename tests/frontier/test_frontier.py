@@ -155,6 +155,38 @@ def test_parallel_jobs_each_in_its_own_process(tmp_path, chars):
     assert all(read_config(e.folder)["train"]["threads"] == 1 for e in table)
 
 
+def test_a_candidate_may_name_another_preset_of_the_family(tmp_path):
+    plan = load_plan(write_plan(tmp_path, """
+        [base]
+        preset = "tf-64-4-4"
+        model = { dropout = 0.2 }
+        [rule]
+        select = "none"
+        strict = false
+        [[candidate]]
+        label = "wide"
+        preset = "tf-128-8-8"
+        """))
+    wide = plan.candidates[0]
+    assert wide.preset == "tf-128-8-8" and wide.model["ff_dim"] == 128 and wide.model["n_layers"] == 8
+    assert wide.model["dropout"] == 0.2   # the base's change, over the candidate's preset
+    assert wide.name(0).startswith("tf-128-8-8-wide-")
+
+
+def test_a_deadline_stops_a_run_and_publishes_it_unfinished_until_a_later_call(tmp_path, chars, monkeypatch):
+    monkeypatch.setenv("RESLM_DATA", str(chars.path.parent))   # a published run finds its data there
+    path = write_plan(tmp_path, BASE.replace("seeds = [0, 1]", "seeds = [0]\nselect = \"none\""))
+    results, runs, root = tmp_path / "results", tmp_path / "runs", chars.path.parent
+    plan = load_plan(path)
+    entry = plan_table(plan, results, runs)[0]
+    assert frunner.run_one(plan, entry, results, runs, until=0.0, data_root=root, progress=False,
+                           say=lambda m: None) == "stopped"
+    entry = plan_table(plan, results, runs)[0]
+    assert entry.state == "unfinished" and entry.folder == results / entry.name
+    assert run(path, results, runs, root, minutes=0.5)[0].state == "unfinished"   # under a minute: nothing starts
+    assert run(path, results, runs, root, minutes=30)[0].state == "done"          # continued in place
+
+
 @pytest.mark.parametrize("change, message", [
     ("[base]\nlabel = 'x'\nfamily = 'rc'\ncolour = 1\n", "unknown key(s) colour"),
     ("[base]\nfamily = 'rc'\nmodel = { sise = 3 }\n", "unknown rc option(s): sise"),
@@ -167,6 +199,8 @@ def test_parallel_jobs_each_in_its_own_process(tmp_path, chars):
     ("[base]\nfamily = 'rc'\n[rule]\nselect = 'none'\n[[candidate]]\nlabel = 'same'\n", "same configuration as base"),
     ("[base]\nfamily = 'rc'\n[rule]\nseeds = [0, 0]\nselect = 'none'\n", "distinct"),
     ("[base]\npreset = 'rc-9'\n", "unknown preset"),
+    ("[base]\npreset = 'tf-64-4-4'\n[rule]\nselect = 'none'\nstrict = false\n[[candidate]]\nlabel = 'x'\n"
+     "preset = 'rc-750'\n", "'rc-750' is not a tf preset"),
     ("[base\n", "not valid TOML"),
 ])
 def test_a_bad_plan_is_refused_before_anything_runs(tmp_path, capsys, change, message):

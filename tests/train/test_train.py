@@ -172,6 +172,22 @@ def test_char_resume_is_bitwise(chars, tmp_path, monkeypatch, family, model):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_run_stopped_at_its_deadline_resumes_to_what_an_uninterrupted_run_ends_at(chars, tmp_path):
+    """`until` (a wall-clock deadline, here one already past): the run stops after its first step with a
+    checkpoint, and the resumed run ends bitwise where an uninterrupted one does."""
+    train = {**CHAR_TRAIN, "epoch_samples": 128, "epochs_per_shard": 1}
+    model = dict(ff_dim=16, n_heads=2, n_layers=1)
+    full = tt.create_run(tmp_path / "full", "tf", model, train, chars)
+    tt.train(full, progress=False)
+    cut = tt.create_run(tmp_path / "cut", "tf", model, train, chars)
+    tt.train(cut, progress=False, until=0.0)
+    assert torch.load(cut / "checkpoint.pt", weights_only=False)["step"] == 1 and not tt.is_finished(cut)
+    tt.train(cut, progress=False)
+    a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(cut / "checkpoint.pt", weights_only=True)["model"]
+    assert tt.is_finished(cut) and all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("family,model,data", [("tf", dict(ff_dim=16, n_heads=2, n_layers=1), "chars"),
                                                 ("tf", CAUSAL_TF, "chars"), ("rnn", STREAM_RNN, "chars"),
                                                 ("rc", dict(size=32), "chars"), ("gpt", MODELS["gpt"], "dataset")])
