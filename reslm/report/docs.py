@@ -39,7 +39,8 @@ from reslm.models.budget import FRONTIER_BUDGET
 from reslm.report import figures, plots
 from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, frontier_md, frontier_points
 from reslm.report.names import REGISTRY, registry_md, registry_rows
-from reslm.report.rows import LEGACY, NOT_PUBLISHED, _read_csv, legacy_rows, published_rows, replace_between
+from reslm.report.rows import (LEGACY, NOT_PUBLISHED, PAPER_OPTIMISER, PAPER_SAMPLING, _read_csv, legacy_rows,
+                               published_rows, replace_between)
 from reslm.report.tokens import plot_tokens, token_outputs
 from reslm.run.lock import writer_of
 from reslm.run.registry import is_published, verify_published
@@ -211,7 +212,7 @@ def results_md(paper: list[dict], other: list[dict], fig: str | None) -> str:
          "shard (bits/char = nats / ln 2). `reslm eval results/NAME` scores a published run again.", "",
          "## The paper's protocol", "",
          "Every sample's reservoir state from a zero state over its own 32 characters (window context) unless the "
-         "context column says stream; 5 epochs on each full training shard, batch 1024, Adam 1e-4; the test CE "
+         f"context column says stream; {PAPER_SAMPLING}, {PAPER_OPTIMISER}; the test CE "
          "after the last epoch of each shard of the row's cycle. The training wall time is the run's "
          "`train_seconds` (the readout's steps plus the training shards' reservoir states, in brackets); the test "
          "shard's states and scorings are not in it. Wall times from different CPUs or thread counts do not "

@@ -10,7 +10,9 @@ import pytest
 import reslm.train as tt
 from reslm.cli import main
 from reslm.publish import publish
+from reslm.paper import PROTOCOL
 from reslm.report import README_BEGIN, README_END, build, report, speed_md
+from reslm.report.rows import PAPER_OPTIMISER, PAPER_SAMPLING, lr_words
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = dict(batch_size=1024, lr=1e-4, epochs_per_shard=5, epoch_samples=0, shard_chars=0, eval_samples=0)
@@ -105,6 +107,20 @@ def test_docs_holds_pages_and_what_the_report_draws_not_its_inputs():
              if str(p.relative_to(REPO)) not in outputs and not (p.name == "results.json"
                                                                  and (p.parent / "report.md").is_file())]
     assert not stray, f"data files in docs/ (move them under results/, e.g. results/bench/): {stray}"
+
+
+def test_the_report_says_the_paper_protocol_from_reslm_paper():
+    """The protocol's numbers are written once (reslm.paper.PROTOCOL): the pages say them in words built
+    from it, and no module of reslm/report spells them out again."""
+    assert (lr_words(1e-4), lr_words(3e-3), lr_words(0.01)) == ("1e-4", "3e-3", "1e-2")
+    epochs, batch, lr = PROTOCOL["epochs_per_shard"], PROTOCOL["batch_size"], lr_words(PROTOCOL["lr"])
+    assert PAPER_SAMPLING == f"{epochs} epochs on each full training shard, batch {batch}"
+    outputs, _ = build(REPO)
+    assert f"{PAPER_SAMPLING}, {PAPER_OPTIMISER};" in outputs["docs/results.md"]
+    assert f"({PAPER_SAMPLING})" in outputs["docs/frontier.md"]
+    copies = {p.name: w for p in sorted((REPO / "reslm" / "report").glob("*.py"))
+              for w in (f"{epochs} epochs on each", f"batch {batch}", f"lr {lr}", f"Adam {lr}") if w in p.read_text()}
+    assert not copies, f"the paper's protocol spelled out in the report (read reslm.paper.PROTOCOL): {copies}"
 
 
 def test_check_names_what_is_out_of_date(repo, capsys):
