@@ -3,9 +3,10 @@ authors' window transformer (torch's encoder), timed alternately in one process 
 own training rows (reslm.bench.training): the window step, the causal step at the same targets per
 step (1,024 = 32 chunks of 32), and the rnn's window and stream steps.
 
-    python benchmarks/all_positions_speed.py [OUT.json]   (e.g. docs/all-positions-speed-DATE.json) [--models tf-128-8-8,tf-256-16-16,rnn-gru-32-200]
+    python benchmarks/all_positions_speed.py [OUT.json] [--models tf-128-8-8,tf-256-16-16,rnn-gru-32-200]
 
-Prints one line per model and writes the rows (with the CPU, torch and thread count) to OUT.json.
+Prints one line per model and writes the rows (with the CPU, torch and thread count) to OUT.json
+(e.g. results/bench/all-positions-speed-DATE.json, where the measured files are kept).
 """
 from __future__ import annotations
 

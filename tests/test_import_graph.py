@@ -1,4 +1,5 @@
-"""The map cannot drift: docs/architecture.md's floors are the floors of the code's own imports.
+"""The map cannot drift: docs/architecture.md's floors are the floors of the code's own imports, and its
+tree names every module of the package (and no module that is gone).
 
 The graph is read with `ast` (nothing is imported). A module's edges are its reslm imports at module
 level, to the module whose names it takes (`import reslm.x`, `from reslm.x import y`: reslm.x, or
@@ -119,6 +120,39 @@ def documented_floors() -> dict[str, int]:
     return out
 
 
+def tree_sections() -> dict[str, str]:
+    """docs/architecture.md's tree, one text per layer ("core", "paper", ...): the layer's own line
+    (indented two spaces: `  core/` or `  paper.py`) and the more deeply indented lines under it."""
+    tree = MAP.read_text(encoding="utf-8").split("```")[1]
+    out, names = {}, []
+    for line in tree.splitlines():
+        head = re.match(r"^  (\S+(?: \S+)*?)(?: {2,}|$)", line)
+        if head:   # a layer's line: one name, or several that share a floor (`  a.py b.py   N. ...`)
+            names = [n.removesuffix("/").removesuffix(".py") for n in head.group(1).split()]
+            out.update((n, line) for n in names)
+        for n in names if not head else []:
+            out[n] += "\n" + line
+    return out
+
+
+def unnamed_modules(sections: dict[str, str]) -> list[str]:
+    """The package's module files the tree does not name: a top-level module without a line of its
+    own, or a module of a subpackage whose NAME.py (its path inside the layer) is not in that layer's
+    part of the tree. A package's __init__.py is the layer's own line."""
+    missing = []
+    for path in sorted(PKG.rglob("*.py")):
+        layer_name, *inside = path.relative_to(PKG).parts
+        if not inside:
+            if path.stem not in sections and path.name != "__init__.py":
+                missing.append(f"reslm/{path.name}: a line of its own, `  {path.name}   N. what it is`")
+        elif path.name != "__init__.py":
+            name = "/".join(inside)
+            if not re.search(rf"(?<![\w/.]){re.escape(name)}\b", sections.get(layer_name, "")):
+                missing.append(f"reslm/{layer_name}/{name}: under `  {layer_name}/`, "
+                               f"`    {name}   what it holds` (one line)")
+    return missing
+
+
 def table(floor: dict[str, int]) -> str:
     by: dict[int, list[str]] = {}
     for m, h in floor.items():
@@ -145,6 +179,29 @@ def test_the_layers_stand_on_the_floors_docs_architecture_gives_them():
              if documented.get(m) != floor.get(m)}
     assert not wrong, ("layer: (docs/architecture.md's floor, the imports' floor); move the import or the "
                        f"line in the table:\n{wrong}\nthe floors of the imports:\n{table(floor)}")
+
+
+def test_docs_architecture_names_every_module_and_no_module_that_is_gone():
+    """A new module cannot go unmapped: every reslm/**.py is named in the tree under its layer, and every
+    NAME.py the tree names under a subpackage is a file of that subpackage (or, written with its folder,
+    a file of the repository: benchmarks/fused.py)."""
+    sections = tree_sections()
+    missing = unnamed_modules(sections)
+    assert not missing, ("docs/architecture.md's tree does not name these modules; add each with a one-line "
+                         "role:\n  " + "\n  ".join(missing))
+    gone = [f"{layer_name}/: {name}" for layer_name, text in sections.items() if (PKG / layer_name).is_dir()
+            for name in re.findall(r"(?<![\w/.])([\w/]+\.py)\b", text)
+            if not (PKG / layer_name / name).is_file() and not ("/" in name and (ROOT / name).is_file())]
+    assert not gone, "docs/architecture.md's tree names modules that do not exist:\n  " + "\n  ".join(gone)
+
+
+def test_the_module_check_names_what_the_tree_leaves_out():
+    """The check itself: a tree without radii.py, or without paper.py's line, names exactly those."""
+    sections = tree_sections()
+    core = sections["core"].replace("radii.py", "radii")
+    without = {**{k: v for k, v in sections.items() if k != "paper"}, "core": core}
+    new = [m.split(":")[0] for m in unnamed_modules(without) if m not in unnamed_modules(sections)]
+    assert new == ["reslm/core/radii.py", "reslm/paper.py"], new
 
 
 def test_no_import_inside_a_function_outside_the_cli():

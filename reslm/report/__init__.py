@@ -2,8 +2,8 @@
 (run folders: config, summary, metrics, eval JSON; results/; a command's results.json). It imports no
 experiment: a command measures, then this package draws.
 
-    docs.py          `reslm report`: docs/results.md, docs/speed.md, docs/frontier.md, docs/token-scaling.md,
-                     the README's tables
+    docs.py          `reslm report`: docs/results.md, docs/speed.md (from results/bench/), docs/frontier.md,
+                     docs/token-scaling.md, the README's tables
     rows.py          the runs that report tabulates: published ones (results/) and results/legacy.csv
     frontier.py      docs/frontier.md: every character run at the paper's largest trainable budget
     figures.py       the paper's Fig. 2, 3, 4 and 6 (plain rows in, a PNG and its CSV out)

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from reslm.models.base import bits
+from reslm.paper import PROTOCOL
+from reslm.report.rows import lr_words
 
 
 def demo_text(result: dict) -> str:
     """The budget in words, one row per run (trainable parameters, test CE in nats and bits per character,
     train and reservoir seconds) and each run's sample; `result` is what run_demo returns."""
     o = result["train"]
-    L = ["", f"Demo budget (the paper: 5 epochs on each full shard, batch 1024, lr 1e-4): the first "
+    L = ["", f"Demo budget (the paper: {PROTOCOL['epochs_per_shard']} epochs on each full shard, batch "
+         f"{PROTOCOL['batch_size']}, lr {lr_words(PROTOCOL['lr'])}): the first "
          f"{o['shard_chars']:,} characters of each training shard, {o['epoch_samples']:,} samples "
          f"per shard-epoch, {o['epochs_per_shard']} epoch per shard, {o['cycles']} cycle, batch "
          f"{o['batch_size']}, lr {o['lr']}; test cross-entropy on {o['eval_samples']:,} "

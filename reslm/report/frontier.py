@@ -13,7 +13,7 @@ from reslm.models.base import LN2
 from reslm.models.identity import delta, fingerprint
 from reslm.paper import LARGEST, TEST_CE
 from reslm.run.registry import published_folders, read_manifest
-from reslm.report.rows import NOT_PUBLISHED, _variant, whole_shard_final
+from reslm.report.rows import NOT_PUBLISHED, PAPER_SAMPLING, _variant, whole_shard_final
 from reslm.run import CONFIG, SUMMARY, read_metrics
 
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
@@ -190,7 +190,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
          f"(marked *test* in the selection column; a dash: a run that chose nothing, the paper's protocol): {configs} strict configurations within 10% of the budget so far, so the "
          "best of them is a best-of-many figure. Fully trained networks (tf, rnn) are ceilings to read the "
          "reservoirs against.", "",
-         "The lab budget: the paper's data and sampling (5 epochs on each full training shard, batch 1024), stream "
+         f"The lab budget: the paper's data and sampling ({PAPER_SAMPLING}), stream "
          "context (the state carried through the text; 1/32 of window context's reservoir steps), one cycle unless "
          "the row says otherwise.", ""]
     groups = [g for g in seed_groups(points) if g["trainable_params"] >= 0.9 * FRONTIER_BUDGET]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import atomic_write, read_json, write_json
-from reslm.paper import TEST_CE
+from reslm.paper import LARGEST, TEST_CE
 from reslm.report.plots import plot_physical, plot_substrates
 from reslm.run import lock_run
 
@@ -45,7 +45,7 @@ def write_report(out: Path, results: dict) -> Path:
          "## Substrates at the paper's largest reservoir budgets", "",
          "Trainable parameters are what the optimiser trains; the fixed reservoir and embedding are counted "
          "apart. Test CE is each run's last evaluation on the test shard (nats; bits per character beside it). "
-         f"The paper's full-protocol figures: RC (rc-2600) {TEST_CE['rc']}, AERC (aerc-160-30) "
+         f"The paper's full-protocol figures: RC ({LARGEST['rc']}) {TEST_CE['rc']}, AERC ({LARGEST['aerc']}) "
          f"{TEST_CE['aerc']}.", "",
          "| family | substrate | N | trainable | fixed | test CE (nats) | bits/char | train s | reservoir s |",
          "|---|---|---|---|---|---|---|---|---|"]

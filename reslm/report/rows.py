@@ -17,9 +17,20 @@ from reslm.run.registry import PROVENANCE, published_folders, read_manifest
 from reslm.run import CONFIG, SUMMARY, read_metrics
 
 LEGACY = "results/legacy.csv"
-# the paper's character protocol ("Training"): what a run must have trained with to sit in its table
+# the paper's character protocol (reslm.paper.PROTOCOL): what a run must have trained with to sit in its table
 PAPER_TRAIN = {k: PROTOCOL[k] for k in ("optimizer", "lr", "batch_size", "epochs_per_shard", "epoch_samples",
                                          "shard_chars")}
+
+
+def lr_words(lr: float) -> str:
+    """A learning rate as the paper writes it: 1e-4."""
+    mantissa, exponent = f"{lr:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+# the same protocol in the pages' words: its sampling, and its optimiser with the learning rate
+PAPER_SAMPLING = f"{PROTOCOL['epochs_per_shard']} epochs on each full training shard, batch {PROTOCOL['batch_size']}"
+PAPER_OPTIMISER = f"{PROTOCOL['optimizer'].capitalize()} {lr_words(PROTOCOL['lr'])}"
 
 
 def whole_shard_final(tc: dict) -> bool:

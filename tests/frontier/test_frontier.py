@@ -16,6 +16,7 @@ from reslm.frontier import runner as frunner
 from reslm.frontier.bench import bench
 from reslm.frontier.report import plan_markdown, status_lines
 from reslm.models.identity import fingerprint, name_problem
+from reslm.reservoir import RESERVOIRS
 from reslm.run import read_config
 
 BASE = """
@@ -236,6 +237,7 @@ def test_bench_runs_a_reservoir_from_a_user_file_in_the_recipe(where, tmp_path, 
 
         RESERVOIRS["ring-test"] = (ESNConfig, RingESN)
         """))
+    monkeypatch.setitem(RESERVOIRS, "ring-test", None)   # the file registers it; gone again after this test
     out = tmp_path / "bench"
     r = bench("ring-test", imports=[str(user)], seeds=(0, 1), out=out, results=results, data_root=root,
               progress=False, recipe_plan=str(path))

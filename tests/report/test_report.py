@@ -1,5 +1,7 @@
-"""`reslm report`: every results table and figure from results/ and docs/bench-*.json; the README's table
-is what the report writes (no number drifts), and the report is deterministic."""
+"""`reslm report`: every results table and figure from results/ (the bench JSON files: results/bench/); the
+README's table is what the report writes (no number drifts), the report is deterministic, and docs/ holds
+pages, never the report's inputs."""
+import json
 import shutil
 from pathlib import Path
 
@@ -8,7 +10,9 @@ import pytest
 import reslm.train as tt
 from reslm.cli import main
 from reslm.publish import publish
-from reslm.report import README_BEGIN, README_END, build, report
+from reslm.paper import PROTOCOL
+from reslm.report import README_BEGIN, README_END, build, report, speed_md
+from reslm.report.rows import PAPER_OPTIMISER, PAPER_SAMPLING, lr_words
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER = dict(batch_size=1024, lr=1e-4, epochs_per_shard=5, epoch_samples=0, shard_chars=0, eval_samples=0)
@@ -16,7 +20,7 @@ PAPER = dict(batch_size=1024, lr=1e-4, epochs_per_shard=5, epoch_samples=0, shar
 
 def test_readme_docs_and_figures_are_what_report_writes():
     """README.md's results table, docs/results.md and docs/speed.md equal what `reslm report` writes from the
-    repository's data: run `reslm report` after publishing a run or adding a bench JSON."""
+    repository's data: run `reslm report` after publishing a run or adding a bench JSON to results/bench/."""
     text = (REPO / "README.md").read_text()
     assert text.count(README_BEGIN) == 1 and text.count(README_END) == 1
     outputs, _ = build(REPO)
@@ -76,6 +80,47 @@ def test_report_twice_gives_no_diff_and_published_runs_replace_legacy_rows(repo,
     readme = (repo / "README.md").read_text()
     assert "[results/rc-250](results/rc-250)" not in readme      # the README lists Table-1 presets only
     assert "| rc-250 | 14,809 | window | 1 | 2.1953 |" in readme
+
+
+def test_speed_page_reads_the_bench_files_in_results_bench(tmp_path):
+    """docs/speed.md: one row per results/bench/bench-*.json, linked there, with the CPU that
+    results/bench/bench-cpus.csv names for a file that recorded none; a bench JSON left in docs/ is not read."""
+    bench = tmp_path / "results" / "bench"
+    bench.mkdir(parents=True)
+    figures = dict(device_name="x86_64", threads=2, seconds=60, reservoir_vs_gemm={"750": 0.5},
+                   gemm_gflops={"750": 100.0})
+    (bench / "bench-a.json").write_text(json.dumps(figures))
+    (bench / "bench-cpus.csv").write_text('file,cpu,note\nbench-a.json,"Some CPU (AVX2)",quiet\n')
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "bench-b.json").write_text(json.dumps(figures))
+    page = speed_md(tmp_path)
+    assert "| [bench-a.json](../results/bench/bench-a.json) | Some CPU (AVX2) | 2 | 0.50 (100) |" in page
+    assert "bench-b.json" not in page
+
+
+def test_docs_holds_pages_and_what_the_report_draws_not_its_inputs():
+    """Every JSON file under docs/ is one `reslm report` writes (a figure's fits) or a command's report
+    folder's own results.json beside its report.md; measured data lives under results/ (bench: results/bench/)."""
+    outputs, _ = build(REPO)
+    docs = REPO / "docs"
+    stray = [str(p.relative_to(REPO)) for p in sorted(docs.rglob("*.json"))
+             if str(p.relative_to(REPO)) not in outputs and not (p.name == "results.json"
+                                                                 and (p.parent / "report.md").is_file())]
+    assert not stray, f"data files in docs/ (move them under results/, e.g. results/bench/): {stray}"
+
+
+def test_the_report_says_the_paper_protocol_from_reslm_paper():
+    """The protocol's numbers are written once (reslm.paper.PROTOCOL): the pages say them in words built
+    from it, and no module of reslm/report spells them out again."""
+    assert (lr_words(1e-4), lr_words(3e-3), lr_words(0.01)) == ("1e-4", "3e-3", "1e-2")
+    epochs, batch, lr = PROTOCOL["epochs_per_shard"], PROTOCOL["batch_size"], lr_words(PROTOCOL["lr"])
+    assert PAPER_SAMPLING == f"{epochs} epochs on each full training shard, batch {batch}"
+    outputs, _ = build(REPO)
+    assert f"{PAPER_SAMPLING}, {PAPER_OPTIMISER};" in outputs["docs/results.md"]
+    assert f"({PAPER_SAMPLING})" in outputs["docs/frontier.md"]
+    copies = {p.name: w for p in sorted((REPO / "reslm" / "report").glob("*.py"))
+              for w in (f"{epochs} epochs on each", f"batch {batch}", f"lr {lr}", f"Adam {lr}") if w in p.read_text()}
+    assert not copies, f"the paper's protocol spelled out in the report (read reslm.paper.PROTOCOL): {copies}"
 
 
 def test_check_names_what_is_out_of_date(repo, capsys):
