@@ -174,10 +174,26 @@ def _defined(values: dict) -> dict:
 
 
 def eval_file_name(result: dict) -> str:
-    """eval.json, or eval-<settings>.json for an evaluation under overridden physical constraints."""
-    if not result.get("physical_overrides"):
-        return EVAL_FILE
-    return f"eval-{PhysicalConfig(**result['physical']).tag()}.json"
+    """eval.json; eval-<settings>.json for an evaluation under overridden physical constraints;
+    eval-window.json for a stream-trained reservoir scored in window mode (`context_mode`)."""
+    if result.get("physical_overrides"):
+        return f"eval-{PhysicalConfig(**result['physical']).tag()}.json"
+    return f"eval-{result['context_mode']}.json" if result.get("context_mode") else EVAL_FILE
+
+
+def _with_context_mode(model, cfg: dict, mode: str | None):
+    """The model, scoring in context mode `mode` (None: as trained). A reservoir's readout reads states
+    however they are computed, so a stream-trained rc / aerc run can be scored on the paper's metric:
+    each test character from a zero state over its `context` preceding characters ("window")."""
+    if mode is None or mode == getattr(model.config, "context_mode", None):
+        return model
+    if not isinstance(model, ReservoirLM):
+        raise ReslmError(f"--context-mode scores a reservoir run (rc, aerc) in another context mode, not a "
+                         f"{cfg['family']} run (a stream-mode rnn's eval gives both metrics)")
+    config = replace(model.config, context_mode=mode)
+    config.validate()   # a reservoir that has no such mode (a recording) is refused here
+    model.config = config
+    return model
 
 
 def _score_tokens(model, tokens: torch.Tensor, context: int, batch: int = 16) -> tuple[float, int]:
@@ -198,14 +214,17 @@ def evaluate_run(run_dir: Path, *, write: bool = True, **kw) -> dict:
 
     reference: an `reslm.ngram.NgramReference` of the test text, to reuse across runs (built if None).
     physical: overrides of the run's physical constraints (PhysicalConfig fields); the result then goes
-    to run_dir/eval-<settings>.json."""
+    to run_dir/eval-<settings>.json. context_mode: "window" scores a stream-trained reservoir on the
+    paper's metric (each test character from a zero state over its context); the result then goes to
+    run_dir/eval-window.json (recorded in a published folder's manifest)."""
     with lock_run(run_dir) if write else nullcontext():
         return _evaluate_run(Path(run_dir), write=write, **kw)
 
 
 def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 65536, temperature: float = 1.0,
                   top_k: int | None = None, top_p: float | None = None, seed: int = 0, device: str = "cpu",
-                  reference=None, write: bool = True, physical: dict | None = None) -> dict:
+                  reference=None, write: bool = True, physical: dict | None = None,
+                  context_mode: str | None = None) -> dict:
     for name, v in (("length", length), ("score", score)):
         if not isinstance(v, int) or v < 0 or (name == "length" and v < 1):
             raise ReslmError(f"{name} must be a {'positive' if name == 'length' else 'non-negative'} integer, got {v!r}")
@@ -213,6 +232,8 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     run_dir = Path(run_dir)
     dev = pick_device(device)
     model, codec, cfg = load_run(run_dir, dev)
+    trained_mode = getattr(model.config, "context_mode", None)
+    model = _with_context_mode(model, cfg, context_mode)
     trained, measured = _physical(model, cfg, physical)
     if physical:
         model.set_physical(measured)
@@ -274,14 +295,17 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
         weights_sha256=weights_digest(model))
     if token_run:
         result["score_windows"] = n_windows
+    if context_mode is not None and context_mode != trained_mode:
+        result.update(context_mode=context_mode, context_mode_trained=trained_mode)
     if trained is not None:
         result.update(physical=asdict(measured), physical_trained=asdict(trained), physical_overrides=physical or {})
     if not drivable:
         result["note"] = "no sample: a recorded substrate cannot be driven with generated text"
     if write:   # under the lock evaluate_run holds
         write_json(run_dir / eval_file_name(result), result)
-        if is_published(run_dir) and eval_file_name(result) == EVAL_FILE:  # a results/ folder: keep its manifest true
-            record_file(run_dir, EVAL_FILE)
+        name = eval_file_name(result)
+        if is_published(run_dir) and (name == EVAL_FILE or result.get("context_mode")):   # a results/ folder:
+            record_file(run_dir, name)                                                  # its manifest stays true
     return result
 
 

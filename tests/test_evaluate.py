@@ -32,6 +32,39 @@ def test_eval_ce_equals_trainings_on_the_same_slice(chars, tmp_path, mode):
     assert len(ev["sample"]) == 20 and set(ev["overlap"]) == {"7", "8"}
 
 
+def test_a_stream_trained_reservoir_is_scored_on_the_papers_window_metric(chars, tmp_path):
+    """context_mode "window": each scored character from a zero state over its 32 preceding characters,
+    which is the stream model's first sample over exactly that window; written to eval-window.json."""
+    import dataclasses
+
+    import torch
+
+    from reslm.models.load import load_run
+
+    out = tt.create_run(tmp_path / "rc", "rc", dict(size=32, context_mode="stream"), TRAIN, chars)
+    tt.train(out, progress=False)
+    stream = evaluate_run(out, length=10, score=40, write=False)
+    window = evaluate_run(out, length=10, score=40, context_mode="window")
+    assert window["context_mode"] == "window" and window["context_mode_trained"] == "stream"
+    assert json.loads((out / "eval-window.json").read_text())["test_loss"] == window["test_loss"]
+    model, _, _ = load_run(out)
+    model.config = dataclasses.replace(model.config, streams=1)   # one piece, from a zero state at its start
+    a = chars.shards[chars.test_shard][0]
+    test = torch.from_numpy(np.asarray(chars.tokens[a:a + 40 + 32], dtype=np.int64))
+    by_hand = []
+    with torch.no_grad():
+        for i in range(40):   # one window at a time, carried from a zero state over its 32 characters
+            feats = model.features(test[i:i + 33], position=a + i)
+            first = torch.tensor([0])
+            by_hand.append(model.forward_features(feats.batch(first), feats.targets[first])[1].item())
+    assert window["test_loss"] == pytest.approx(float(np.mean(by_hand)), rel=1e-5)
+    assert window["test_loss"] != pytest.approx(stream["test_loss"], rel=1e-4)
+    with pytest.raises(ReslmError, match="scores a reservoir run"):
+        gpt = tt.create_run(tmp_path / "tf", "tf", dict(ff_dim=16, n_heads=2, n_layers=1), TRAIN, chars)
+        tt.train(gpt, progress=False)
+        evaluate_run(gpt, length=10, score=40, context_mode="stream", write=False)
+
+
 def test_eval_token_run_bits_per_char(dataset, tmp_path):
     """A token run's bits per character: total nats over the scored positions / (ln 2 x the characters
     those positions decode to)."""

@@ -84,10 +84,20 @@ def figures(folder: Path) -> dict:
     test = summary.get("weights_test_loss", summary.get("final_test_loss"))
     stream = summary.get("weights_test_stream_loss", summary.get("final_test_stream_loss"))
     return dict(val=summary.get("weights_val_loss", summary.get("final_val_loss")), test=test,
-                test_window=test if metric == "window-32" else None,
+                test_window=test if metric == "window-32" else _window_eval(folder),
                 test_stream=test if metric == "stream" else stream,
                 train_seconds=summary.get("train_seconds") or (evals[-1].get("wall") if evals else None),
                 progress=min(1.0, len(evals) / total))
+
+
+def _window_eval(folder: Path) -> float | None:
+    """A stream-trained reservoir's CE on the paper's metric, over the whole test shard: its
+    eval-window.json (`reslm eval RUN --context-mode window --score 0 --write`), where a published
+    folder's manifest records it."""
+    ev = read_json(folder / "eval-window.json")
+    if not ev or not is_published(folder) or "eval-window.json" not in read_manifest(folder).get("files", {}):
+        return None
+    return ev["test_loss"] if ev.get("settings", {}).get("score") == 0 else None
 
 
 def _finished(folder: Path) -> bool:
