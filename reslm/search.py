@@ -53,7 +53,8 @@ from reslm.reservoir.nvar import nvar_size
 from reslm.report.search import train_command, write_outputs
 from reslm.reservoir.seeding import child_seed
 from reslm.train import TrainConfig, create_run, make_run_config, train
-from reslm.train.batches import CharShards, check_holdout
+from reslm.data.splits import check_tails
+from reslm.train.batches import CharShards
 from reslm.train.ridge import fit_ridge
 
 SEARCH_STAMP = "search.json"   # written first into a search folder: what check_search_folder looks for
@@ -119,7 +120,7 @@ def heldout_loss(family: str, model_over: dict, train_over: dict, dataset, optim
     the tails, never on the test shard); its last evaluation is the objective."""
     cfg = make_run_config(family, model_over, {**train_over, "optimizer": optimizer}, dataset)
     tc = TrainConfig(**cfg["train"]).validate()
-    check_holdout(dataset, tc, cfg["model"]["context"])
+    check_tails(dataset, tc.holdout, cfg["model"]["context"], tc.shard_chars)
     t0 = time.perf_counter()
     if optimizer == "ridge":
         device = pick_device(tc.device)
@@ -242,7 +243,7 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
     # the fixed part must be valid before any trial runs (one clear error, not N failed trials)
     base = make_run_config(family, configure({}, {}), {**train_over, "optimizer": optimizer}, dataset)
     tc = TrainConfig(**base["train"]).validate()
-    check_holdout(dataset, tc, base["model"]["context"])
+    check_tails(dataset, tc.holdout, base["model"]["context"], tc.shard_chars)
     pick_device(tc.device)   # a bad --device is one error now, not one failed trial each
     if tc.threads:
         use_threads(tc.threads)

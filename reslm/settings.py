@@ -1,5 +1,5 @@
 """The training settings of a run: `TrainConfig`, every field a `reslm train` flag, its default the
-paper's character protocol (the token families override some: reslm.models TOKEN_TRAIN), and the role of
+paper's character protocol (the token families override some: TOKEN_TRAIN, below), and the role of
 each field in what identifies a run (ROLES: identity, seed, record, resource; `field_roles`). The names
 the fields take (optimizers, schedules, validation splits) are declared here, beside the fields; what
 they do is reslm.train's. Creating and training a run: reslm.train."""
@@ -35,7 +35,7 @@ _RESOURCE, _RECORD, _SEED = {"role": "resource"}, {"role": "record"}, {"role": "
 @dataclass
 class TrainConfig:
     # optimiser and schedule. These defaults are the paper's character protocol; the token families
-    # override some of them (reslm.models TOKEN_TRAIN: their lr, schedule, batches)
+    # override some of them (TOKEN_TRAIN, below: their lr, schedule, batches)
     optimizer: str = PROTOCOL["optimizer"]  # adam (paper, characters) | adamw (token level) | ridge (rc: closed-form readout, reslm.train.ridge) | lbfgs (rc: the linear readout's CE optimum, reslm.train.lbfgs)
     lr: float = PROTOCOL["lr"]      # (peak) learning rate
     beta1: float = 0.9
@@ -145,6 +145,24 @@ class TrainConfig:
         if self.state_dtype != "auto":
             state_dtype(self.state_dtype)
         return self
+
+
+# Each family's training defaults over TrainConfig's (a family's `train` in reslm.models.MODELS).
+# The paper's character protocol is TrainConfig's own: the character families change none of it.
+CHAR_TRAIN: dict = {}
+# Token level (Appendix A.3 and the authors' code): AdamW, warmup-hold-cosine, accumulation, clipping.
+TOKEN_TRAIN = dict(optimizer="adamw", lr=6e-4, batch_size=32, grad_accum=4, schedule="cosine",
+                   warmup_steps=100, max_steps=1000, weight_decay=0.1, grad_clip=1.0, eval_every=100,
+                   log_every=10)
+# The authors' released LAERC trains with these (its model overrides: reslm.models.laerc.AUTHORS_VARIANT):
+# peak lr, warm-up and hold as fractions of the steps; the appendix text gives neither.
+AUTHORS_TRAIN = dict(lr=4e-4, warmup_frac=0.01, hold_frac=0.10)
+
+
+def authors_train(steps: int) -> dict:
+    """AUTHORS_TRAIN as the training overrides of a run of `steps` optimizer steps."""
+    return dict(lr=AUTHORS_TRAIN["lr"], warmup_steps=round(AUTHORS_TRAIN["warmup_frac"] * steps),
+                hold_steps=round(AUTHORS_TRAIN["hold_frac"] * steps))
 
 
 def data_fields(kind: str | None = None) -> tuple[str, ...]:

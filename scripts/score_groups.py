@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from reslm.core.errors import ReslmError
 from reslm.core.files import write_json
 from reslm.data.datasets import open_dataset
+from reslm.data.splits import file_groups
 from reslm.models.load import load_run
 
 
@@ -40,22 +41,6 @@ def position_losses(model, tokens: torch.Tensor, start: int, dtype: torch.dtype)
         out.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), feats.targets[index].reshape(-1),
                                    reduction="none"))
     return torch.cat(out)
-
-
-def groups_of(meta: dict, start: int, end: int) -> list[tuple[str, int, int]]:
-    """(group, start, end) of the file groups overlapping [start, end), clipped to it; none for a
-    dataset whose meta.json records no source files."""
-    rows: list[tuple[str, int, int]] = []
-    source = meta.get("source")
-    for f in source.get("files", []) if isinstance(source, dict) else []:
-        a, b = max(f["start"], start), min(f["end"], end)
-        if a >= b:
-            continue
-        if rows and rows[-1][0] == f["group"]:
-            rows[-1] = (f["group"], rows[-1][1], b)
-        else:
-            rows.append((f["group"], a, b))
-    return rows
 
 
 def main() -> int:
@@ -87,7 +72,7 @@ def score(args) -> int:
         tokens = torch.as_tensor(ds.tokens[args.start - ctx:args.end].astype("int64"))
         losses = position_losses(model, tokens, args.start - ctx, dtype)   # losses[i] predicts token start + i
         row = {"all": (losses.mean().item(), len(losses))}
-        for group, a, b in groups_of(ds.meta, args.start, args.end):
+        for group, a, b in file_groups(ds.meta, within=(args.start, args.end)):
             row[group] = (losses[a - args.start:b - args.start].mean().item(), b - a)
         table[run.name] = row
         print(run.name)

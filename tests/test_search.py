@@ -29,13 +29,13 @@ def _csv(path):
 
 
 def test_search_writes_outputs_and_resumes_the_study(chars, tmp_path, monkeypatch):
-    tokens = rb.CharShards._tokens
+    tokens = rb.CharShards.tokens
 
     def no_test(self, shard, part="train"):
         assert shard != chars.test_shard, "the search read the test shard"
         return tokens(self, shard, part)
 
-    monkeypatch.setattr(rb.CharShards, "_tokens", no_test)
+    monkeypatch.setattr(rb.CharShards, "tokens", no_test)
     out = tmp_path / "s"
     first = search.run_search(out, chars, reservoir="leaky", model_over=MODEL, trials=2, progress=False)
     assert first["trials"] == 2 and len(_csv(out / "trials.csv")) == 2
@@ -83,13 +83,13 @@ def test_the_adam_objective_is_a_training_run_on_the_heldout_tails(chars, tmp_pa
     """An adam trial is reslm.train.train itself (heldout_eval): the same value at the same seed, the
     last evaluation of an ordinary run with heldout_eval, and the test shard never read."""
     over = dict(epochs_per_shard=1, epoch_samples=256, batch_size=64, lr=3e-3)
-    tokens = rb.CharShards._tokens
+    tokens = rb.CharShards.tokens
 
     def no_test(self, shard, part="train"):
         assert shard != chars.test_shard, "the search read the test shard"
         return tokens(self, shard, part)
 
-    monkeypatch.setattr(rb.CharShards, "_tokens", no_test)
+    monkeypatch.setattr(rb.CharShards, "tokens", no_test)
     a, b = (search.heldout_loss("aerc", dict(MODEL, hidden=4), over, chars, "adam")["value"] for _ in "ab")
     assert a == b and 0 < a < 10
     run = tt.create_run(tmp_path / "run", "aerc", dict(MODEL, hidden=4),

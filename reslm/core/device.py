@@ -9,7 +9,8 @@ AVX2-only x86) torch falls back to a scalar path that can be orders of magnitude
 confirmed once per process by a small bf16-vs-fp32 matmul), and `resolve_dtype` / `resolve_precision`
 use it: a bf16 the user asked for on a slow CPU is refused with a one-line error, a bf16 that was
 only a default falls back to fp32 with a one-line note on stderr. RESLM_BF16=1 (or 0) overrides the
-check, for tests and for users who know better.
+check, for tests and for users who know better. `state_dtypes` picks the dtype reservoir states are
+stored and computed in from the memory available (`available_memory`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import time
 import torch
 
 from reslm.core.errors import ReslmError
+from reslm.core.progress import say
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -190,6 +192,54 @@ def state_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ReslmError(f"unknown dtype {name!r} (use float32 or bfloat16)")
     return DTYPES[name]
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free on a GPU, or the machine's available memory (None where it cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def state_dtypes(name: str, device: torch.device, width: int, train_rows: int, test_rows: int
+                 ) -> tuple[torch.dtype, torch.dtype]:
+    """(storage, compute) dtypes of reservoir states held in memory at once: `train_rows` states of one
+    training shard and `test_rows` test states, `width` values each. name "auto" stores them in float32
+    when that fits in memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is
+    computed in only where it is fast (bf16_status); elsewhere the reservoir computes in float32.
+    ReslmError, with the flag that would help, when the chosen storage does not fit."""
+    avail = available_memory(device)
+    need = lambda dtype: (train_rows + test_rows) * width * dtype.itemsize  # noqa: E731
+    if name == "auto":
+        fp32_fits = avail is None or need(torch.float32) <= 0.9 * avail
+        storage = torch.float32 if fp32_fits else torch.bfloat16
+        if not fp32_fits:
+            say(f"reslm: reservoir states stored in bfloat16: float32 would need {need(torch.float32) / 2**30:.1f} "
+                f"GiB of the {avail / 2**30:.1f} GiB available")
+    else:
+        storage = state_dtype(name)
+    if avail is not None and need(storage) > 0.9 * avail:
+        row = width * storage.itemsize
+        fits = int(0.9 * avail / row) - train_rows                      # test samples that would fit
+        hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
+        if storage != torch.bfloat16:
+            hint = f"--state-dtype bfloat16 or {hint}"
+        raise ReslmError(f"reservoir states need {need(storage) / 2**30:.1f} GiB (train shard + test states) but "
+                         f"{avail / 2**30:.1f} GiB is available: use {hint}")
+    compute = storage
+    if storage == torch.bfloat16:
+        fast, why = bf16_status(device)
+        if not fast:
+            compute = torch.float32
+            say(f"reslm: reservoir states computed in float32, not bfloat16 ({why})")
+    return storage, compute
 
 
 def resolve_dtype(name: str, device: torch.device | str, *, explicit: bool, what: str) -> torch.dtype:

@@ -1,8 +1,8 @@
 """Support (below the reservoir and the run folder): the spectral radii of reservoir draws, computed once
 per process and recorded with a run, so that loading it never pays an eigendecomposition again.
 
-reslm.reservoir.matrices.scale_radius keeps the radius of each unscaled random draw here under its key
-(norm, (kind, size, density, seed)); a published manifest (reslm.publish) records them by name
+reslm.reservoir.matrices.scale_radius asks here for the radius of each unscaled random draw (radius_of),
+kept under its key (norm, (kind, size, density, seed)); a published manifest (reslm.publish) records them by name
 (radius_name), and loading the folder puts them back (remember_radii) before its reservoir is rebuilt:
 w * (radius / rho) with the recorded rho is bit for bit the matrix the run had. A run folder needs no
 record: its checkpoint holds the scaled matrix itself, so its model is built under deferred() (the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from typing import Callable
 
 from reslm.core.errors import ReslmError
 
@@ -36,6 +37,17 @@ def deferred():
 
 def is_deferred() -> bool:
     return _DEFERRED[0] > 0
+
+
+def radius_of(norm: str, key: tuple | None, compute: Callable[[], float]) -> float:
+    """The `norm` radius of the unscaled draw named `key`: the one this process computed or remembered
+    (remember_radii), else compute() once and kept. key None: computed every time, never kept."""
+    if key is None:
+        return compute()
+    rho = _RADII.get((norm, key))
+    if rho is None:
+        rho = _RADII[(norm, key)] = compute()
+    return rho
 
 
 def radius_name(norm: str, key: tuple) -> str:

@@ -9,7 +9,8 @@ Pipeline (``prepare_bpe``)
    ``reslm.data.fetch_shakespeare`` in the char layer's order (sorted by
    ``(play_key, file name)``), case kept (no lowercasing). A list of files is read as
    strict UTF-8, in the order given; each file is one document.
-2. Split: validation is the last ``val_fraction`` of the characters, contiguous.
+2. Split (``reslm.data.splits.plan_token_split``): validation is the last ``val_fraction`` of
+   the characters, contiguous.
    Shakespeare: the cut is the play-group boundary closest to ``1 - val_fraction`` of the
    characters (so both editions of a play stay on one side). With the default 0.01 this is
    the last group, The Winter's Tale: 293,971 of 9,543,030 characters (3.08%) go to val
@@ -37,7 +38,6 @@ same as that of the dataset written anew, so runs made on either check against b
 
 from __future__ import annotations
 
-import bisect
 import os
 import shutil
 from contextlib import contextmanager
@@ -48,6 +48,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from reslm.data.splits import plan_token_split
 from reslm.data.store import (
     FINGERPRINT_VERSION, META, TOKENS, TokenFile, _json_sha256, building, check_name, check_target,
     commit_dataset, default_data_root, logger, meta_checker, read_meta, reslm_version, sample_blocks,
@@ -55,7 +56,7 @@ from reslm.data.store import (
 )
 from reslm.data.tokenizer import (  # noqa: F401 (EOT, GPT2_*, BpeTokenizer, parse_spec, train_bpe: re-exported)
     EOT, GPT2_EOT_ID, GPT2_VOCAB_SIZE, MAX_VOCAB, BpeTokenizer, _gpt2_tokenizer, _import_tokenizers,
-    gpt2_data_files, load_trained, make_tokenizer, TOKENIZER_FILE, parse_spec, safe_cut, text_chunks, train_bpe,
+    gpt2_data_files, load_trained, make_tokenizer, TOKENIZER_FILE, parse_spec, text_chunks, train_bpe,
 )
 from reslm.data.corpus import (
     SHAKESPEARE_ARCHIVE,
@@ -244,33 +245,6 @@ def _scan(paths: Sequence[Path], names: Sequence[str], groups: Sequence[str]) ->
     return docs
 
 
-def _plan_split(docs: Sequence[_Doc], val_fraction: float, snap_to_groups: bool) -> dict[str, Any]:
-    """Where validation starts: {'doc': index, 'offset': char offset inside it, ...}."""
-    total = sum(d.n_chars for d in docs)
-    target = total * (1 - val_fraction)
-    if snap_to_groups:
-        ends, acc = [], 0
-        for i, d in enumerate(docs):
-            acc += d.n_chars
-            if i + 1 < len(docs) and docs[i + 1].group != d.group:
-                ends.append((acc, i + 1))
-        if not ends:
-            raise ReslmError("cannot split the corpus at a group boundary: it has only one group")
-        boundary, doc = min(ends, key=lambda e: (abs(e[0] - target), e[0]))
-        return {"rule": f"group boundary closest to {1 - val_fraction:g} of the characters",
-                "doc": doc, "offset": 0, "boundary_char": boundary, "total_chars": total}
-    starts = np.cumsum([0] + [d.n_chars for d in docs]).tolist()
-    cut = int(round(target))
-    cut = min(max(cut, 1), total - 1)
-    i = bisect.bisect_right(starts, cut) - 1  # document holding character `cut`
-    offset = cut - starts[i]
-    if offset:
-        offset = safe_cut(docs[i].text(), offset)
-    return {"rule": (f"{1 - val_fraction:g} of the characters, moved back to just after a newline "
-                     "followed by non-space inside that document if there is one"),
-            "doc": i, "offset": offset, "boundary_char": starts[i] + offset, "total_chars": total}
-
-
 def _write_stream(f, ids: Sequence[int] | np.ndarray) -> int:
     arr = np.asarray(ids, dtype=np.int64)
     if arr.size and (arr.min() < 0 or arr.max() >= MAX_VOCAB):
@@ -400,7 +374,7 @@ def prepare_bpe(corpus: str | Sequence[Path | str], tokenizer: str, root: Path |
         source = {"kind": "files", "order": "as given; each file is one document", "case": "kept"}
     source["join"] = f"each document followed by {EOT}"
 
-    split = _plan_split(docs, val_fraction, snap_to_groups=is_shakespeare)
+    split = plan_token_split(docs, val_fraction, snap_to_groups=is_shakespeare)
     total = split["total_chars"]
     n_val_chars = total - split["boundary_char"]
     if split["boundary_char"] == 0 or n_val_chars == 0:

@@ -21,8 +21,9 @@ group) and ordered so each group is contiguous: Shakespeare files are sorted by
 ``(play_key, file name)``, which for this corpus is the same as plain file-name order.
 The boundary is the group boundary closest to ``(n_shards - 1) / n_shards`` of the text
 (ties go to the earlier one), among those that leave every shard at least
-``MIN_SHARD_CHARS`` characters. So no play has text on both sides: the Folio and modern
-editions are near-duplicates, and one in train with the other in test would leak.
+``MIN_SHARD_CHARS`` characters (``reslm.data.splits.plan_shards``). So no play has text on
+both sides: the Folio and modern editions are near-duplicates, and one in train with the
+other in test would leak.
 On Shakespeare, 5/6 falls inside *The Taming of the Shrew*; the boundary snaps to the end
 of that play (test = tempest .. winters_tale, about 16.0% of the text).
 
@@ -64,12 +65,11 @@ from reslm.data.store import (  # noqa: F401 (check_fingerprint, file_*, sample_
     check_fingerprint, check_name, check_shards, check_target, commit_dataset, default_data_root,
     file_fingerprint, file_sha256, logger, meta_checker, read_meta, reslm_version, sample_sha256, write_meta,
 )
+from reslm.data.splits import DEFAULT_N_SHARDS, file_groups, group_runs, plan_shards
 from reslm.data.tokenizer import CharTokenizer, codepoints
 from reslm.core.errors import ReslmError, writing
 
 FORMAT_VERSION = 1
-DEFAULT_N_SHARDS = 6
-MIN_SHARD_CHARS = 64
 SHAKESPEARE_MIN_CHAR_COUNT = 4  # see module docstring: gives the paper's 59 characters
 TEXT_MIN_CHAR_COUNT = 1  # arbitrary text: keep every character
 MIN_VOCAB_WARNING = 3  # a smaller vocabulary gets a warning
@@ -107,13 +107,8 @@ class CharDataset(TokenFile):
     def group_ends(self) -> list[int]:
         """Where each file group ends in the token stream, ascending (the last is n_chars), from the
         source files meta.json records (both editions of a Shakespeare play are one group; a text
-        file is its own); [] when it records none."""
-        source = self.meta.get("source")
-        files = source.get("files") if isinstance(source, dict) else None
-        if not isinstance(files, list) or not all(isinstance(f, dict) and {"group", "end"} <= f.keys() for f in files):
-            return []
-        return sorted(int(f["end"]) for f, nxt in zip(files, files[1:] + [None])
-                      if nxt is None or nxt["group"] != f["group"])
+        file is its own); [] when it records none (reslm.data.splits.file_groups)."""
+        return sorted(end for _, _, end in file_groups(self.meta))
 
     def tokenizer(self) -> CharTokenizer:
         """Text <-> ids of this dataset (reslm.data.tokenizer)."""
@@ -172,44 +167,6 @@ class SourceFile:
     group: str
 
 
-def plan_shards(total: int, group_ends: Sequence[int] | None, n_shards: int = DEFAULT_N_SHARDS,
-                min_shard_chars: int = MIN_SHARD_CHARS) -> tuple[list[list[int]], dict[str, Any]]:
-    """Shard offsets [[start, end), ...] (last = test) and a description of the split.
-
-    group_ends: cumulative end offsets of the contiguous groups (last == total); the
-    train/test boundary is snapped to one of them. None: cut at exactly the target.
-    """
-    if n_shards < 2:
-        raise ReslmError(f"n_shards must be at least 2 (one train, one test), got {n_shards}")
-    n_train = n_shards - 1
-    if total < n_shards * min_shard_chars:
-        raise ReslmError(
-            f"corpus too small: {total} characters cannot make {n_shards} shards "
-            f"of at least {min_shard_chars} characters each"
-        )
-    target = total * n_train / n_shards
-    if group_ends is None or len(group_ends) <= 1:
-        boundary = total * n_train // n_shards
-        rule = f"exact cut at {n_train}/{n_shards} of the text (no groups)"
-    else:
-        feasible = [b for b in group_ends[:-1]
-                    if b >= n_train * min_shard_chars and total - b >= min_shard_chars]
-        if not feasible:
-            raise ReslmError(
-                f"cannot split at a file boundary: no boundary leaves {n_train} training shards and "
-                f"a test shard of at least {min_shard_chars} characters each"
-            )
-        boundary = min(feasible, key=lambda b: (abs(b - target), b))
-        rule = (f"group boundary closest to {n_train}/{n_shards} of the text "
-                f"(among those leaving every shard >= {min_shard_chars} chars)")
-    # Train shards of equal size: the remainder is spread one char at a time.
-    cuts = [boundary * i // n_train for i in range(n_train + 1)]
-    shards = [[cuts[i], cuts[i + 1]] for i in range(n_train)] + [[boundary, total]]
-    split = {"rule": rule, "target": round(target, 1), "boundary": boundary,
-             "test_fraction": round((total - boundary) / total, 6)}
-    return shards, split
-
-
 def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, source: dict[str, Any],
                        snap_to_groups: bool, n_shards: int, min_char_count: int, lowercase: bool,
                        overwrite: bool, verbose: bool) -> CharDataset:
@@ -250,9 +207,8 @@ def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, so
     file_starts = [0] + file_ends[:-1]
     total = file_ends[-1] if file_ends else 0
 
-    group_ends = [file_ends[i] for i in range(len(files))
-                  if i == len(files) - 1 or files[i + 1].group != files[i].group]
-    shards, split = plan_shards(total, group_ends if snap_to_groups else None, n_shards)
+    runs = group_runs([f.group for f in files])
+    shards, split = plan_shards(total, [file_ends[j - 1] for _, j in runs] if snap_to_groups else None, n_shards)
 
     dtype = np.uint8 if vocab_cps.size <= 256 else np.uint16
     tokens = np.searchsorted(vocab_cps, cps[keep]).astype(dtype)  # (total,)
@@ -261,14 +217,8 @@ def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, so
 
     file_rows = [{"name": f.name, "sha256": f.sha256, "group": f.group, "n_chars_raw": n,
                   "start": s, "end": e} for f, n, s, e in zip(files, raw_lengths, file_starts, file_ends)]
-    groups: list[dict[str, Any]] = []
-    for row in file_rows:
-        if groups and groups[-1]["key"] == row["group"]:
-            groups[-1]["files"].append(row["name"])
-            groups[-1]["end"] = row["end"]
-        else:
-            groups.append({"key": row["group"], "files": [row["name"]],
-                           "start": row["start"], "end": row["end"]})
+    groups = [{"key": file_rows[i]["group"], "files": [r["name"] for r in file_rows[i:j]],
+               "start": file_rows[i]["start"], "end": file_rows[j - 1]["end"]} for i, j in runs]
     for g in groups:
         g["side"] = "train" if g["end"] <= boundary else "test" if g["start"] >= boundary else "both"
 

@@ -38,6 +38,7 @@ from reslm.data.bpe import (
     TokenDataset, _default_name, _encode_text, _import_tokenizers, _write_stream, gpt2_data_files,
     make_tokenizer, parse_spec, text_chunks, token_streams, write_meta,
 )
+from reslm.data.splits import every_kth
 from reslm.data.store import building, check_name, check_target, commit_dataset, default_data_root, logger
 from reslm.core.errors import ReslmError
 
@@ -109,7 +110,7 @@ def prepare_bpe_hf(source: str, tokenizer: str, root: Path | None = None, name: 
     _import_tokenizers()
     if parse_spec(tokenizer)[0] == "gpt2":
         gpt2_data_files()
-    every = max(2, round(1 / val_fraction))
+    every, is_val = every_kth(val_fraction)   # reslm.data.splits
     root = Path(root) if root is not None else default_data_root()
     label = Path(source.rstrip("/")).stem or "hf"
     name = name if name is not None else _default_name(label, tokenizer)
@@ -117,7 +118,6 @@ def prepare_bpe_hf(source: str, tokenizer: str, root: Path | None = None, name: 
     check_target(root / name, overwrite)
     log = logger(verbose)
     stream = _open_stream(source, config, split)
-    is_val = lambda i: (i + 1) % every == 0  # noqa: E731
 
     def train_texts() -> Iterator[str]:
         for i, text in _documents(stream, text_field, max_docs):

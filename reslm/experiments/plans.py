@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from reslm.core.errors import ReslmError
 from reslm.models import PRESETS, families, preset
 from reslm.models.gpt import GPTConfig, gpt_param_count
-from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT, LAERCConfig, laerc_param_count
+from reslm.models.laerc import AUTHORS_VARIANT, LAERCConfig, laerc_param_count
 from reslm.models.substrates import BUDGET_PRESET, SUBSTRATES, model_overrides  # noqa: F401 (the lab plan's table)
+from reslm.settings import authors_train
 
 
 # --- plans ---------------------------------------------------------------------------------------------
@@ -196,8 +197,7 @@ def _scaling_extras(steps: int, suffix: str = "") -> list:
             (f"laerc-d96-l4-noreservoir{suffix}", "laerc", dict(dim=96, n_layers=4, context=128, r_mult=4,
                                                                 no_reservoir=True), {}),
             (f"laerc-d32-l2-authors{suffix}", "laerc", dict(dim=32, n_layers=2, context=128, **AUTHORS_VARIANT),
-             dict(lr=AUTHORS_TRAIN["lr"], warmup_steps=round(AUTHORS_TRAIN["warmup_frac"] * steps),
-                  hold_steps=round(AUTHORS_TRAIN["hold_frac"] * steps)))]
+             authors_train(steps))]
 
 
 SWEEPS: dict[str, Sweep] = {

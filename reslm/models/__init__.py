@@ -2,8 +2,8 @@
 
 MODELS maps a family name to a `Family`: its config class, its model class, the kind of data it reads
 ("chars": the sharded character datasets of `reslm data shakespeare|text`; "tokens": the BPE datasets
-of `reslm data bpe`) and the training defaults that differ from `reslm.train.TrainConfig`'s. Every
-other list of families (the CLI's, reproduce's, the sweep's) derives from it.
+of `reslm data bpe`) and the training defaults that differ from TrainConfig's (reslm.settings' CHAR_TRAIN
+and TOKEN_TRAIN). Every other list of families (the CLI's, reproduce's, the sweep's) derives from it.
 
 PRESETS maps a preset name to its family, config overrides and the paper's trainable count: Table 1's
 fifteen, then the reservoir frontier's ceilings (fully trained networks of at most 155,459 parameters,
@@ -24,23 +24,16 @@ from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.models.rc import RC, RCConfig
 from reslm.models.rnn import CharRNN, RNNConfig
 from reslm.models.transformer import CharTransformer, TransformerConfig
+from reslm.settings import CHAR_TRAIN, TOKEN_TRAIN
 
 
 class Family(NamedTuple):
     config: type          # the config dataclass
     model: type           # the nn.Module built from it
     data: str             # "chars" | "tokens"
-    train: dict           # training defaults for this family (overrides of TrainConfig's)
+    train: dict           # training defaults for this family (overrides of TrainConfig's: reslm.settings)
     help: str             # one line for --help
 
-
-# The paper's character protocol (Adam 1e-4, batch 1024, 5 epochs per shard, constant lr) is
-# TrainConfig's own defaults: the character families change none of them.
-CHAR_TRAIN: dict = {}
-# Token level (Appendix A.3 and the authors' code): AdamW, warmup-hold-cosine, accumulation, clipping.
-TOKEN_TRAIN = dict(optimizer="adamw", lr=6e-4, batch_size=32, grad_accum=4, schedule="cosine",
-                   warmup_steps=100, max_steps=1000, weight_decay=0.1, grad_clip=1.0, eval_every=100,
-                   log_every=10)
 
 MODELS: dict[str, Family] = {
     "rc": Family(RCConfig, RC, "chars", CHAR_TRAIN, "classic reservoir: fixed ESN, trained linear readout"),

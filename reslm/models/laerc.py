@@ -72,8 +72,8 @@ weights, on any device). Optimiser groups: `param_groups(weight_decay)` (decay o
 matrices only; the embedding group carries lr_mult = embed_lr_mult).
 
 Authors' variant: where the authors' released code differs from the appendix text (and from reslm's
-defaults, which follow the text). `AUTHORS_VARIANT` holds the model overrides, `AUTHORS_TRAIN` the
-training-side values:
+defaults, which follow the text). `AUTHORS_VARIANT` holds the model overrides, reslm.settings'
+`AUTHORS_TRAIN` the training-side values:
 * readout MLP hidden width H = D, not alpha_res R = 4D (readout_hidden="dim");
 * gradients flow through the (fixed) reservoir recurrence into LN_res, the lower blocks and the
   embedding, not stopped at the reservoir (reservoir_grad=True);
@@ -85,7 +85,7 @@ training-side values:
 * no positional encoding (pos_encoding="none"); the text's x^(1) = E e(x_t) has none either, and
   reslm's default adds a learned table (the reservoir alone carries order);
 * embedding learning rate x0.2 (embed_lr_mult=0.2), lr 4e-4, a hold of 10% and a warm-up of 1% of
-  the steps (AUTHORS_TRAIN); the text gives neither.
+  the steps (reslm.settings.AUTHORS_TRAIN); the text gives neither.
 The rest agrees: R = 4D, LN_res present (2D per block), tied embeddings, final LN, ReZero FFN of
 width 4D, so the trainable count is the authors' model's (checked: docs/design-figures.md). The
 closed form above with R = 4D, H = D and the two-layer gate: V D + 2 D + L (16 D^2 + 25 D + 2).
@@ -120,8 +120,6 @@ RENAMED = {"radius_start": "spectral_radius", "radius_end": "spectral_radius_end
 AUTHORS_VARIANT = dict(r_mult=4, readout_hidden="dim", alpha_res=1.0, reservoir_grad=True, gate_layers=2,
                        input_init="normal", input_scaling=1.0, bias_scaling=0.0, radius_norm="singular",
                        spectral_radius=0.9, spectral_radius_end=0.9, pos_encoding="none", embed_lr_mult=0.2)
-# Their training-side values (read by the training loop): peak lr, warm-up and hold as fractions of the steps.
-AUTHORS_TRAIN = dict(lr=4e-4, warmup_frac=0.01, hold_frac=0.10)
 
 
 @dataclass

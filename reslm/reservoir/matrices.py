@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from reslm.core.errors import ReslmError
-from reslm.core.radii import _RADII, is_deferred
+from reslm.core.radii import is_deferred, radius_of
 
 DISTRIBUTIONS = ("uniform", "normal")
 
@@ -54,11 +54,7 @@ def scale_radius(w: torch.Tensor, radius: float, norm: str = "spectral", key: tu
         raise ReslmError(f"unknown radius norm {norm!r} (choose from {', '.join(RADIUS_NORMS)})")
     if is_deferred():   # a checkpoint's matrix replaces this one (reslm.core.radii.deferred)
         return w * radius
-    rho = _RADII.get((norm, key)) if key is not None else None
-    if rho is None:
-        rho = RADIUS_NORMS[norm](w)
-        if key is not None:
-            _RADII[(norm, key)] = rho
+    rho = radius_of(norm, key, lambda: RADIUS_NORMS[norm](w))
     if rho == 0:
         raise ReslmError(f"the random recurrent matrix has {norm} radius 0 (nilpotent or empty); raise density")
     return w * (radius / rho)

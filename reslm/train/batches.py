@@ -6,8 +6,8 @@ kind = the family's data kind, "chars" or "tokens") for:
     total, eval_points        optimizer steps in all, and the steps after which to evaluate
     batches(step)             the micro-batches of one step, [(x, y), ...]
     weights(micro)            each micro-batch's share of the step's loss, and the step's sample count
-    evaluate(model, prec, final)  the held-out loss row (CharShards: test shard, nats and bits per
-                              character; TokenWindows: val windows, nats and bits per token)
+    evaluate(model, prec, final)  the held-out loss row (reslm.train.evaluation; CharShards: test
+                              shard, nats and bits per character; TokenWindows: val windows, per token)
     segment(step)             the schedule position logged beside a step (shard-epoch or nothing)
     eval_at_start             whether the untrained model is evaluated at step 0 (tokens: a reference)
     samples_per_step          samples (characters or windows) one optimizer step covers
@@ -21,14 +21,15 @@ kind = the family's data kind, "chars" or "tokens") for:
   batch and the epoch still count targets, so a step of batch_size 1024 is 32 chunks of 32 targets,
   and the test CE is still each test character's prediction from its `context` characters.
   `StateCache` (reslm.run.state_cache) keeps computed states in the run folder for a resumed run.
+  Which text of each shard is trained on and which held out is reslm.data.splits.ShardSplit's.
 * `TokenWindows`, token level (Appendix A.3 and the authors' code): random windows of the model's
   context from the dataset's train view, seeded per step; every eval_every steps the mean CE over
   eval_batches fixed-seed val windows.
 
 The samplers take the model as an argument (its `features`, `forward_features`, `config.context`);
 this module imports no model family and nothing of the loop: the features helpers it shares with the
-models are reslm.features, the state cache is reslm.run.state_cache, the optimizers that solve a readout in one
-step are reslm.train.optim.SOLVERS.
+models are reslm.features, the state cache is reslm.run.state_cache, the optimizers that solve a readout in
+one step are reslm.train.optim.SOLVERS, the evaluations are reslm.train.evaluation's.
 """
 from __future__ import annotations
 
@@ -39,16 +40,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reslm.core.device import bf16_status, state_dtype, synchronize
+from reslm.core.device import state_dtype, state_dtypes, synchronize
 from reslm.core.errors import ReslmError
-from reslm.features import ChunkFeatures, bits, estimate_loss, eval_batch_size, feature_batches
 from reslm.core.progress import say
-from reslm.reservoir.physical import TEST_KEY, noise_stream, train_key
+from reslm.data.splits import ShardSplit, check_tails, val_groups_cut
+from reslm.features import ChunkFeatures
+from reslm.reservoir.physical import noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
 from reslm.run.state_cache import StateCache
+from reslm.train.evaluation import TestShardLoss, eval_slices, final_samples, window_loss
 from reslm.train.optim import SOLVERS
 
-_EVAL_SEED = 0x5EED_E7A1
+_EVAL_SEED = 0x5EED_E7A1   # seeds the val windows of a token run's evaluations
 
 
 # --- seeding ------------------------------------------------------------------------------------
@@ -69,29 +72,6 @@ def has_reservoir(model) -> bool:
     return isinstance(getattr(model, "reservoir", None), torch.nn.Module)
 
 
-def eval_slices(n_tokens: int, context: int, eval_samples: int, blocks: int = 8) -> list[slice]:
-    """Token slices of the test stream to evaluate on: all of it, or `blocks` evenly spread blocks
-    holding `eval_samples` samples in total (each block brings its own `context` tokens)."""
-    if eval_samples == 0 or eval_samples >= n_tokens - context:
-        return [slice(0, n_tokens)]
-    per = max(1, eval_samples // blocks)
-    span = n_tokens - (per + context)
-    return [slice(a, a + per + context) for a in (span * i // max(1, blocks - 1) for i in range(blocks))]
-
-
-def available_memory(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 class CharShards:
     """Shard-cyclic batches over precomputed features (the paper's protocol), see the module doc.
 
@@ -102,8 +82,8 @@ class CharShards:
     holdout > 0 keeps the last fraction of each training shard's characters out of training: those
     are `heldout_features` (ridge's alpha and temperature, `reslm search`'s objective, or the
     validation split), never the test shard. A validation split with val_split "groups" holds out
-    whole file groups at the end of the training text instead (`val_groups_cut`), so only the shards
-    it reaches have held-out text (`heldout_shards`)."""
+    whole file groups at the end of the training text instead, so only the shards it reaches have
+    held-out text (`heldout_shards`). The spans are `split`'s (reslm.data.splits.ShardSplit)."""
 
     kind = "chars"                  # the dataset kind it reads (a family's `data`)
     default_data = "shakespeare"    # the dataset `reslm train` uses when none is given
@@ -119,8 +99,8 @@ class CharShards:
         self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
         self.holdout = holdout
         # the validation split as whole file groups: the held-out text is [val_cut, end of the training text)
-        groups = holdout and tc.val_split == "groups" and holdout == tc.val_fraction
-        self.val_cut = val_groups_cut(dataset, holdout, model.config.context) if groups else None
+        groups = bool(holdout and tc.val_split == "groups" and holdout == tc.val_fraction)
+        self.split = ShardSplit(dataset, model.config.context, holdout, tc.shard_chars, groups)
         self.cache = StateCache(cache) if cache is not None and has_reservoir(model) else None
         self.context = model.config.context
         # all-position training ("chunks" | "streams"): a sample is a chunk of `context` characters
@@ -139,7 +119,7 @@ class CharShards:
             self.eval_points, self.total = [1], 1
         self._feats, self._feats_shard, self._order_k, self._order = None, None, None, None
         self._epoch_feats = None     # the chunks of the current shard-epoch (all-position training)
-        self._test = None
+        self.test_loss = TestShardLoss(self)   # the test CE (reslm.train.evaluation)
         self.state_seconds = 0.0
         self.logged_states = set()   # (cycle, shard, part) whose "states" row the log has (a resumed run)
         self.dtype, compute = self._choose_dtypes()
@@ -177,13 +157,14 @@ class CharShards:
                                  "--head-input state)")
             if model_cfg.head != "linear":
                 raise ReslmError(f"optimizer {tc.optimizer} solves a linear head (--head linear), not {model_cfg.head}")
-            check_holdout(dataset, tc, context)
+            check_tails(dataset, tc.holdout, context, tc.shard_chars)
         elif tc.heldout_eval:
-            check_holdout(dataset, tc, context)
+            check_tails(dataset, tc.holdout, context, tc.shard_chars)
         if tc.val_fraction and tc.val_split == "groups":
             val_groups_cut(dataset, tc.val_fraction, context)
         elif tc.val_fraction:
-            check_holdout(dataset, tc, context, tc.val_fraction)
+            check_tails(dataset, tc.val_fraction, context, tc.shard_chars,
+                        "holdout" if tc.val_fraction == tc.holdout else "val_fraction")
 
     @staticmethod
     def weights(micro) -> tuple[list[float], int]:
@@ -203,26 +184,10 @@ class CharShards:
         carried = has_reservoir(self.model) and cfg["model"].get("context_mode") == "stream"
         return {"test_metric": "stream" if carried else f"window-{self.context}"}
 
-    def _span(self, shard: int, part: str = "train") -> tuple[int, int]:
-        """Token span of a shard's training part or ("heldout") of its held-out tail, which starts
-        `context` tokens early so that its first sample predicts the first held-out character."""
-        a, b = self.ds.shards[shard]
-        if shard == self.ds.test_shard:
-            return a, b
-        if self.tc.shard_chars:
-            b = min(b, a + self.tc.shard_chars)
-        if self.val_cut is not None:
-            cut = min(max(a, self.val_cut), b)
-            return (a, cut) if part == "train" else (cut - self.context, b)
-        if self.holdout:
-            cut = a + int((b - a) * (1 - self.holdout))
-            return (a, cut) if part == "train" else (cut - self.context, b)
-        return a, b
-
     def _n_samples(self, shard: int) -> int:
         """Samples of one shard-epoch: windows (one target each) or, for all-position training, chunks
         (epoch_samples counts targets in both)."""
-        a, b = self._span(shard)
+        a, b = self.split.span(shard)
         if not self.layout:
             n = b - a - self.context
             return min(n, self.tc.epoch_samples) if self.tc.epoch_samples else n
@@ -232,47 +197,22 @@ class CharShards:
             n = min(n, max(1, self.tc.epoch_samples // self.per_sample))
         return n // streams * streams if streams else n   # whole steps: every piece moves on together
 
-    def _tokens(self, shard: int, part: str = "train") -> torch.Tensor:
-        a, b = self._span(shard, part)
+    def tokens(self, shard: int, part: str = "train") -> torch.Tensor:
+        """The tokens of a shard's part (reslm.data.splits.ShardSplit.span) on the device."""
+        a, b = self.split.span(shard, part)
         return torch.from_numpy(np.asarray(self.ds.tokens[a:b], dtype=np.int64)).to(self.device)
 
     def _choose_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
-        """(storage, compute) dtypes of the reservoir states. A reservoir model holds one training
-        shard's states plus the test states: state_dtype "auto" stores them in float32 when that fits in
-        memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is computed in only
-        where it is fast (reslm.core.device.bf16_status); elsewhere the reservoir computes in float32."""
+        """(storage, compute) dtypes of the reservoir states: a reservoir model holds one training shard's
+        states plus the test states (reslm.core.device.state_dtypes)."""
         name = self.tc.state_dtype
         if not has_reservoir(self.model):
             return state_dtype("float32" if name == "auto" else name), None
-        longest = max(b - a for a, b in (self._span(s) for s in self.ds.train_shards))
-        ta, tb = self._span(self.ds.test_shard)
+        longest = max(b - a for a, b in (self.split.span(s) for s in self.ds.train_shards))
+        ta, tb = self.split.span(self.ds.test_shard)
         n_test = max(sum(s.stop - s.start - self.context for s in eval_slices(tb - ta, self.context, n))
-                     for n in {self.tc.eval_samples, self._final_samples()})
-        avail = available_memory(self.device)
-        need = lambda dtype: (longest + n_test) * self.model.width * dtype.itemsize  # noqa: E731
-        if name == "auto":
-            fp32_fits = avail is None or need(torch.float32) <= 0.9 * avail
-            storage = torch.float32 if fp32_fits else torch.bfloat16
-            if not fp32_fits:
-                say(f"reslm: reservoir states stored in bfloat16: float32 would need {need(torch.float32) / 2**30:.1f} "
-                    f"GiB of the {avail / 2**30:.1f} GiB available")
-        else:
-            storage = state_dtype(name)
-        if avail is not None and need(storage) > 0.9 * avail:
-            row = self.model.width * storage.itemsize
-            fits = int(0.9 * avail / row) - longest                          # test samples that would fit
-            hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
-            if storage != torch.bfloat16:
-                hint = f"--state-dtype bfloat16 or {hint}"
-            raise ReslmError(f"reservoir states need {need(storage) / 2**30:.1f} GiB (train shard + test states) but "
-                             f"{avail / 2**30:.1f} GiB is available: use {hint}")
-        compute = storage
-        if storage == torch.bfloat16:
-            fast, why = bf16_status(self.device)
-            if not fast:
-                compute = torch.float32
-                say(f"reslm: reservoir states computed in float32, not bfloat16 ({why})")
-        return storage, compute
+                     for n in {self.tc.eval_samples, final_samples(self.tc)})
+        return state_dtypes(name, self.device, self.model.width, longest, n_test)
 
     def position(self, step: int) -> int:
         """The shard-epoch that step `step` (0-based) belongs to."""
@@ -287,11 +227,11 @@ class CharShards:
         """The features of a shard's part, timed and logged as a "states" row (read back from the
         state cache when an earlier process of this run left them there)."""
         t0 = time.perf_counter()
-        a, _ = self._span(shard, part)   # noise rows are indexed by the position in the shard
+        a, _ = self.split.span(shard, part)   # noise rows are indexed by the position in the shard
         name = f"{part}-shard{shard}-cycle{cycle}"
         feats = self.cache.load(name, self.dtype) if self.cache else None
         if feats is None:
-            feats = self.model.features(self._tokens(shard, part), position=a, progress=self.progress, **self.kw,
+            feats = self.model.features(self.tokens(shard, part), position=a, progress=self.progress, **self.kw,
                                         **noise_stream(self.model, train_key(cycle, shard),
                                                        a - self.ds.shards[shard][0]))
             if self.cache and part == "train":
@@ -325,9 +265,7 @@ class CharShards:
     def heldout_shards(self) -> list[int]:
         """The training shards with held-out text: all of them (tails), or those the held-out file
         groups reach (val_split groups)."""
-        if self.val_cut is None:
-            return list(self.ds.train_shards)
-        return [s for s in self.ds.train_shards if self.ds.shards[s][1] > self.val_cut]
+        return self.split.heldout_shards()
 
     def heldout_features(self, shard: int):
         """Features of a training shard's held-out tail (needs holdout > 0); not cached."""
@@ -340,9 +278,9 @@ class CharShards:
         that a character is not always at the same place in its chunk), or the shard's pieces side by
         side (streams)."""
         if self.layout == "streams":
-            return ChunkFeatures(self._tokens(shard), self.context, streams=self.batch_samples)
+            return ChunkFeatures(self.tokens(shard), self.context, streams=self.batch_samples)
         phase = step_seed(self.tc.seed, k) % self.per_sample   # chunks overlap when they score a part
-        return ChunkFeatures(self._tokens(shard), self.context, phase=phase, stride=self.per_sample)
+        return ChunkFeatures(self.tokens(shard), self.context, phase=phase, stride=self.per_sample)
 
     def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The micro-batches of optimizer step `step`."""
@@ -376,48 +314,9 @@ class CharShards:
         if self.layout == "streams":
             self.model.carry = state.get("carry")
 
-    def _final_samples(self) -> int:
-        """Test samples of the last evaluation (final_eval_samples; -1: the same as every other)."""
-        n = self.tc.final_eval_samples
-        return self.tc.eval_samples if n < 0 else n
-
-    def _test_features(self, model, n: int, final: bool) -> list:
-        """The test features of an evaluation of `n` samples (0: the whole shard), computed once."""
-        name = "test-" if not final or n == self.tc.eval_samples else "testfinal-"
-        if self._test is not None and self._test[0] == name:
-            return self._test[1]
-        self._test = None   # free the other set first
-        tokens, start = self._tokens(self.ds.test_shard), self._span(self.ds.test_shard)[0]
-        feats_list = []
-        for i, s in enumerate(eval_slices(tokens.numel(), self.context, n)):
-            feats = self.cache.load(f"{name}{i}", self.dtype) if self.cache else None
-            if feats is None:
-                feats = model.features(tokens[s], position=start + s.start, progress=self.progress, **self.kw,
-                                       **noise_stream(model, TEST_KEY, s.start))
-                if self.cache:
-                    self.cache.store(f"{name}{i}", feats)
-            feats_list.append(feats)
-        self._test = (name, feats_list)
-        return feats_list
-
     def evaluate(self, model, precision: str, final: bool = False) -> dict:
-        """The test CE (nats, bits per character) on eval_samples test samples, or on
-        final_eval_samples at the last evaluation (`final`)."""
-        n = self._final_samples() if final else self.tc.eval_samples
-        total, count = 0.0, 0
-        for feats in self._test_features(model, n, final):
-            batch = eval_batch_size(model, self.tc.batch_size, feats.targets.device)
-            loss, n = estimate_loss(model, feature_batches(feats, batch), precision=precision)
-            total, count = total + loss * n, count + n
-        loss = total / max(count, 1)
-        row = dict(test_loss=loss, test_bpc=bits(loss))
-        if self.tc.final_eval_samples >= 0:   # evaluations of two sizes: say which this one is
-            row["test_samples"] = count
-        if self.layout == "streams":   # the state carried through the test text, beside the window CE
-            tokens = self._tokens(self.ds.test_shard)
-            stream, _ = model.stream_loss(tokens[:n + 1] if n else tokens)
-            row.update(test_stream_loss=stream, test_stream_bpc=bits(stream))
-        return row
+        """The test CE row (reslm.train.evaluation.TestShardLoss)."""
+        return self.test_loss(model, precision, final)
 
 
 def token_batch(data, batch: int, context: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -493,49 +392,16 @@ class TokenWindows:
             out.append((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)))
         return out
 
-    def evaluate(self, model, precision: str, final: bool = False) -> dict:
+    def val_batches(self):
+        """The eval_batches windows of the val view that every evaluation scores (a fixed seed)."""
         gen = torch.Generator().manual_seed(_EVAL_SEED + self.tc.seed)
-        batches = (tuple(t.to(self.device) for t in token_batch(self.ds.val, self.tc.batch_size, self.context, gen))
-                   for _ in range(self.tc.eval_batches))
-        loss, _ = estimate_loss(model, batches, precision=precision)
-        return dict(val_loss=loss, val_bits_per_token=bits(loss))
+        return (tuple(t.to(self.device) for t in token_batch(self.ds.val, self.tc.batch_size, self.context, gen))
+                for _ in range(self.tc.eval_batches))
+
+    def evaluate(self, model, precision: str, final: bool = False) -> dict:
+        """The val CE row over `val_batches` (reslm.train.evaluation.window_loss)."""
+        return window_loss(model, self.val_batches(), precision)
 
 
 SAMPLERS = {"chars": CharShards, "tokens": TokenWindows}   # a family's data kind -> its sampler
-
-
-def val_groups_cut(dataset, fraction: float, context: int) -> int:
-    """Where the validation split of whole file groups starts: the group boundary closest to the last
-    `fraction` of the training text (which ends at the test shard, itself cut at a group boundary), so
-    that no group (a Shakespeare play in both editions) has text on both sides. The training shards
-    end there; the text from there to the test shard is the validation split. ReslmError when the
-    dataset records no groups or no boundary leaves every training shard more than `context`
-    characters."""
-    ends = dataset.group_ends()
-    if not ends:
-        raise ReslmError(f"val_split groups needs a dataset that records its files' groups; {dataset.name} does not "
-                         "(re-create it with `reslm data`)")
-    shards = [dataset.shards[s] for s in dataset.train_shards]
-    first, last = min(a for a, _ in shards), max(b for _, b in shards)
-    target = last - fraction * (last - first)
-    # every training shard keeps more than `context` characters before the cut (or lies wholly before it)
-    ok = [g for g in ends if first < g < last and all(b <= g or g - a > context for a, b in shards)]
-    if not ok:
-        raise ReslmError(f"val_split groups: no file-group boundary of {dataset.name} leaves every training shard more "
-                         f"than {context} characters to train on before the validation split")
-    return min(ok, key=lambda g: (abs(g - target), g))
-
-
-def check_holdout(dataset, tc, context: int, fraction: float | None = None) -> None:
-    """ReslmError unless every training shard split by `fraction` (default tc.holdout; val_fraction for
-    the validation split) keeps more than `context` characters to train on and at least one held out."""
-    fraction = tc.holdout if fraction is None else fraction
-    name = "holdout" if fraction == tc.holdout else "val_fraction"
-    for shard in dataset.train_shards:
-        a, b = dataset.shards[shard]
-        n = min(b - a, tc.shard_chars or b - a)
-        keep = int(n * (1 - fraction))
-        if keep <= context or keep >= n:
-            raise ReslmError(f"{name} {fraction} of a {n}-character training shard leaves {keep} characters to "
-                             f"train on and {n - keep} held out (need more than the context {context}, and 1)")
 

@@ -14,10 +14,10 @@ from reslm.core.errors import ReslmError
 from reslm.core.files import write_json
 from reslm.models import family, make_config
 from reslm.models.identity import same_run_problem
-from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT
+from reslm.models.laerc import AUTHORS_VARIANT
 from reslm.data.datasets import describe_dataset
 from reslm.run import CONFIG, create_run_dir, is_finished, lock_run, read_config
-from reslm.settings import SOLVERS, TrainConfig, field_roles
+from reslm.settings import SOLVERS, TrainConfig, authors_train, field_roles
 from reslm.train.batches import SAMPLERS
 import reslm
 
@@ -36,11 +36,10 @@ def train_config(family_name: str, **overrides) -> TrainConfig:
 
 def authors_variant(model_overrides: dict, train_overrides: dict) -> tuple[dict, dict]:
     """Model and training overrides for the authors' released LAERC (laerc.AUTHORS_VARIANT and
-    AUTHORS_TRAIN: lr 4e-4, warmup 1% and hold 10% of the steps), under the user's own overrides."""
+    reslm.settings.AUTHORS_TRAIN: lr 4e-4, warmup 1% and hold 10% of the steps), under the user's own
+    overrides."""
     steps = train_config("laerc", **train_overrides).max_steps
-    train = dict(lr=AUTHORS_TRAIN["lr"], warmup_steps=round(AUTHORS_TRAIN["warmup_frac"] * steps),
-                 hold_steps=round(AUTHORS_TRAIN["hold_frac"] * steps))
-    return {**AUTHORS_VARIANT, **model_overrides}, {**train, **train_overrides}
+    return {**AUTHORS_VARIANT, **model_overrides}, {**authors_train(steps), **train_overrides}
 
 
 def run_train_config(cfg: dict) -> TrainConfig:

@@ -7,7 +7,7 @@
         at the source's evaluation points: evaluate, log, checkpoint (atomically)
 
 The batch source is the family's sampler (reslm.train.batches: `CharShards`, the paper's shard-cyclic
-character protocol; `TokenWindows`, random token windows, Appendix A.3 and TOKEN_TRAIN in reslm.models).
+character protocol; `TokenWindows`, random token windows, Appendix A.3 and TOKEN_TRAIN in reslm.settings).
 It gives the schedule, the micro-batches and their weights, and the held-out evaluation, so the loop
 has no branch on the kind of data. TrainConfig fields that only one kind uses carry it in their field
 metadata (`data_fields`), from which the CLI hides the other kind's flags.

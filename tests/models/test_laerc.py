@@ -8,7 +8,7 @@ import torch
 from reslm.core.errors import ReslmError
 from reslm.models.base import count_params
 from reslm.models.gpt import GPT, GPTConfig, gpt_param_count
-from reslm.models.laerc import AUTHORS_TRAIN, AUTHORS_VARIANT, LAERC, LAERCConfig, laerc_param_count
+from reslm.models.laerc import AUTHORS_VARIANT, LAERC, LAERCConfig, laerc_param_count
 from reslm.reservoir import ESN, RESERVOIRS, ESNConfig, spectral_radius
 from reslm.reservoir.base import Reservoir, ReservoirConfig
 
@@ -222,7 +222,6 @@ def test_authors_variant_matches_their_parameter_count(D, L, want):
         model = LAERC(cfg)
     assert count_params(model)[0] == laerc_param_count(cfg)[0] == want
     assert model.blocks[0].res_w1.out_features == D and isinstance(model.blocks[0].gate, torch.nn.Sequential)
-    assert AUTHORS_TRAIN == dict(lr=4e-4, warmup_frac=0.01, hold_frac=0.10)
 
 
 def test_authors_variant_reservoir_inputs():

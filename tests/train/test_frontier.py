@@ -379,8 +379,8 @@ def test_lbfgs_run_picks_l2_on_the_heldout_slice_and_never_reads_the_test_shard(
     import reslm.train as tt
     from reslm.run import read_metrics
     calls = []
-    tokens, evaluate = rb.CharShards._tokens, rb.CharShards.evaluate
-    monkeypatch.setattr(rb.CharShards, "_tokens", lambda self, shard, part="train": (
+    tokens, evaluate = rb.CharShards.tokens, rb.CharShards.evaluate
+    monkeypatch.setattr(rb.CharShards, "tokens", lambda self, shard, part="train": (
         calls.append((shard, part)), tokens(self, shard, part))[1])
     monkeypatch.setattr(rb.CharShards, "evaluate", lambda self, *a, **k: (calls.append("evaluate"), evaluate(self, *a, **k))[1])
     model = dict(size=32, streams=8, head_input="state+onehot")

@@ -69,8 +69,8 @@ def test_temperature_fit_lowers_heldout_ce():
 
 def test_ridge_run_never_reads_the_test_shard_while_fitting(chars, tmp_path, monkeypatch):
     calls = []
-    tokens, evaluate = rb.CharShards._tokens, rb.CharShards.evaluate
-    monkeypatch.setattr(rb.CharShards, "_tokens", lambda self, shard, part="train": (
+    tokens, evaluate = rb.CharShards.tokens, rb.CharShards.evaluate
+    monkeypatch.setattr(rb.CharShards, "tokens", lambda self, shard, part="train": (
         calls.append((shard, part)), tokens(self, shard, part))[1])
     monkeypatch.setattr(rb.CharShards, "evaluate", lambda self, *a, **k: (calls.append("evaluate"), evaluate(self, *a, **k))[1])
     out = tt.create_run(tmp_path / "r", "rc", MODEL, RIDGE, chars)

@@ -375,3 +375,18 @@ def test_samplers_carry_what_the_loop_and_the_cli_branched_on(chars, dataset):
     micro = [(None, torch.zeros(3)), (None, torch.zeros(1))]
     assert rb.CharShards.weights(micro) == ([0.75, 0.25], 4)      # by samples; the step weighs 4 in a segment
     assert rb.TokenWindows.weights(micro) == ([0.5, 0.5], 1)      # equal windows; the step weighs 1
+
+
+def test_token_families_read_the_one_declaration_of_their_training_defaults():
+    """reslm.settings declares the token families' defaults (TOKEN_TRAIN) and the authors' variant's
+    training values (AUTHORS_TRAIN); the registry, train_config and authors_variant read them there."""
+    from reslm.models import MODELS
+    from reslm.models.laerc import AUTHORS_VARIANT
+    from reslm.settings import AUTHORS_TRAIN, TOKEN_TRAIN, authors_train
+    assert MODELS["laerc"].train is TOKEN_TRAIN and MODELS["gpt"].train is TOKEN_TRAIN and not MODELS["rc"].train
+    assert tt.train_config("gpt").lr == TOKEN_TRAIN["lr"] and tt.train_config("rc").lr == tt.TrainConfig().lr
+    assert AUTHORS_TRAIN == dict(lr=4e-4, warmup_frac=0.01, hold_frac=0.10)
+    assert authors_train(1500) == dict(lr=4e-4, warmup_steps=15, hold_steps=150)
+    model, train = tt.authors_variant({"dim": 8}, {"max_steps": 2000, "lr": 1e-3})
+    assert model == {**AUTHORS_VARIANT, "dim": 8}   # the user's own overrides win
+    assert train == dict(lr=1e-3, warmup_steps=20, hold_steps=200, max_steps=2000)

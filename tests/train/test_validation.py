@@ -6,6 +6,7 @@ import torch
 from reslm import train as tt
 from reslm.train.batches import CharShards
 from reslm.core.errors import ReslmError
+from reslm.data.splits import val_groups_cut
 from reslm.models import build_model
 from reslm.run import read_metrics
 
@@ -35,9 +36,9 @@ def test_validation_tails_are_never_trained_on(chars):
     for shard in chars.train_shards:
         a, b = chars.shards[shard]
         cut = a + int((b - a) * 0.75)
-        assert src._span(shard) == (a, cut)
-        assert src._span(shard, "heldout") == (cut - 32, b)   # its first sample predicts the first held-out char
-    a, cut = src._span(0)
+        assert src.split.span(shard) == (a, cut)
+        assert src.split.span(shard, "heldout") == (cut - 32, b)   # its first sample predicts the first held-out char
+    a, cut = src.split.span(0)
     assert src.samples[0] == cut - a - 32             # every training sample lies before the tail
 
 
@@ -65,16 +66,17 @@ def test_validation_groups_hold_out_whole_files_at_the_end_of_the_training_text(
     src = CharShards(m, grouped, tc, torch.device("cpu"), None, False, holdout=0.15)
     first, last = grouped.shards[0][0], grouped.shards[grouped.test_shard][0]
     target = last - 0.15 * (last - first)
-    assert src.val_cut in ends and all(abs(src.val_cut - target) <= abs(g - target) for g in ends if g < last)
+    cut = src.split.val_cut
+    assert cut in ends and all(abs(cut - target) <= abs(g - target) for g in ends if g < last)
     starts = [0] + ends[:-1]
     for a, b in zip(starts, ends):           # each group lies wholly in training or wholly in the split
-        assert b <= src.val_cut or a >= src.val_cut
+        assert b <= cut or a >= cut
     for shard in grouped.train_shards:
         a, b = grouped.shards[shard]
-        assert src._span(shard) == (a, min(b, max(a, src.val_cut)))
-    assert src.heldout_shards() == [s for s in grouped.train_shards if grouped.shards[s][1] > src.val_cut]
-    held = [src._span(s, "heldout") for s in src.heldout_shards()]
-    assert held[0][0] == src.val_cut - 32 and held[-1][1] == last
+        assert src.split.span(shard) == (a, min(b, max(a, cut)))
+    assert src.heldout_shards() == [s for s in grouped.train_shards if grouped.shards[s][1] > cut]
+    held = [src.split.span(s, "heldout") for s in src.heldout_shards()]
+    assert held[0][0] == cut - 32 and held[-1][1] == last
     out = tt.create_run(tmp_path / "r", "rc", dict(size=16), {**TINY, "val_fraction": 0.15, "val_split": "groups",
                                                                 "eval_samples": 64}, grouped)
     tt.train(out, progress=False)
@@ -94,9 +96,7 @@ def test_score_groups_splits_the_logged_validation_ce_by_file_group(grouped, tmp
     out = tt.create_run(tmp_path / "r", "rc", dict(size=16), {**TINY, "val_fraction": 0.15, "val_split": "groups",
                                                                 "eval_samples": 0}, grouped)
     tt.train(out, progress=False)   # eval_samples 0: the whole split, not evenly spaced samples of it
-    m = build_model("rc", size=16, vocab_size=grouped.vocab_size)
-    cut = CharShards(m, grouped, tt.train_config("rc", **TINY, val_fraction=0.15, val_split="groups"),
-                     torch.device("cpu"), None, False, holdout=0.15).val_cut
+    cut = val_groups_cut(grouped, 0.15, 32)   # where the run's validation split starts
     last = grouped.shards[grouped.test_shard][0]
     monkeypatch.setattr(sys, "argv", ["score_groups", str(cut), str(last), str(out), "--json", str(tmp_path / "t.json")])
     assert score_groups.main() == 0

@@ -1,0 +1,89 @@
+"""Held-out loss during training: what a batch sampler's `evaluate` scores (reslm.train.batches).
+
+* `TestShardLoss` (CharShards, the paper's metric): the cross-entropy, in nats and bits per
+  character, of eval_samples test samples (`eval_slices`: 8 evenly spread blocks of the test shard,
+  or all of it), or of final_eval_samples at the last evaluation (`final_samples`). Each test
+  character is predicted from its `context` preceding characters read from a zero state; the test
+  features are computed once per size and kept (the reservoir is fixed). A stream-mode model also
+  gets the CE of its state carried through the test text.
+* `window_loss` (TokenWindows): the mean CE over the sampler's fixed-seed val windows, in nats and
+  bits per token.
+
+Both read the test or val text only through their sampler, which never hands it to training.
+"""
+from __future__ import annotations
+
+from reslm.features import bits, estimate_loss, eval_batch_size, feature_batches
+from reslm.reservoir.physical import TEST_KEY, noise_stream
+
+
+def eval_slices(n_tokens: int, context: int, eval_samples: int, blocks: int = 8) -> list[slice]:
+    """Token slices of the test stream to evaluate on: all of it, or `blocks` evenly spread blocks
+    holding `eval_samples` samples in total (each block brings its own `context` tokens)."""
+    if eval_samples == 0 or eval_samples >= n_tokens - context:
+        return [slice(0, n_tokens)]
+    per = max(1, eval_samples // blocks)
+    span = n_tokens - (per + context)
+    return [slice(a, a + per + context) for a in (span * i // max(1, blocks - 1) for i in range(blocks))]
+
+
+def final_samples(tc) -> int:
+    """Test samples of the last evaluation (final_eval_samples; -1: the same as every other)."""
+    n = tc.final_eval_samples
+    return tc.eval_samples if n < 0 else n
+
+
+class TestShardLoss:
+    """The test CE of a CharShards source (its `evaluate`): the test shard's tokens through
+    `source.tokens`, its features in the source's dtype and state cache (RUN/states: "test-" for
+    eval_samples, "testfinal-" for a last evaluation of another size)."""
+
+    def __init__(self, source):
+        self.source, self._test = source, None
+
+    def features(self, model, n: int, final: bool) -> list:
+        """The test features of an evaluation of `n` samples (0: the whole shard), computed once."""
+        src = self.source
+        name = "test-" if not final or n == src.tc.eval_samples else "testfinal-"
+        if self._test is not None and self._test[0] == name:
+            return self._test[1]
+        self._test = None   # free the other set first
+        tokens, start = src.tokens(src.ds.test_shard), src.split.span(src.ds.test_shard)[0]
+        feats_list = []
+        for i, s in enumerate(eval_slices(tokens.numel(), src.context, n)):
+            feats = src.cache.load(f"{name}{i}", src.dtype) if src.cache else None
+            if feats is None:
+                feats = model.features(tokens[s], position=start + s.start, progress=src.progress, **src.kw,
+                                       **noise_stream(model, TEST_KEY, s.start))
+                if src.cache:
+                    src.cache.store(f"{name}{i}", feats)
+            feats_list.append(feats)
+        self._test = (name, feats_list)
+        return feats_list
+
+    def __call__(self, model, precision: str, final: bool = False) -> dict:
+        """The test CE (nats, bits per character) on eval_samples test samples, or on
+        final_eval_samples at the last evaluation (`final`)."""
+        src = self.source
+        n = final_samples(src.tc) if final else src.tc.eval_samples
+        total, count = 0.0, 0
+        for feats in self.features(model, n, final):
+            batch = eval_batch_size(model, src.tc.batch_size, feats.targets.device)
+            loss, n = estimate_loss(model, feature_batches(feats, batch), precision=precision)
+            total, count = total + loss * n, count + n
+        loss = total / max(count, 1)
+        row = dict(test_loss=loss, test_bpc=bits(loss))
+        if src.tc.final_eval_samples >= 0:   # evaluations of two sizes: say which this one is
+            row["test_samples"] = count
+        if src.layout == "streams":   # the state carried through the test text, beside the window CE
+            tokens = src.tokens(src.ds.test_shard)
+            stream, _ = model.stream_loss(tokens[:n + 1] if n else tokens)
+            row.update(test_stream_loss=stream, test_stream_bpc=bits(stream))
+        return row
+
+
+def window_loss(model, batches, precision: str) -> dict:
+    """The mean CE over `batches` of token windows [(x, y), ...] (nats, bits per token): a
+    TokenWindows source's val row."""
+    loss, _ = estimate_loss(model, batches, precision=precision)
+    return dict(val_loss=loss, val_bits_per_token=bits(loss))
