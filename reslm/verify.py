@@ -14,7 +14,7 @@ trust model), for each run:
 
 A run is ok when every step agrees within TOLERANCE nats; the report says by how much it does not.
 `record_check` writes a check into a manifest that has none (trust on first use: git's history of
-results/ says when it was recorded).
+results/ says when it was recorded); `publish_checked` (`reslm publish`) publishes a finished run with one.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from reslm.core.errors import ReslmError
 from reslm.core.files import read_json, write_json
 from reslm.evaluate import CHECK_POSITIONS, evaluate_run, score_check
 from reslm.data.datasets import ensure_dataset
-from reslm.run import METRICS, SUMMARY, lock_run, read_config, read_metrics
+from reslm.publish import publish
+from reslm.run import CHECKPOINT, CONFIG, METRICS, SUMMARY, is_finished, lock_run, read_config, read_metrics
 from reslm.run.registry import MANIFEST, is_published, published_folders, read_manifest, verify_published
 
 TOLERANCE = 1e-4   # nats: float32 arithmetic on another CPU moves a score by far less; an edit by far more
@@ -138,4 +139,14 @@ def record_check(folder: Path, positions: int = CHECK_POSITIONS, device: str = "
     return got
 
 
-__all__ = ["TOLERANCE", "record_check", "targets", "verify_run"]
+def publish_checked(run_dir: Path, dest: Path, *, command: str | None = None, replace: bool = False) -> dict:
+    """Publish a run into `dest` (reslm.publish.publish; returns the manifest), a finished one with its check
+    (score_check: what `reslm verify` re-scores); a published folder published again in place is not scored
+    (its check stays when its weights are the same)."""
+    run, dest = Path(run_dir), Path(dest)
+    finished = (run / CONFIG).is_file() and is_finished(run) and (run / CHECKPOINT).is_file()
+    check = score_check(run) if finished and not (is_published(run) and dest.resolve() == run.resolve()) else None
+    return publish(run, dest, command=command, replace=replace, check=check)
+
+
+__all__ = ["TOLERANCE", "publish_checked", "record_check", "targets", "verify_run"]
