@@ -27,6 +27,8 @@ never over the training-time eval.json. `physical_grid` scores one run under man
 
 A model whose reservoir is not `drivable` (a recorded substrate, reservoir/recorded.py) is scored only:
 no sample, empty overlap / distinct, generation_length 0 and a `note` saying so.
+
+`eval_text` and `grid_text` are the two results as `reslm eval` prints them.
 """
 from __future__ import annotations
 
@@ -385,6 +387,47 @@ def _physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str
         write_json(run_dir / f"{GRID_FILE}.json", result)
         atomic_write(run_dir / f"{GRID_FILE}.csv", lambda p: _write_csv(p, rows))
     return result
+
+
+# --- the result as `reslm eval` prints it ------------------------------------------------------------
+def eval_text(r: dict) -> str:
+    """An evaluate_run result as text: the CE, the constraints, the timings, overlap and the sample."""
+    unit = "token" if r["kind"] == "tokens" else "char"
+    split = "val split" if unit == "token" else "test text"   # token datasets have train and val only
+    lines = [f"{r['run']}: {r['family']} {r.get('preset') or ''} ({r['trainable_params']:,} trainable parameters)",
+             f"{split.split()[0]} CE {r['test_loss']:.4f} nats/{unit} = {r['test_bits']:.3f} bits/{unit}"
+             + (f" = {r['test_bpc']:.3f} bits/char" if unit == "token" else "")
+             + f" over {r['score_positions']:,} positions "
+             + (f"(the whole {split})" if r["settings"]["score"] == 0 else f"(the start of the {split} only; "
+                "--score 0 scores all of it, as the README's table does)")
+             + f"; scored in {r['score_seconds']:.2f} s (reservoir {r['score_reservoir_seconds']:.2f} s)"]
+    if "physical" in r:
+        shown = PhysicalConfig(**r["physical"]).describe()
+        trained = PhysicalConfig(**r["physical_trained"]).describe()
+        lines.append(f"readout constraints: {shown}" + (f" (trained with: {trained})" if r["physical_overrides"]
+                                                        else " (as trained)"))
+    if "note" not in r:
+        lines.append(f"generated {r['generation_length']:,} {unit}s in {r['generation_seconds']:.2f} s "
+                     f"(reservoir {r['generation_reservoir_seconds']:.2f} s)")
+    for n in r["overlap"]:
+        shown = [f"{v:.4f}" if v is not None else "n/a" for v in (r["overlap"][n], r["distinct"][n])]
+        lines.append(f"overlap-{n} {shown[0]}   distinct-{n} {shown[1]}")
+    if "note" in r:
+        lines.append(r["note"])
+    else:
+        lines += [f"--- sample (temperature {r['settings']['temperature']}) ---", r["prompt"] + r["sample"]]
+    return "\n".join(lines)
+
+
+def grid_text(r: dict) -> str:
+    """A physical_grid result as a table: one row per setting, its test CE in nats and bits."""
+    names = list(r["grid"])
+    lines = [f"{r['run']}: {r['family']} {r.get('preset') or ''}, test CE over {r['score_positions']:,} positions "
+             f"(trained with: {', '.join(f'{k} {v}' for k, v in r['physical_trained'].items())})",
+             "".join(f"{n:>15}" for n in names) + f"{'CE (nats)':>12}{'bits/char':>11}"]
+    for row in r["rows"]:
+        lines.append("".join(f"{row[n]:>15g}" for n in names) + f"{row['test_loss']:>12.4f}{row['test_bits']:>11.3f}")
+    return "\n".join(lines)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:

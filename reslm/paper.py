@@ -15,5 +15,15 @@ SLOPES = {"a_TF": -1.72, "a_Res": -0.81}              # L_min = a log10 N + b, t
 # run must have trained with to sit in the paper-protocol table (reslm.report.rows)
 PROTOCOL = dict(optimizer="adam", lr=1e-4, schedule="constant", batch_size=1024, epochs_per_shard=5, cycles=1,
                 epoch_samples=0, shard_chars=0)
-PROTOCOL_TEXT = "5 epochs on each full shard, batch 1024, Adam 1e-4"   # the same, in words (help texts)
+
+
+def _short(x: float) -> str:
+    """1e-4 -> "1e-4", 7.5e-4 -> "7.5e-4": a learning rate as the paper writes it."""
+    mantissa, exponent = f"{x:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+# the same, in words (the --help of reproduce and lab), derived so that the two cannot disagree
+PROTOCOL_TEXT = (f"{PROTOCOL['epochs_per_shard']} epochs on each full shard, batch {PROTOCOL['batch_size']}, "
+                 f"{PROTOCOL['optimizer'].capitalize()} {_short(PROTOCOL['lr'])}")
 PAPER = {"test_ce": TEST_CE, "a_TF": SLOPES["a_TF"], "a_Res": SLOPES["a_Res"]}   # as results.json quotes it

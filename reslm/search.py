@@ -45,7 +45,7 @@ from reslm.core.device import pick_device, use_threads
 from reslm.core.errors import ReslmError
 from reslm.core.files import open_plain, plain_stat, read_json, write_json
 from reslm.run import LOCK
-from reslm.models import build_model, make_config
+from reslm.models import build_model, make_config, preset
 from reslm.models import family as family_of
 from reslm.core.progress import say
 from reslm.reservoir import RESERVOIRS, parse_options
@@ -209,6 +209,26 @@ def _open_study(optuna, url: str, name: str):
             raise ReslmError(f"cannot open study {name!r} in {url}: {e}") from None
 
 
+SEARCH_DATA = "shakespeare"   # the character dataset a search reads unless told
+
+
+def search_folder(family: str, reservoir: str) -> Path:
+    """The folder a search writes to when none is given: runs/search-FAMILY-RESERVOIR."""
+    return Path(f"runs/search-{family}-{reservoir}")
+
+
+def search_model(family: str, preset_name: str | None, model_over: dict) -> tuple[str, dict]:
+    """The fixed model fields of a search: the size of `preset_name` (a preset of `family`) under the ones
+    given; returns (the reservoir searched, default esn; the other fixed model fields)."""
+    if preset_name:
+        name, over = preset(preset_name)
+        if name != family:
+            raise ReslmError(f"preset {preset_name} is family {name}, not {family} (add --family {name})")
+        model_over = {**over, **model_over}
+    model_over = dict(model_over)
+    return model_over.pop("reservoir", "esn"), model_over
+
+
 def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn", model_over: dict | None = None,
                train_over: dict | None = None, trials: int = 20, optimizer: str = "ridge", storage: str | None = None,
                study_name: str | None = None, seed: int = 0, worker: int = 0, progress: bool = True) -> dict:
@@ -291,4 +311,5 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
     return write_outputs(out, study, family, optimizer, train_over, dataset, progress)
 
 
-__all__ = ["SPACE", "MODEL_KNOBS", "search_space", "heldout_loss", "run_search", "write_outputs", "train_command"]
+__all__ = ["SPACE", "MODEL_KNOBS", "SEARCH_DATA", "search_folder", "search_model", "search_space", "heldout_loss",
+           "run_search", "write_outputs", "train_command"]

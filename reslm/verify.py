@@ -13,8 +13,9 @@ trust model), for each run:
     full       (--full) the weights re-scored on the whole test shard, against the summary's figure
 
 A run is ok when every step agrees within TOLERANCE nats; the report says by how much it does not.
-`record_check` (reslm.evaluate, where the check is scored) writes a check into a manifest that has none (trust on first use: git's history of
-results/ says when it was recorded).
+`record_check` (reslm.evaluate, where the check is scored) writes a check into a manifest that has none
+(trust on first use: git's history of results/ says when it was recorded); `publish_checked` (`reslm
+publish`) publishes a finished run with one.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
 from reslm.evaluate import evaluate_run, record_check, score_check
 from reslm.data.datasets import ensure_dataset
-from reslm.run import METRICS, SUMMARY, read_config, read_metrics
+from reslm.publish import publish
+from reslm.run import CHECKPOINT, CONFIG, METRICS, SUMMARY, is_finished, read_config, read_metrics
 from reslm.run.registry import is_published, published_folders, verify_published
 
 TOLERANCE = 1e-4   # nats: float32 arithmetic on another CPU moves a score by far less; an edit by far more
@@ -124,4 +126,14 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
                 positions=positions, seconds=time.perf_counter() - t0)
 
 
-__all__ = ["TOLERANCE", "record_check", "targets", "verify_run"]
+def publish_checked(run_dir: Path, dest: Path, *, command: str | None = None, replace: bool = False) -> dict:
+    """Publish a run into `dest` (reslm.publish.publish; returns the manifest), a finished one with its check
+    (score_check: what `reslm verify` re-scores); a published folder published again in place is not scored
+    (its check stays when its weights are the same)."""
+    run, dest = Path(run_dir), Path(dest)
+    finished = (run / CONFIG).is_file() and is_finished(run) and (run / CHECKPOINT).is_file()
+    check = score_check(run) if finished and not (is_published(run) and dest.resolve() == run.resolve()) else None
+    return publish(run, dest, command=command, replace=replace, check=check)
+
+
+__all__ = ["TOLERANCE", "publish_checked", "record_check", "targets", "verify_run"]

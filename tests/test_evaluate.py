@@ -92,3 +92,41 @@ def test_eval_refuses_a_run_without_checkpoint(chars, tmp_path):
     out = tt.create_run(tmp_path / "new", "rc", dict(size=16), TRAIN, chars)
     with pytest.raises(ReslmError, match="no checkpoint"):
         evaluate_run(out, length=5)
+
+
+def _result(**over):
+    r = dict(run="runs/x", family="rc", preset="rc-750", kind="chars", trainable_params=45_000, test_loss=1.5,
+             test_bits=1.5 / math.log(2), test_bpc=2.1640, score_positions=1000, score_seconds=1.0,
+             score_reservoir_seconds=0.5, generation_length=20, generation_seconds=0.25,
+             generation_reservoir_seconds=0.125, overlap={"7": 0.5, "8": None}, distinct={"7": 1.0, "8": None},
+             prompt="to be", sample=", or not", settings=dict(score=0, temperature=1.0))
+    return {**r, **over}
+
+
+def test_eval_text_is_the_result_as_reslm_eval_prints_it():
+    from reslm.evaluate import eval_text
+    assert eval_text(_result()).splitlines() == [
+        "runs/x: rc rc-750 (45,000 trainable parameters)",
+        "test CE 1.5000 nats/char = 2.164 bits/char over 1,000 positions (the whole test text); scored in 1.00 s "
+        "(reservoir 0.50 s)",
+        "generated 20 chars in 0.25 s (reservoir 0.12 s)",
+        "overlap-7 0.5000   distinct-7 1.0000",
+        "overlap-8 n/a   distinct-8 n/a",
+        "--- sample (temperature 1.0) ---",
+        "to be, or not"]
+    token = eval_text(_result(kind="tokens", settings=dict(score=64, temperature=0.5), note="no sample"))
+    assert "val CE 1.5000 nats/token = 2.164 bits/token = 2.164 bits/char" in token
+    assert "(the start of the val split only; --score 0 scores all of it" in token
+    assert token.endswith("no sample") and "generated" not in token
+
+
+def test_grid_text_is_one_row_per_setting():
+    from reslm.evaluate import grid_text
+    r = dict(run="runs/x", family="rc", preset=None, score_positions=64, physical_trained={"adc_bits": 0},
+             grid={"adc_bits": [0, 4]}, rows=[dict(adc_bits=0, test_loss=1.5, test_bits=2.164),
+                                             dict(adc_bits=4, test_loss=1.75, test_bits=2.525)])
+    assert grid_text(r).splitlines() == [
+        "runs/x: rc , test CE over 64 positions (trained with: adc_bits 0)",
+        f"{'adc_bits':>15}{'CE (nats)':>12}{'bits/char':>11}",
+        f"{0:>15g}{1.5:>12.4f}{2.164:>11.3f}",
+        f"{4:>15g}{1.75:>12.4f}{2.525:>11.3f}"]

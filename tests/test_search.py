@@ -213,3 +213,12 @@ def test_two_workers_share_a_study_and_survive_kill_9(chars, tmp_path):
     assert set(before) <= set(after) and len(after) >= 50
     rows = _csv(out / "trials.csv")
     assert len(rows) == len(after) + sum(r["state"] != "COMPLETE" for r in rows)
+
+
+def test_a_search_takes_its_size_from_a_preset_of_its_family():
+    assert search.search_model("rc", "rc-750", {"spectral_radius": 0.9}) == \
+        ("esn", {"size": 750, "spectral_radius": 0.9})
+    assert search.search_model("rc", None, {"reservoir": "leaky", "size": 8}) == ("leaky", {"size": 8})
+    with pytest.raises(search.ReslmError, match=r"preset rc-750 is family rc, not aerc \(add --family rc\)"):
+        search.search_model("aerc", "rc-750", {})
+    assert search.search_folder("rc", "esn") == Path("runs/search-rc-esn")

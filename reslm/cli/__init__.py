@@ -1,5 +1,10 @@
 """The command line: argparse subcommands that call the library; no logic of their own.
 
+Each command's parser and handler stand in one module (data, train, runs: generate and eval, publish:
+publish and report, experiments: reproduce, lab, bench, sweep and demo, search, substrate, frontier,
+verify); parsers.build_parser assembles them. What a command decides (default folders, start or resume,
+presets) and prints (reslm.evaluate.eval_text) is the library's.
+
 Model and training flags of `reslm train` are generated per family from the config dataclasses
 (reslm.models, reslm.train): every field is a flag, its type converts the value, the comment beside
 the field is its help, and the default shown is the family's. The family is read from argv first
@@ -15,8 +20,9 @@ import signal
 import sys
 import threading
 
-from reslm.cli.flags import check_paths, check_preset, check_resume
+from reslm.cli.flags import check_paths
 from reslm.cli.parsers import build_parser
+from reslm.cli.train import check_preset, check_resume
 from reslm.core.device import use_threads
 from reslm.core.errors import ReslmError, describe
 

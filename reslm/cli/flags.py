@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
 from reslm.core.device import usable_cores
 from reslm.core.errors import ReslmError
-from reslm.models import MODELS, PRESETS, preset
-from reslm.run import CONFIG, read_config
 
 
 RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.train.ridge)
@@ -125,6 +122,22 @@ def given(args, names) -> dict:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
+def overrides(args) -> tuple[dict, dict]:
+    """The model and training fields given as flags (train, search): one --seed seeds everything (weights,
+    reservoir, shuffling, dropout), and --device, unless auto, is a training field."""
+    model_over, train_over = given(args, args._model_fields), given(args, args._train_fields)
+    if args.seed is not None:
+        model_over["seed"] = train_over["seed"] = args.seed
+    if args.device != "auto":
+        train_over["device"] = args.device
+    return model_over, train_over
+
+
+def data_root(args) -> Path | None:
+    """--root as a path (None: $RESLM_DATA or ./data)."""
+    return Path(args.root) if args.root else None
+
+
 def peek_flag(argv: list[str], flag: str) -> str | None:
     """The value of `flag` in argv (`--flag V` or `--flag=V`), before parsing."""
     for i, a in enumerate(argv):
@@ -133,46 +146,6 @@ def peek_flag(argv: list[str], flag: str) -> str | None:
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
-
-
-def train_family(argv: list[str]) -> str | None:
-    """The family `reslm train` will train: --family, the preset's, or the resumed run's."""
-    name = peek_flag(argv, "--family")
-    if name in MODELS:
-        return name
-    p = peek_flag(argv, "--preset")
-    if p in PRESETS:
-        return PRESETS[p][0]
-    out = peek_flag(argv, "--out")
-    if "--resume" in argv and out:
-        try:
-            fam = read_config(Path(out))["family"]
-        except (ReslmError, OSError):
-            return None
-        return fam if fam in MODELS else None
-    return None
-
-
-def check_resume(argv: list[str]) -> None:
-    """`reslm train --out X --resume` where X holds no run, or a run whose config.json is damaged (or a
-    link): say so before the family's flags are parsed (with no family, its flags would read as
-    unrecognised)."""
-    out = peek_flag(argv, "--out")
-    is_train = argv[:1] == ["train"] or "train" in argv[:2]
-    if is_train and "--resume" in argv and out and not ({"-h", "--help"} & set(argv)):
-        if not os.path.lexists(Path(out) / CONFIG):
-            raise ReslmError(f"{out} holds no run to resume (no {CONFIG})")
-        read_config(Path(out))   # a damaged config.json is named now, not as "unrecognized arguments" later
-
-
-def check_preset(argv: list[str]) -> None:
-    """`reslm train --preset NAME` with an unknown NAME: say so before the family's flags are parsed (with no
-    family they would read as unrecognised: "unrecognized arguments: --shard-chars")."""
-    name = peek_flag(argv, "--preset")
-    is_train = argv[:1] == ["train"] or "train" in argv[:2]
-    if is_train and name is not None and name not in PRESETS and "--resume" not in argv \
-            and not ({"-h", "--help"} & set(argv)):
-        preset(name)   # raises "unknown preset 'NAME' (see `reslm presets`)"
 
 
 # every argument that names a file or folder, by its dest, with how the user wrote it
@@ -189,6 +162,3 @@ def check_paths(args) -> None:
         for v in value if isinstance(value, list) else [value]:
             if isinstance(v, str) and not v.strip():
                 raise ReslmError(f"{shown} is empty: give a path")
-
-
-# --- commands -----------------------------------------------------------------------------------

@@ -7,13 +7,19 @@ import sys
 import textwrap
 from pathlib import Path
 
-from reslm.cli.flags import int_range, shared
+from reslm.cli.flags import data_root, int_range, shared
 from reslm.core.device import usable_cores
 from reslm.core.errors import ReslmError
 from reslm.frontier import bench as fbench
 from reslm.frontier import bundled_plans, load_plan, plan_table, run_plan, status_lines, write_plans_page
 from reslm.frontier.runner import command_args, pending
 from reslm.models.identity import command as train_command
+RUN_DESCRIPTION = ("Train the plan's runs that are not done (the screen first, then the "
+                   "finalists' other seeds), resuming interrupted ones and skipping those another process "
+                   "holds; publish each into --results as it finishes. Re-run to continue.")
+REPORT_DESCRIPTION = ("Write docs/frontier-plans.md under --repo from its results/: one section per "
+                      "plan (every plan reslm ships, or the ones given), each configuration's mean ± sd over its "
+                      "seeds, the rule's verdict and the ledger's account of when each candidate joined.")
 
 
 def _paths(args) -> tuple[Path, Path]:
@@ -40,7 +46,7 @@ def cmd_run(args):
         todo = pending(plan, table)
         for e in todo:
             line = "reslm " + " ".join(command_args(plan, e.name, results, runs, args.threads,
-                                                    Path(args.root) if args.root else None, args.device))
+                                                    data_root(args), args.device))
             equivalent = train_command(e.config.run_config(e.seed), out=str(runs / e.name))
             print(f"{line}   # = {equivalent} && reslm publish {runs / e.name} {results / e.name}")
         waiting = sum(e.state == "waiting" for e in table)
@@ -49,8 +55,8 @@ def cmd_run(args):
         return
     say = (lambda msg: print(f"reslm frontier: {msg}", file=sys.stderr, flush=True))
     table = run_plan(plan, results, runs, jobs=args.jobs, threads=args.threads, device=args.device,
-                     minutes=args.minutes, only=tuple(args.only or ()),
-                     data_root=Path(args.root) if args.root else None, progress=not args.no_progress, say=say)
+                     minutes=args.minutes, only=tuple(args.only or ()), data_root=data_root(args),
+                     progress=not args.no_progress, say=say)
     print("\n".join(status_lines(plan, table)))
 
 
@@ -77,7 +83,7 @@ def cmd_bench(args):
     result = fbench.bench(args.reservoir, budget=args.budget, seeds=tuple(args.seeds), imports=args.imports,
                           reservoir_options=args.reservoir_options, size=args.size, out=Path(args.out),
                           results=Path(args.results), jobs=args.jobs, threads=args.threads,
-                          data_root=Path(args.root) if args.root else None, progress=not args.no_progress)
+                          data_root=data_root(args), progress=not args.no_progress)
     print(result["table"])
     print(f"(model card: {result['card']})", file=sys.stderr)
 
@@ -109,23 +115,36 @@ def _where(p, runs_default: str = "runs"):
                    f"{runs_default})")
 
 
+DESCRIPTION = textwrap.dedent("""\
+    A frontier plan (a TOML file, or the name of one reslm ships: `reslm frontier list`) is a base
+    configuration, candidate changes to it, seeds, and the rule that chooses on the validation split:
+    every candidate at the screen seed, the lowest below the base on validation on to every seed, the
+    lowest mean validation CE chosen; test CE is read only to report. Runs are found in results/ by
+    configuration and seed, so a finished one is never trained twice, and each is published there
+    as it finishes.""")
+BENCH_DESCRIPTION = textwrap.dedent(f"""\
+    How good a language model is your reservoir at the paper's budget? Runs the frontier's chosen recipe
+    ({fbench.RECIPE_PLAN} plan) with --reservoir in place of the ESN at each seed, checks the strict rules
+    first, and prints its mean ± sd test CE beside the published ESN frontier and the trained GRU ceiling,
+    with bits/char and wall time; a model card (card.md) goes into --out. --budget quick: {fbench.QUICK_TEXT};
+    full: the recipe as published (about 25 min of one thread per seed).""")
+
+
 def add_parser(sub) -> None:
     fr = sub.add_parser("frontier", help="frontier plans: run, follow and report them; benchmark your own reservoir",
-                        formatter_class=argparse.RawDescriptionHelpFormatter, description=textwrap.dedent("""\
-        A frontier plan (a TOML file, or the name of one reslm ships: `reslm frontier list`) is a base
-        configuration, candidate changes to it, seeds, and the rule that chooses on the validation split:
-        every candidate at the screen seed, the lowest below the base on validation on to every seed, the
-        lowest mean validation CE chosen; test CE is read only to report. Runs are found in results/ by
-        configuration and seed, so a finished one is never trained twice, and each is published there
-        as it finishes."""))
+                        formatter_class=argparse.RawDescriptionHelpFormatter, description=DESCRIPTION)
     acts = fr.add_subparsers(dest="action", required=True, metavar="ACTION")
     ls = acts.add_parser("list", help="the plans reslm ships")
     ls.set_defaults(func=cmd_list)
+    _add_run(acts)
+    _add_status(acts)
+    _add_report(acts)
+    _add_bench(acts)
 
+
+def _add_run(acts) -> None:
     run = acts.add_parser("run", help="train every run the plan's rule needs now, publishing each as it finishes",
-                          description="Train the plan's runs that are not done (the screen first, then the "
-                          "finalists' other seeds), resuming interrupted ones and skipping those another process "
-                          "holds; publish each into --results as it finishes. Re-run to continue.")
+                          description=RUN_DESCRIPTION)
     run.add_argument("plan", help="a plan file (.toml) or the name of a plan reslm ships")
     run.add_argument("--jobs", type=int_range(1, max(1, usable_cores())), default=1,
                      help="runs at once, each in its own process (default 1)")
@@ -144,27 +163,26 @@ def add_parser(sub) -> None:
            threads_help=f"torch CPU threads of each run, at most {usable_cores()} (default: each run's torch default)")
     run.set_defaults(func=cmd_run)
 
+
+def _add_status(acts) -> None:
     st = acts.add_parser("status", help="what is done, running and left in a plan, with time estimates")
     st.add_argument("plan", help="a plan file (.toml) or the name of a plan reslm ships")
     st.add_argument("--json", action="store_true", help="one JSON object per run")
     _where(st)
     st.set_defaults(func=cmd_status)
 
+
+def _add_report(acts) -> None:
     rp = acts.add_parser("report", help="write docs/frontier-plans.md: every plan's verdict and figures",
-                         description="Write docs/frontier-plans.md under --repo from its results/: one section per "
-                         "plan (every plan reslm ships, or the ones given), each configuration's mean ± sd over its "
-                         "seeds, the rule's verdict and the ledger's account of when each candidate joined.")
+                         description=REPORT_DESCRIPTION)
     rp.add_argument("plans", nargs="*", help="plan files or names (default: every plan reslm ships)")
     rp.add_argument("--repo", default=".", help="the repository root holding results/ and docs/ (default .)")
     rp.set_defaults(func=cmd_report)
 
+
+def _add_bench(acts) -> None:
     bn = acts.add_parser("bench", help="your reservoir in the frontier's recipe at 3 seeds, beside the ESN and the GRU",
-                         formatter_class=argparse.RawDescriptionHelpFormatter, description=textwrap.dedent(f"""\
-        How good a language model is your reservoir at the paper's budget? Runs the frontier's chosen recipe
-        ({fbench.RECIPE_PLAN} plan) with --reservoir in place of the ESN at each seed, checks the strict rules
-        first, and prints its mean ± sd test CE beside the published ESN frontier and the trained GRU ceiling,
-        with bits/char and wall time; a model card (card.md) goes into --out. --budget quick: {fbench.QUICK_TEXT};
-        full: the recipe as published (about 25 min of one thread per seed)."""))
+                         formatter_class=argparse.RawDescriptionHelpFormatter, description=BENCH_DESCRIPTION)
     bn.add_argument("--reservoir", required=True, help="a registered reservoir name (`esn`, `leaky`, `recorded`, ...), "
                     "or one that --import registers")
     bn.add_argument("--import", dest="imports", action="append", metavar="FILE.py",
@@ -175,8 +193,7 @@ def add_parser(sub) -> None:
                     "head's width is fitted to the budget")
     bn.add_argument("--budget", choices=fbench.BUDGETS, default="quick", help="quick (default) or full")
     bn.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="comma-separated seeds (default 0,1,2)")
-    bn.add_argument("--out", default="runs/frontier-bench", help="where its runs and card.md go "
-                    "(default runs/frontier-bench)")
+    bn.add_argument("--out", default=str(fbench.OUT), help=f"where its runs and card.md go (default {fbench.OUT})")
     bn.add_argument("--results", default="results", help="the results registry with the published references "
                     "(default results)")
     bn.add_argument("--jobs", type=int_range(1, max(1, usable_cores())), default=1, help="seeds at once (default 1)")

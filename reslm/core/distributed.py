@@ -21,6 +21,12 @@ def env_world() -> tuple[int, int, int]:
     return rank, world, int(os.environ.get("LOCAL_RANK", rank))
 
 
+def launched_main() -> bool:
+    """Whether this process owns a run folder: rank 0 of a torchrun launch, or a process torchrun did not
+    launch (RANK unset). Read from the environment, so it holds before any process group exists."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def init(device: str = "auto") -> tuple[int, int, int]:
     """Join the process group (once) when launched by torchrun; returns (rank, world, local_rank).
 

@@ -23,6 +23,8 @@ from reslm.data.datasets import find_dataset
 from reslm.models.load import load_run
 from reslm.run import check_runs_folder
 
+DEMO_FOLDER = Path("runs/demo")   # where the demo's runs go unless told
+
 
 def run_demo(out: Path, data_root: Path | None = None, progress: bool = True, dataset: str = "shakespeare",
              presets=DEMO_PRESETS, train_overrides=None, sample_length: int = 300) -> dict:

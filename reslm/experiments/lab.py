@@ -34,6 +34,11 @@ def _log(msg: str) -> None:
     print(f"reslm lab: {msg}", file=sys.stderr, flush=True)
 
 
+def lab_folder(budget: str) -> Path:
+    """The folder a lab writes to when none is given: lab-BUDGET."""
+    return Path(f"lab-{budget}")
+
+
 def run_lab(out: Path, *, data: str = "shakespeare", budget: str = "quick", substrates=tuple(SUBSTRATES),
             families=LAB_FAMILIES, physical_substrate: str = "esn", data_root: Path | None = None,
             device: str = "auto", progress: bool = True, score: int | None = None) -> dict:

@@ -46,6 +46,11 @@ def _log(msg: str) -> None:
     print(f"reslm reproduce: {msg}", file=sys.stderr, flush=True)
 
 
+def reproduce_folder(budget: str) -> Path:
+    """The folder a reproduction writes to when none is given: reproduce-BUDGET."""
+    return Path(f"reproduce-{budget}")
+
+
 def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = None, data: str = "shakespeare",
               token_data: str | None = None, data_root: Path | None = None, device: str = "auto",
               progress: bool = True, command: str = "", cycles: int | None = None,
@@ -73,7 +78,7 @@ def reproduce(budget: str = "quick", families=ALL_FAMILIES, out: Path | None = N
     families = parse_names(families, ALL_FAMILIES, "family", "families")
     presets = parse_presets(presets, families)
     pick_device(device)   # every flag checked before the first run
-    out = Path(out) if out is not None else Path(f"reproduce-{budget}")
+    out = Path(out) if out is not None else reproduce_folder(budget)
     char_ds = tok_ds = None
     if any(f in CHAR_FAMILIES for f in families):
         char_ds = find_dataset(data, "chars", data_root, prepare=True)

@@ -41,6 +41,7 @@ BUDGETS = ("quick", "full")
 QUICK = dict(epochs_per_shard=1, cycles=1)
 QUICK_TEXT = "one shard-epoch per shard, one cycle (a tenth of the steps: minutes per seed on 2 cores)"
 CARD = "card.md"
+OUT = Path("runs/frontier-bench")   # where the bench's runs and card go unless told
 
 
 def recipe_config(plan_name: str = RECIPE_PLAN, results: Path = Path("results")) -> Config:
@@ -146,7 +147,7 @@ def _row(name, st, seconds, trainable, budget) -> str:
 
 
 def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=None, reservoir_options=None,
-          size=None, out: Path = Path("runs/frontier-bench"), results: Path = Path("results"), jobs: int = 1,
+          size=None, out: Path = OUT, results: Path = Path("results"), jobs: int = 1,
           threads: int | None = None, data_root: Path | None = None, progress: bool = True,
           recipe_plan: str = RECIPE_PLAN, table_only: bool = False) -> dict:
     """Run the recipe with `reservoir` at each seed in out/, then the table and the model card."""

@@ -122,3 +122,13 @@ def preset_table() -> list[dict]:
         rows.append(dict(name=name, family=fam, trainable_params=trainable, fixed_params=fixed,
                          paper_trainable_params=paper, frontier=verdict.ok, config=config_dict(cfg)))
     return rows
+
+
+def preset_text(rows: list[dict]) -> str:
+    """preset_table's rows as `reslm presets` prints them: one line per preset under a header."""
+    lines = [f"{'name':<20}{'family':<7}{'trainable':>10}{'paper':>9}{'fixed':>10}  frontier"]
+    for r in rows:
+        paper = f"{r['paper_trainable_params']:,}" if r["paper_trainable_params"] else "-"
+        lines.append(f"{r['name']:<20}{r['family']:<7}{r['trainable_params']:>10,}{paper:>9}"
+                     f"{r['fixed_params']:>10,}  {'yes' if r['frontier'] else 'no'}")
+    return "\n".join(lines)

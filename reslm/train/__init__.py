@@ -1,5 +1,6 @@
 """Training (the loop: reslm.train.loop; the config and the run it starts: reslm.train.config;
-the optimizers and the lr schedule: reslm.train.optim; the batch samplers: reslm.train.batches).
+the optimizers and the lr schedule: reslm.train.optim; the batch samplers: reslm.train.batches; what
+`reslm train` decides around the loop, its folder, start or resume and owner: reslm.train.start).
 
     train(run_dir)             train or continue the run in run_dir -> summary.json
     train_step(...)            the one optimiser step (the loop and the bench call it)

@@ -42,7 +42,6 @@ import torch
 
 from reslm.core.device import state_dtype, state_dtypes, synchronize
 from reslm.core.errors import ReslmError
-from reslm.core.progress import say
 from reslm.data.splits import ShardSplit, check_tails, val_groups_cut
 from reslm.features import ChunkFeatures
 from reslm.reservoir.physical import noise_stream, train_key

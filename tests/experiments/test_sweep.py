@@ -129,3 +129,14 @@ def test_the_longer_scaling_sweep_names_its_runs_apart():
     assert all(r.train["max_steps"] == 4 * s.train["max_steps"] for r, s in zip(long, short))
     extras = extras_plan("cpu-scaling-4ep", ("laerc",))
     assert [r.name for r in extras] == [r.name + "-4ep" for r in extras_plan("cpu-scaling", ("laerc",))]
+
+
+def test_reslm_sweep_checks_its_folder_and_publish_before_the_dataset(tmp_path):
+    from pathlib import Path
+    from reslm.experiments.sweep import sweep_folder, train_sweep
+    assert sweep_folder("cpu") == Path("runs/sweep-cpu")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ReslmError, match="--publish .*file: not a folder"):
+        train_sweep(tmp_path / "out", "no-such-dataset", "cpu", ["gpt"], {}, publish=tmp_path / "file")
+    with pytest.raises(ReslmError, match="no-such-dataset"):
+        train_sweep(tmp_path / "out", "no-such-dataset", "cpu", ["gpt"], {}, data_root=tmp_path)

@@ -1,0 +1,154 @@
+"""`reslm generate` and `reslm eval`: their parsers and commands (a trained run sampled, and scored)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from reslm.cli.flags import INT64, SEED, int_range, shared
+from reslm.core.device import pick_device
+from reslm.core.errors import ReslmError
+from reslm.data.datasets import data_kind, ensure_dataset
+from reslm.evaluate import GRID_FILE, check_grid, eval_file_name, eval_text, evaluate_run, grid_text, physical_grid
+from reslm.generate import MAX_LENGTH, check_length, sample
+from reslm.models.load import load_run
+from reslm.run import read_config
+from reslm.run.registry import is_published
+
+EVAL_DESCRIPTION = (
+    "Evaluate a run directory: test cross-entropy (nats, bits) on a fixed chunk of "
+    "the test text, closed-loop generation of --length symbols after the test text's first "
+    "window, Overlap-n (unique n-grams of the sample found in the test text) and distinct-n, "
+    "and the time of scoring and of generating, with the reservoir's share apart, and, for "
+    "rc/aerc runs, the readout-side physical constraints measured through. "
+    "Writes RUN_DIR/eval.json (a published folder only with --write), holding the run's lock "
+    "for the whole command. A published run's dataset is prepared when it is missing and "
+    "buildable (the Shakespeare datasets). The constraint flags score the trained model under other "
+    "constraints without retraining: one value each -> the full evaluation, written to "
+    "RUN_DIR/eval-<settings>.json (eval.json is left as it is); a comma-separated list in "
+    "any of them -> test CE for every combination from one reservoir pass, written to "
+    "RUN_DIR/eval-physical.json and .csv (e.g. --state-noise 0,0.01,0.05 --adc-bits 0,4,6,8).")
+# `reslm eval` flags of the readout-side constraints: (field, flag, type, help)
+PHYSICAL_FLAGS = (("state_noise", "--state-noise", float, "S", "std of the Gaussian noise on the measured state"),
+                  ("adc_bits", "--adc-bits", int, "B", "ADC resolution in bits (0 = no quantisation)"),
+                  ("gain_mismatch", "--gain-mismatch", float, "G", "per-unit gain spread: gain 1 + G N(0,1)"),
+                  ("adc_range", "--adc-range", float, "R", "the ADC reads [-R, R] and clips outside"))
+GENERATE_DESCRIPTION = ("Closed-loop generation: each predicted symbol is fed back as input. "
+                        "Stateful models (stream-mode reservoirs, LAERC, GPT's KV cache) carry their state: "
+                        "one step per generated symbol. A character run needs only its folder (its vocabulary "
+                        "is in config.json): the dataset is not read, so it is not checked either; a token run "
+                        "reads its tokenizer from the dataset and checks the dataset's fingerprint first.")
+
+
+def _sampling(parser, unit: str, length: int, min_length: int):
+    parser.add_argument("run_dir", help="a run directory written by `reslm train`, or a published results/NAME")
+    parser.add_argument("--length", type=int_range(min_length, MAX_LENGTH), default=length,
+                        help=f"{unit}s to generate (default {length}, at most {MAX_LENGTH:,})")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature; 0 = greedy (default 1: the model's own distribution)")
+    parser.add_argument("--top-k", type=int_range(*INT64), help=f"sample among the k most likely {unit}s")
+    parser.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with this probability mass")
+    parser.add_argument("--seed", type=int_range(*SEED), default=0, help="sampling seed (default 0)")
+    shared(parser, "--device", "--threads")
+
+
+def add_generate(sub) -> None:
+    gen = sub.add_parser("generate", help="generate text from a trained run (closed loop)",
+                         description=GENERATE_DESCRIPTION)
+    _sampling(gen, "symbol", 200, 0)
+    gen.add_argument("--prompt", required=True, help="text to start from (characters of the vocabulary)")
+    gen.set_defaults(func=cmd_generate)
+
+
+def add_eval(sub) -> None:
+    ev = sub.add_parser("eval", help="score a trained run, generate text, n-gram overlap, timings",
+                        description=EVAL_DESCRIPTION)
+    _sampling(ev, "symbol", 2000, 1)
+    ev.add_argument("--ngrams", default="7,8", help="n of Overlap-n / distinct-n, comma-separated (default 7,8)")
+    ev.add_argument("--score", type=int_range(0, 2**63 - 1), default=0,
+                    help="test positions to score (default 0 = the whole test text, the figure of the README's "
+                    "table; N = the first N positions)")
+    ev.add_argument("--write", action=argparse.BooleanOptionalAction, default=None,
+                    help="record the result in the run folder (default: yes for a run directory, no for a "
+                    "published results/NAME, whose tracked files stay as they are)")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    phys = ev.add_argument_group("physical constraints (rc/aerc; default: as trained; comma lists make a grid)")
+    for _, flag, _, letter, help_ in PHYSICAL_FLAGS:
+        phys.add_argument(flag, metavar=f"{letter}[,{letter}...]", help=help_)
+    ev.set_defaults(func=cmd_eval)
+
+
+def _check_sampling(args):
+    check_length(args.length)
+    if not args.temperature >= 0 or args.temperature == float("inf"):
+        raise ReslmError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ReslmError("--top-k must be >= 1")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ReslmError("--top-p must be in (0, 1]")
+
+
+def cmd_generate(args):
+    _check_sampling(args)
+    cfg = read_config(Path(args.run_dir))
+    if data_kind(cfg["data"]) == "tokens":   # its tokenizer is the dataset's: built in a fresh clone, as eval does
+        ensure_dataset(cfg)
+    model, codec, _ = load_run(Path(args.run_dir), pick_device(args.device))
+    if not args.prompt:
+        raise ReslmError("--prompt must not be empty")
+    prompt_ids = codec.encode(args.prompt)
+    if not prompt_ids:
+        raise ReslmError("the prompt encodes to no tokens")
+    ids = sample(model, list(prompt_ids), args.length, temperature=args.temperature,
+                 top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    print(args.prompt + codec.decode(ids))
+
+
+def _physical_values(args) -> dict[str, list]:
+    """{field: [values]} of the physical-constraint flags given (comma-separated lists)."""
+    out = {}
+    for name, flag, kind, _, _ in PHYSICAL_FLAGS:
+        text = getattr(args, name)
+        if text is None:
+            continue
+        try:
+            out[name] = [kind(v) for v in text.split(",")]
+        except ValueError:
+            raise ReslmError(f"{flag} must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+    return out
+
+
+def _ngrams(text: str) -> tuple[int, ...]:
+    try:
+        ns = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        raise ReslmError(f"--ngrams must be comma-separated integers, got {text!r}") from None
+    if not ns or min(ns) < 1:
+        raise ReslmError("--ngrams must be positive integers")
+    return ns
+
+
+def _written(run: Path, write: bool, where) -> None:
+    print(f"(written to {where})" if write else
+          f"(not written: {run} is a published run; add --write to record it there)", file=sys.stderr)
+
+
+def cmd_eval(args):
+    _check_sampling(args)
+    physical = _physical_values(args)
+    check_grid(physical)
+    run = Path(args.run_dir)
+    write = args.write if args.write is not None else not is_published(run)   # results/NAME: only read
+    ensure_dataset(read_config(run))   # a fresh clone: the Shakespeare data is built, as train does
+    if any(len(v) > 1 for v in physical.values()):   # a grid: test CE only, one reservoir pass
+        r = physical_grid(run, physical, score=args.score, device=args.device, write=write)
+        print(json.dumps(r, indent=2) if args.json else grid_text(r))
+        _written(run, write, f"{run / GRID_FILE}.json and .csv")
+        return
+    r = evaluate_run(run, length=args.length, ns=_ngrams(args.ngrams), score=args.score, temperature=args.temperature,
+                     top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
+                     physical={k: v[0] for k, v in physical.items()}, write=write)
+    print(json.dumps(r, indent=2) if args.json else eval_text(r))
+    if not args.json:   # the JSON alone
+        _written(run, write, run / eval_file_name(r))
