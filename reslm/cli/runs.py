@@ -73,6 +73,9 @@ def add_eval(sub) -> None:
                     help="record the result in the run folder (default: yes for a run directory, no for a "
                     "published results/NAME, whose tracked files stay as they are)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    ev.add_argument("--context-mode", choices=("window", "stream"), help="score a reservoir run (rc, aerc) in this "
+                    "context mode, not the one it trained in: window = the paper's metric, each test character "
+                    "from a zero state over its context (written to RUN_DIR/eval-window.json)")
     phys = ev.add_argument_group("physical constraints (rc/aerc; default: as trained; comma lists make a grid)")
     for _, flag, _, letter, help_ in PHYSICAL_FLAGS:
         phys.add_argument(flag, metavar=f"{letter}[,{letter}...]", help=help_)
@@ -148,7 +151,7 @@ def cmd_eval(args):
         return
     r = evaluate_run(run, length=args.length, ns=_ngrams(args.ngrams), score=args.score, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
-                     physical={k: v[0] for k, v in physical.items()}, write=write)
+                     physical={k: v[0] for k, v in physical.items()}, write=write, context_mode=args.context_mode)
     print(json.dumps(r, indent=2) if args.json else eval_text(r))
     if not args.json:   # the JSON alone
         _written(run, write, run / eval_file_name(r))

@@ -60,6 +60,12 @@ def test_data_train_generate(corpus, tmp_path, capsys, preset, extra):
     assert json.loads(capsys.readouterr().out)["sample"] == ev["sample"]    # same seed, same sample
     assert main(["eval", str(run), "--ngrams", "7,x"]) == 2
     err_line(capsys)
+    if preset == "rc-250":   # a stream-trained reservoir on the paper's window metric: its own file
+        assert main(["eval", str(run), "--context-mode", "window", "--length", "20", "--score", "60",
+                     "--ngrams", "3", "--json"]) == 0
+        window = json.loads(capsys.readouterr().out)
+        assert window["context_mode"] == "window" and (run / "eval-window.json").is_file()
+        assert json.loads((run / "eval.json").read_text())["sample"] == ev["sample"]   # eval.json as it was
 
 
 def test_same_seed_same_losses(corpus, tmp_path, capsys):

@@ -34,7 +34,7 @@ def test_legacy_rows_are_marked_and_read_from_their_curves():
     table = outputs["README.md"].split(README_BEGIN)[1].split(README_END)[0]
     row = next(line for line in table.splitlines() if line.startswith("| aerc-160-30 |") and "| window |" in line)
     assert "| 1.7992 | 2.596 | 1.73 |" in row and "not published" in row
-    assert any(c["name"] == "tf-64-4-4" and len(c["epochs"]) == 15 for c in curves)
+    assert any(c["name"] == "tf-64-4-4" and len(c["epochs"]) >= 15 for c in curves)
     assert ("| aerc-75-13 | aerc | 15,464 | window | 2 | 1.9754 / 1.9838 / 1.9770 / 1.9617 / 1.9621 | 2.831 |"
             in outputs["docs/results.md"])
 
