@@ -12,7 +12,8 @@ from reslm.run import is_finished
 from reslm.settings import TrainConfig, data_fields
 from reslm.train.config import (CHECKPOINT_SECONDS, STATES, authors_variant, create_run, ensure_run, grow_cycles,
                                 make_run_config, resume_run, run_train_config, sampler_for, train_config)
-from reslm.train.loop import HeldoutLoss, summarize, train, train_step
+from reslm.train.evaluation import HeldoutLoss
+from reslm.train.loop import summarize, train, train_step
 from reslm.train.optim import SOLVERS, lr_at, make_optimizer
 
 __all__ = ["CHECKPOINT_SECONDS", "SOLVERS", "STATES", "TrainConfig", "authors_variant", "create_run", "data_fields",

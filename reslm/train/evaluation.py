@@ -13,6 +13,8 @@ Both read the test or val text only through their sampler, which never hands it 
 """
 from __future__ import annotations
 
+import torch
+
 from reslm.features import bits, estimate_loss, eval_batch_size, feature_batches
 from reslm.reservoir.physical import TEST_KEY, noise_stream
 
@@ -87,3 +89,39 @@ def window_loss(model, batches, precision: str) -> dict:
     TokenWindows source's val row."""
     loss, _ = estimate_loss(model, batches, precision=precision)
     return dict(val_loss=loss, val_bits_per_token=bits(loss))
+
+
+class HeldoutLoss:
+    """The evaluation of a heldout_eval run (TrainConfig.heldout_eval): the CE on the held-out tails of
+    a CharShards source's training shards (reslm.train.batches), never the test shard. The tails' features are computed at
+    the first evaluation and kept (the reservoir is fixed).
+
+    With `name` "val" (a run with a validation split, TrainConfig.val_fraction) the row is val_loss /
+    val_bpc, scored on eval_samples evenly spaced positions of the split (0: all of them) at every
+    evaluation, the last one included: keep_best_val compares like with like (final_eval_samples
+    sizes only the test shard's last evaluation). The test CE follows it (`with_test`)."""
+
+    def __init__(self, source, name: str = "heldout", with_test: bool = False):
+        self.source, self.feats, self.name, self.with_test = source, None, name, with_test
+        self.eval_kind = source.eval_kind if with_test else name   # the summary's main figure
+
+    def _batches(self, model, feats, samples: int):
+        batch = eval_batch_size(model, self.source.tc.batch_size, feats.targets.device)
+        if not samples or samples >= len(feats):
+            return feature_batches(feats, batch)
+        index = torch.linspace(0, len(feats) - 1, samples, device=feats.targets.device).long()
+        return ((feats.batch(i), feats.targets[i]) for i in index.split(batch))
+
+    def __call__(self, model, precision: str, final: bool = False) -> dict:
+        if self.feats is None:
+            self.feats = [self.source.heldout_features(s) for s in self.source.heldout_shards()]
+        tc = self.source.tc
+        samples = 0 if self.name == "heldout" else tc.eval_samples   # the same positions every time
+        per = -(-samples // len(self.feats)) if samples else 0
+        total, count = 0.0, 0
+        for feats in self.feats:
+            loss, n = estimate_loss(model, self._batches(model, feats, per), precision=precision)
+            total, count = total + loss * n, count + n
+        loss = total / max(count, 1)
+        row = self.source.evaluate(model, precision, final) if self.with_test else {}
+        return {**row, f"{self.name}_loss": loss, f"{self.name}_bpc": bits(loss)}

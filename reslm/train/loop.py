@@ -38,7 +38,6 @@ from reslm.core.errors import ReslmError
 from reslm.core.files import read_json, write_json
 from reslm.core.progress import bar as progress_bar
 from reslm.core.progress import say
-from reslm.features import estimate_loss, eval_batch_size, feature_batches
 from reslm.models.base import bits, count_params
 from reslm.models.budget import check_frontier
 from reslm.data.datasets import check_dataset, open_dataset
@@ -46,8 +45,9 @@ from reslm.models.load import load_model
 from reslm.run import (SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_run, read_config, read_metrics,
                        save_checkpoint, schedule_key)
 from reslm.run.registry import only_trainable, with_fixed
-from reslm.train.batches import CharShards, step_seed
+from reslm.train.batches import step_seed
 from reslm.train.compiled import compiled_forward
+from reslm.train.evaluation import HeldoutLoss
 from reslm.train.config import CHECKPOINT_SECONDS, STATES, run_train_config, sampler_for
 from reslm.train.ema import EMA, checkpoint_weights
 from reslm.train.optim import SOLVERS, lr_at, make_optimizer
@@ -59,42 +59,6 @@ def _finite(loss: torch.Tensor, params) -> bool:
     grads = [p.grad for p in params if p.grad is not None]
     norms = torch._foreach_norm(grads, float("inf")) if grads else []
     return bool(torch.isfinite(torch.stack([loss.float().reshape(()), *[n.float() for n in norms]])).all())
-
-
-class HeldoutLoss:
-    """The evaluation of a heldout_eval run (TrainConfig.heldout_eval): the CE on the held-out tails of
-    a CharShards source's training shards, never the test shard. The tails' features are computed at
-    the first evaluation and kept (the reservoir is fixed).
-
-    With `name` "val" (a run with a validation split, TrainConfig.val_fraction) the row is val_loss /
-    val_bpc, scored on eval_samples evenly spaced positions of the split (0: all of them) at every
-    evaluation, the last one included: keep_best_val compares like with like (final_eval_samples
-    sizes only the test shard's last evaluation). The test CE follows it (`with_test`)."""
-
-    def __init__(self, source: CharShards, name: str = "heldout", with_test: bool = False):
-        self.source, self.feats, self.name, self.with_test = source, None, name, with_test
-        self.eval_kind = source.eval_kind if with_test else name   # the summary's main figure
-
-    def _batches(self, model, feats, samples: int):
-        batch = eval_batch_size(model, self.source.tc.batch_size, feats.targets.device)
-        if not samples or samples >= len(feats):
-            return feature_batches(feats, batch)
-        index = torch.linspace(0, len(feats) - 1, samples, device=feats.targets.device).long()
-        return ((feats.batch(i), feats.targets[i]) for i in index.split(batch))
-
-    def __call__(self, model, precision: str, final: bool = False) -> dict:
-        if self.feats is None:
-            self.feats = [self.source.heldout_features(s) for s in self.source.heldout_shards()]
-        tc = self.source.tc
-        samples = 0 if self.name == "heldout" else tc.eval_samples   # the same positions every time
-        per = -(-samples // len(self.feats)) if samples else 0
-        total, count = 0.0, 0
-        for feats in self.feats:
-            loss, n = estimate_loss(model, self._batches(model, feats, per), precision=precision)
-            total, count = total + loss * n, count + n
-        loss = total / max(count, 1)
-        row = self.source.evaluate(model, precision, final) if self.with_test else {}
-        return {**row, f"{self.name}_loss": loss, f"{self.name}_bpc": bits(loss)}
 
 
 def _score(model, state: dict, evaluate, precision: str) -> dict:

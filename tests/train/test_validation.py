@@ -147,7 +147,7 @@ def test_bad_split_settings_are_refused(chars, tmp_path, train, msg):
 
 def _val_dips_at_the_second_evaluation(monkeypatch):
     """Validation CE 1.0 at the second evaluation and 2.0 elsewhere: the best is not the last."""
-    from reslm.train.loop import HeldoutLoss
+    from reslm.train.evaluation import HeldoutLoss
     call, seen = HeldoutLoss.__call__, []
 
     def fake(self, model, precision, final=False):
