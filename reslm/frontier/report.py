@@ -26,11 +26,13 @@ def _hms(seconds: float | None) -> str:
     return f"{m // 60}h{m % 60:02d}" if m >= 60 else f"{m} min"
 
 
-def _ms(st, digits: int = 4) -> str:
+def _ms(st, digits: int = 4, seeds: int | None = None) -> str:
+    """mean ± sd over the seeds that have the figure; "(k seeds)" when fewer than `seeds` have it."""
     if not st:
         return "-"
     mean, sd, n = st
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
+    text = f"{mean:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
+    return text + (f" ({n} seed{'s' if n > 1 else ''})" if seeds is not None and n < seeds else "")
 
 
 def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
@@ -110,7 +112,8 @@ def plan_markdown(plan: Plan, results: Path, runs: Path | None, *, heading: bool
         at = sel["screen"].get(label)
         L.append(f"| {label} | {change} | {', '.join(map(str, g['seeds'])) or '-'} |"
                  + (f" {'-' if at is None else f'{at:.4f}'} |" if screen else "")
-                 + f" {_ms(g['val'])} | {_ms(g['test'])} | {bits} | {_ms(g['test_window'])} | {_ms(g['test_stream'])} | "
+                 + f" {_ms(g['val'])} | {_ms(g['test'])} | {bits} | {_ms(g['test_window'], seeds=len(g['seeds']))} | "
+                 f"{_ms(g['test_stream'], seeds=len(g['seeds']))} | "
                  f"{_verdict_of(label, base_key, sel) if screen else ''} |")
     L += _against_full(plan, table, index)
     L += ["", "Runs: " + ", ".join(f"[{e.name}](../results/{e.folder.name})" if e.state == "done"
