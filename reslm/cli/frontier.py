@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from reslm.cli.flags import data_root, int_range, shared
-from reslm.core.device import usable_cores
+from reslm.core.device import pick_device, usable_cores
 from reslm.core.errors import ReslmError
 from reslm.frontier import bench as fbench
 from reslm.frontier import bundled_plans, load_plan, plan_table, run_plan, status_lines, write_plans_page
@@ -54,6 +54,8 @@ def cmd_run(args):
                                                    if waiting else ""), file=sys.stderr)
         return
     say = (lambda msg: print(f"reslm frontier: {msg}", file=sys.stderr, flush=True))
+    if args.device:
+        pick_device(args.device)   # an unknown device, or CUDA where there is none: refused before any run starts
     table = run_plan(plan, results, runs, jobs=args.jobs, threads=args.threads, device=args.device,
                      minutes=args.minutes, only=tuple(args.only or ()), data_root=data_root(args),
                      progress=not args.no_progress, say=say)

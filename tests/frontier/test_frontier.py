@@ -262,3 +262,10 @@ def test_a_run_trained_again_from_its_plan_gives_the_same_figures(where, tmp_pat
     a, b = (json.loads((r / name / "summary.json").read_text()) for r in (results, again / "results"))
     figures = [k for k in a if k.endswith(("_loss", "_bpc"))]
     assert figures and all(a[k] == b[k] for k in figures)
+
+
+def test_an_unknown_device_is_refused_before_any_run_starts(where, capsys):
+    path, results, runs, root = where
+    assert main(["frontier", "run", str(path), "--device", "bogus", "--results", str(results), "--runs", str(runs),
+                 "--root", str(root)]) == 2
+    assert "unknown device 'bogus'" in capsys.readouterr().err and not runs.exists()
