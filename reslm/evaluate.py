@@ -48,7 +48,7 @@ from reslm.core.device import pick_device, synchronize
 from reslm.core.errors import ReslmError
 from reslm.features import eval_batch_size
 from reslm.generate import check_length, sample
-from reslm.models.base import LN2, bits, count_params, estimate_loss, feature_batches
+from reslm.models.base import count_params, estimate_loss, feature_batches
 from reslm.models.reservoir_lm import ReservoirLM
 from reslm.ngram import NgramReference, distinct_n
 from reslm.reservoir.base import Reservoir
@@ -56,6 +56,7 @@ from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.run.registry import MANIFEST, is_published, read_manifest, record_file, verify_published, weights_digest
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
 from reslm.core.files import atomic_write, write_json
+from reslm.core.metrics import CHECK_LOSS, LN2, TEST_BITS, TEST_BPC, TEST_LOSS, TEST_STREAM_LOSS, bits
 from reslm.run import lock_run, read_config
 from reslm.data.datasets import check_dataset, data_kind, ensure_dataset, open_dataset
 from reslm.models.load import load_run
@@ -268,7 +269,7 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
         loss, score_s, score_res = _timed(lambda: _score_chars(model, chunk, context, position=a), model)
         positions, bpc = chunk.numel() - context, bits(loss)
     # a stream-mode rnn is also scored with its state carried through the chunk (CharRNN.stream_loss)
-    stream = ({"test_stream_loss": model.stream_loss(chunk)[0]}
+    stream = ({TEST_STREAM_LOSS: model.stream_loss(chunk)[0]}
               if not token_run and getattr(model, "all_positions", None) == "streams" else {})
     prompt = test[:prompt_len].tolist()
     # A recording (reservoir/recorded.py) cannot read the symbols it would generate: scored, no sample.
@@ -284,7 +285,7 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
         run=run_dir.resolve().name if is_published(run_dir) else str(run_dir),   # published: no machine's path
         family=cfg["family"], preset=cfg.get("preset"), kind="tokens" if token_run else "chars",
         trainable_params=count_params(model)[0],
-        test_loss=loss, test_bits=bits(loss), test_bpc=bpc, score_positions=positions, **stream,
+        **{TEST_LOSS: loss, TEST_BITS: bits(loss), TEST_BPC: bpc}, score_positions=positions, **stream,
         score_seconds=score_s, score_reservoir_seconds=score_res, score_trainable_seconds=score_s - score_res,
         generation_length=length if drivable else 0, generation_seconds=gen_s, generation_reservoir_seconds=gen_res,
         generation_trainable_seconds=gen_s - gen_res,
@@ -319,7 +320,7 @@ def score_check(run_dir: Path, positions: int = CHECK_POSITIONS, device: str = "
     of a token run), scored as `reslm eval` scores it, and the digest of the weights scored: what a
     published run's manifest keeps as its check and `reslm verify` re-scores. Reads the run only."""
     r = _evaluate_run(Path(run_dir), length=1, ns=(1,), score=positions, seed=0, device=device, write=False)
-    return dict(positions=r["score_positions"], loss=r["test_loss"], weights_digest=r["weights_sha256"])
+    return {"positions": r["score_positions"], CHECK_LOSS: r[TEST_LOSS], "weights_digest": r["weights_sha256"]}
 
 
 def record_check(folder: Path, positions: int = CHECK_POSITIONS, device: str = "cpu") -> dict | None:
@@ -377,7 +378,7 @@ def _physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str
     if chunk.numel() <= context:
         raise ReslmError(f"the test text of {run_dir} is too short ({tokens.numel()} characters)")
     losses, seconds, res_seconds = _timed(lambda: _score_physical(model, chunk, context, configs, position=a), model)
-    rows = [dict(**asdict(pc), test_loss=loss, test_bits=bits(loss)) for pc, loss in zip(configs, losses)]
+    rows = [dict(**asdict(pc), **{TEST_LOSS: loss, TEST_BITS: bits(loss)}) for pc, loss in zip(configs, losses)]
     result = dict(run=str(run_dir), family=cfg["family"], preset=cfg.get("preset"),
                   physical_trained=asdict(trained), grid={n: list(grid[n]) for n in names},
                   score_positions=chunk.numel() - context, seconds=seconds, reservoir_seconds=res_seconds,
@@ -395,8 +396,8 @@ def eval_text(r: dict) -> str:
     unit = "token" if r["kind"] == "tokens" else "char"
     split = "val split" if unit == "token" else "test text"   # token datasets have train and val only
     lines = [f"{r['run']}: {r['family']} {r.get('preset') or ''} ({r['trainable_params']:,} trainable parameters)",
-             f"{split.split()[0]} CE {r['test_loss']:.4f} nats/{unit} = {r['test_bits']:.3f} bits/{unit}"
-             + (f" = {r['test_bpc']:.3f} bits/char" if unit == "token" else "")
+             f"{split.split()[0]} CE {r[TEST_LOSS]:.4f} nats/{unit} = {r[TEST_BITS]:.3f} bits/{unit}"
+             + (f" = {r[TEST_BPC]:.3f} bits/char" if unit == "token" else "")
              + f" over {r['score_positions']:,} positions "
              + (f"(the whole {split})" if r["settings"]["score"] == 0 else f"(the start of the {split} only; "
                 "--score 0 scores all of it, as the README's table does)")
@@ -426,7 +427,7 @@ def grid_text(r: dict) -> str:
              f"(trained with: {', '.join(f'{k} {v}' for k, v in r['physical_trained'].items())})",
              "".join(f"{n:>15}" for n in names) + f"{'CE (nats)':>12}{'bits/char':>11}"]
     for row in r["rows"]:
-        lines.append("".join(f"{row[n]:>15g}" for n in names) + f"{row['test_loss']:>12.4f}{row['test_bits']:>11.3f}")
+        lines.append("".join(f"{row[n]:>15g}" for n in names) + f"{row[TEST_LOSS]:>12.4f}{row[TEST_BITS]:>11.3f}")
     return "\n".join(lines)
 
 

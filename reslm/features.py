@@ -9,7 +9,6 @@ imports the other for them; reslm.models.base re-exports them.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -87,14 +86,6 @@ class ChunkFeatures:
 
     def batch(self, index: torch.Tensor) -> torch.Tensor:
         return self.inputs.index_select(0, index)  # (B, context)
-
-
-LN2 = math.log(2)
-
-
-def bits(nats: float) -> float:
-    """Nats per symbol -> bits per symbol (bits per character for a character model)."""
-    return nats / LN2
 
 
 def eval_batch_size(model, batch_size: int, device) -> int:

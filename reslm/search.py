@@ -44,6 +44,7 @@ from pathlib import Path
 from reslm.core.device import pick_device, use_threads
 from reslm.core.errors import ReslmError
 from reslm.core.files import open_plain, plain_stat, read_json, write_json
+from reslm.core.metrics import HELDOUT_LOSS, final_of
 from reslm.run import LOCK
 from reslm.models import build_model, make_config, preset
 from reslm.models import family as family_of
@@ -128,13 +129,13 @@ def heldout_loss(family: str, model_over: dict, train_over: dict, dataset, optim
         source = CharShards(model, dataset, tc, device, None, False, holdout=tc.holdout)
         t0 = time.perf_counter()
         info = fit_ridge(model, source, tc)
-        value = info["heldout_loss"]
+        value = info[HELDOUT_LOSS]
         extra = dict(ridge_alpha=info["ridge_alpha"], temperature=info["temperature"])
     else:
         with tempfile.TemporaryDirectory(prefix="reslm-trial-") as tmp:
             run = create_run(Path(tmp) / "run", family, model_over,
                              {**train_over, "optimizer": optimizer, "heldout_eval": True}, dataset)
-            value, extra = train(run, progress=False)["final_heldout_loss"], {}
+            value, extra = train(run, progress=False)[final_of(HELDOUT_LOSS)], {}
     if not math.isfinite(value):
         raise ReslmError("the held-out loss is not finite")
     return dict(value=value, seconds=time.perf_counter() - t0, **extra)

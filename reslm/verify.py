@@ -25,6 +25,7 @@ from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
+from reslm.core.metrics import CHECK_LOSS, TEST_LOSS, final_of, kept_of
 from reslm.evaluate import evaluate_run, record_check, score_check
 from reslm.data.datasets import ensure_dataset
 from reslm.publish import publish
@@ -52,7 +53,7 @@ def targets(paths: list[Path]) -> list[Path]:
 
 def _headline(summary: dict) -> float | None:
     """The figure the tables give: the kept weights' test CE, else the last evaluation's."""
-    return summary.get("weights_test_loss", summary.get("final_test_loss"))
+    return summary.get(kept_of(TEST_LOSS), summary.get(final_of(TEST_LOSS)))
 
 
 def _summary_problems(folder: Path, summary: dict) -> list[str]:
@@ -61,10 +62,10 @@ def _summary_problems(folder: Path, summary: dict) -> list[str]:
     kept = next((r for r in rows if r.get("kind") == "weights"), None)
     evals = [r for r in rows if r.get("kind") == "eval" and r.get("step", 0) > 0]
     pairs = []
-    if kept is not None and "weights_test_loss" in summary:
-        pairs.append(("weights_test_loss", summary["weights_test_loss"], kept.get("test_loss")))
-    if evals and "final_test_loss" in summary:
-        pairs.append(("final_test_loss", summary["final_test_loss"], evals[-1].get("test_loss")))
+    if kept is not None and kept_of(TEST_LOSS) in summary:
+        pairs.append((kept_of(TEST_LOSS), summary[kept_of(TEST_LOSS)], kept.get(TEST_LOSS)))
+    if evals and final_of(TEST_LOSS) in summary:
+        pairs.append((final_of(TEST_LOSS), summary[final_of(TEST_LOSS)], evals[-1].get(TEST_LOSS)))
     return [f"{SUMMARY} says {k} {a:.6f}, {METRICS} {b:.6f} (differs by {a - b:+.2e})" for k, a, b in pairs
             if isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) > TOLERANCE]
 
@@ -74,8 +75,8 @@ def _readme_problems(folder: Path, readme: str | None) -> list[str]:
     if not readme:
         return []
     out = []
-    evals = {round(r["test_loss"], 4) for r in read_metrics(folder)
-             if r.get("kind") in ("eval", "weights") and isinstance(r.get("test_loss"), (int, float))}
+    evals = {round(r[TEST_LOSS], 4) for r in read_metrics(folder)
+             if r.get("kind") in ("eval", "weights") and isinstance(r.get(TEST_LOSS), (int, float))}
     for line in readme.splitlines():
         if f"](results/{folder.name})" not in line:
             continue
@@ -101,13 +102,13 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
             want = _headline(summary)
             if want is None and r["kind"] == "tokens":   # a token run's figure: its whole-val-split eval.json
                 ev = read_json(folder / "eval.json") or {}
-                want = ev.get("test_loss") if ev.get("settings", {}).get("score") == 0 else None
+                want = ev.get(TEST_LOSS) if ev.get("settings", {}).get("score") == 0 else None
             positions = r["score_positions"]
             if want is None:
                 problems.append("no published figure to compare with (an unfinished run)")
-            elif abs(r["test_loss"] - want) > TOLERANCE:
-                problems.append(f"re-scored on the whole test text: {r['test_loss']:.6f}, published {want:.6f} "
-                                f"(differs by {r['test_loss'] - want:+.2e})")
+            elif abs(r[TEST_LOSS] - want) > TOLERANCE:
+                problems.append(f"re-scored on the whole test text: {r[TEST_LOSS]:.6f}, published {want:.6f} "
+                                f"(differs by {r[TEST_LOSS] - want:+.2e})")
         else:
             check = manifest.get("check")
             if not check:
@@ -117,9 +118,9 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
                 positions = got["positions"]
                 if got["weights_digest"] != check["weights_digest"]:
                     problems.append("the weights are not those the check was recorded for")
-                if abs(got["loss"] - check["loss"]) > TOLERANCE:
-                    problems.append(f"re-scored on the check's {positions:,} test positions: {got['loss']:.6f}, "
-                                    f"recorded {check['loss']:.6f} (differs by {got['loss'] - check['loss']:+.2e})")
+                if abs(got[CHECK_LOSS] - check[CHECK_LOSS]) > TOLERANCE:
+                    problems.append(f"re-scored on the check's {positions:,} test positions: {got[CHECK_LOSS]:.6f}, "
+                                    f"recorded {check[CHECK_LOSS]:.6f} (differs by {got[CHECK_LOSS] - check[CHECK_LOSS]:+.2e})")
     except ReslmError as e:
         problems.append(str(e))
     return dict(run=str(folder), ok=not problems, problems=problems, mode="full" if full else "check",

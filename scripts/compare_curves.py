@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from reslm.core.metrics import TEST_LOSS
 
 
 def read_rows(run: Path) -> list[dict]:
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
         cells = table[step]
         any_row = next(iter(cells.values()))
         where = f"{any_row.get('shard')}.{any_row.get('epoch')}" if len({(r.get('shard'), r.get('epoch')) for r in cells.values()}) == 1 else "-"
-        print(f"| {step:,} | {where} | " + " | ".join(f"{cells[n]['test_loss']:.4f}" if n in cells else "" for n in names) + " |")
+        print(f"| {step:,} | {where} | " + " | ".join(f"{cells[n][TEST_LOSS]:.4f}" if n in cells else "" for n in names) + " |")
     print()
     print("| run | train seconds | targets per step | targets/s (last segment) | test positions per evaluation |")
     print("|---|---|---|---|---|")

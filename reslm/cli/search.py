@@ -5,6 +5,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
+from reslm.core.metrics import HELDOUT_LOSS
 from reslm.cli.flags import COUNTS, INT64, RIDGE_ONLY, SEED, add_flags, data_root, int_for, int_range, overrides, \
     peek_flag, shared
 from reslm.data.datasets import find_dataset
@@ -65,5 +66,5 @@ def cmd_search(args):
                       train_over=train_over, trials=args.trials, optimizer=args.optimizer, storage=args.storage,
                       study_name=args.study_name, seed=args.seed, worker=args.worker, progress=not args.no_progress)
     print(f"best of {best['finished']} finished trials: trial {best['best_trial']}, held-out CE "
-          f"{best['heldout_loss']:.4f} nats (outputs in {out})")
+          f"{best[HELDOUT_LOSS]:.4f} nats (outputs in {out})")
     print(best["command"])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from reslm.cli.flags import int_range, shared
 from reslm.core.errors import ReslmError
+from reslm.core.metrics import CHECK_LOSS
 from reslm.evaluate import CHECK_POSITIONS
 from reslm.verify import TOLERANCE, record_check, targets, verify_run
 
@@ -25,7 +26,7 @@ def cmd_verify(args):
                 failed += 1
                 print(f"FAILED   {folder}: {e}", flush=True)
                 continue
-            print(f"recorded {folder}: {got['loss']:.6f} nats on {got['positions']:,} positions" if got
+            print(f"recorded {folder}: {got[CHECK_LOSS]:.6f} nats on {got['positions']:,} positions" if got
                   else f"current  {folder}: its check is of these weights", flush=True)
         if failed:
             raise ReslmError(f"no check recorded for {failed} of {len(runs)} run(s)")

@@ -27,6 +27,7 @@ from reslm.experiments.plans import (BITS_GRID, BUDGETS, LAB_BUDGETS, LAB_FAMILI
                                      lab_plan, parse_names)
 from reslm.experiments.runner import run_plan, stamped_folder, validate
 from reslm.core.files import write_json
+from reslm.core.metrics import TEST_BPC, TEST_LOSS, best_of, final_of
 from reslm.data.datasets import find_dataset
 
 
@@ -63,8 +64,8 @@ def run_lab(out: Path, *, data: str = "shakespeare", budget: str = "quick", subs
         summaries = run_plan(out / "runs", plan, dataset, progress=progress, say=_log)
         rows = [dict(family=r.family, substrate=r.model["reservoir"], run=f"runs/{r.name}", size=r.model["size"],
                      trainable_params=s["trainable_params"], fixed_params=s["fixed_params"],
-                     test_loss=s["final_test_loss"], test_bpc=s["final_test_bpc"],
-                     best_test_loss=s["best_test_loss"], train_seconds=s["train_seconds"],
+                     **{TEST_LOSS: s[final_of(TEST_LOSS)], TEST_BPC: s[final_of(TEST_BPC)]},
+                     **{best_of(TEST_LOSS): s[best_of(TEST_LOSS)]}, train_seconds=s["train_seconds"],
                      reservoir_seconds=s["reservoir_seconds"], options=r.model) for r, s in zip(plan, summaries)]
         physical = {}
         for fam in families:
@@ -74,9 +75,9 @@ def run_lab(out: Path, *, data: str = "shakespeare", budget: str = "quick", subs
                                   device=device, write=False)
             adc = physical_grid(run, {"state_noise": [0.0], "adc_bits": list(BITS_GRID)}, score=score,
                                 device=device, write=False)
-            physical[fam] = dict(run=run.name, noise=[dict(sigma=r["state_noise"], test_loss=r["test_loss"])
+            physical[fam] = dict(run=run.name, noise=[dict(sigma=r["state_noise"], **{TEST_LOSS: r[TEST_LOSS]})
                                                       for r in noise["rows"]],
-                                 adc=[dict(bits=r["adc_bits"], test_loss=r["test_loss"]) for r in adc["rows"]],
+                                 adc=[dict(bits=r["adc_bits"], **{TEST_LOSS: r[TEST_LOSS]}) for r in adc["rows"]],
                                  score_positions=noise["score_positions"])
         results = dict(budget=dict(name=budget, char_train=bud.char_train, left_out=bud.left_out),
                        data=str(dataset.path), substrates=rows, physical=physical,

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reslm.core.errors import ReslmError
+from reslm.core.metrics import MIN_TRAIN_LOSS, VAL_LOSS, best_of, final_of
 from reslm.models import PRESETS, families, preset
 from reslm.models.gpt import GPTConfig, gpt_param_count
 from reslm.models.laerc import AUTHORS_VARIANT, LAERCConfig, laerc_param_count
@@ -282,8 +283,8 @@ def sweep_rows(plan: list[Run], summaries: list[dict]) -> list[dict]:
     """One row per sweep run (reslm.report.scaling.CSV_FIELDS) from its summary."""
     return [dict(family=r.family, name=r.name, dim=r.model["dim"], n_layers=r.model["n_layers"],
                  trainable_params=s["trainable_params"], fixed_params=s.get("fixed_params", 0),
-                 min_train_loss=s.get("min_train_loss"), best_val_loss=s.get("best_val_loss"),
-                 final_val_loss=s.get("final_val_loss"),
+                 **{MIN_TRAIN_LOSS: s.get(MIN_TRAIN_LOSS), best_of(VAL_LOSS): s.get(best_of(VAL_LOSS))},
+                 **{final_of(VAL_LOSS): s.get(final_of(VAL_LOSS))},
                  steps=s.get("steps"), train_seconds=s.get("train_seconds")) for r, s in zip(plan, summaries)]
 
 

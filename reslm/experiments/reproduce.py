@@ -35,7 +35,7 @@ from reslm.experiments.plans import (ALL_FAMILIES, BUDGETS, CHAR_FAMILIES, STATE
                                      char_plan, parse_names, parse_presets, sweep_plan, sweep_rows)
 from reslm.experiments.runner import Clock, evaluate_once, run_plan, stamped_folder
 from reslm.core.files import read_json, write_json
-from reslm.models.base import bits
+from reslm.core.metrics import TEST_BPC, TEST_LOSS, bits, final_of
 from reslm.ngram import KneserNey, NgramReference, distinct_n, select_order
 from reslm.paper import PAPER
 from reslm.run import CONFIG, SUMMARY
@@ -142,8 +142,8 @@ def _token_runs(out: Path, budget: Budget, families, dataset, device: str, progr
 def _char_row(run: Path, ev: dict) -> dict:
     summary = read_json(run / SUMMARY)
     cfg = read_json(run / CONFIG)
-    return dict(ev, preset=cfg["preset"], name=cfg["preset"], family=cfg["family"], test_loss=summary["final_test_loss"],
-                test_bpc=summary["final_test_bpc"], eval_chunk_loss=ev["test_loss"],
+    return dict(ev, preset=cfg["preset"], name=cfg["preset"], family=cfg["family"], **{TEST_LOSS: summary[final_of(TEST_LOSS)]},
+                **{TEST_BPC: summary[final_of(TEST_BPC)]}, eval_chunk_loss=ev[TEST_LOSS],
                 train_seconds=summary["train_seconds"], reservoir_train_seconds=summary["reservoir_seconds"],
                 shards_per_cycle=len(cfg["data"]["train_shards"]))
 
@@ -156,7 +156,7 @@ def _token_rows(out: Path, bud: Budget, sweep_rows: list[dict], tok_ds, settings
     rows = []
     for row in sweep_rows:
         ev = evaluate_once(out / "tokens" / row["name"], tok_settings, tok_ref, device, say=_log)
-        rows.append(dict(row, test_loss=ev["test_loss"], test_bpc=ev["test_bpc"], overlap=ev["overlap"],
+        rows.append(dict(row, **{TEST_LOSS: ev[TEST_LOSS], TEST_BPC: ev[TEST_BPC]}, overlap=ev["overlap"],
                          prompt=ev["prompt"], sample=ev["sample"]))
     return rows
 
@@ -182,7 +182,7 @@ def _kneser_ney(out: Path, budget: Budget, dataset, reference, settings: dict) -
     test_loss = model.cross_entropy(test)
     gen = model.sample(test[:32], settings["length"], seed=settings["seed"], temperature=settings["temperature"])
     result = dict(settings=want, order=best, heldout_ce={str(k): v for k, v in heldout.items()},
-                  test_loss=test_loss, test_bpc=bits(test_loss), discounts={str(k): v for k, v in model.discounts.items()},
+                  **{TEST_LOSS: test_loss, TEST_BPC: bits(test_loss)}, discounts={str(k): v for k, v in model.discounts.items()},
                   overlap={str(n): reference.overlap(gen, n) for n in (7, 8)},
                   distinct={str(n): distinct_n(gen, n) for n in (7, 8)},
                   prompt=dataset.decode(test[:32]), sample=dataset.decode(gen), seconds=time.perf_counter() - t0)

@@ -25,11 +25,11 @@ import reslm
 from reslm.core.device import cpu_name
 from reslm.core.errors import ReslmError
 from reslm.core.files import atomic_write, read_json
+from reslm.core.metrics import LN2, TEST_LOSS, VAL_LOSS, final_of, kept_of
 from reslm.data.datasets import find_dataset
 from reslm.frontier.plan import Config, load_plan
 from reslm.frontier.runner import plan_table, selection
 from reslm.models import check_frontier_config, make_config
-from reslm.models.base import LN2
 from reslm.models.identity import command, delta, describe, run_name
 from reslm.reservoir import RESERVOIRS
 from reslm.run import SUMMARY, is_finished
@@ -171,8 +171,8 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
         for s in todo:
             train(runs[s], progress=progress)
     summaries = {s: read_json(d / SUMMARY) or {} for s, d in runs.items()}
-    mine = dict(test=_stats([m.get("weights_test_loss", m.get("final_test_loss")) for m in summaries.values()]),
-                val=_stats([m.get("weights_val_loss", m.get("final_val_loss")) for m in summaries.values()]),
+    mine = dict(test=_stats([m.get(kept_of(TEST_LOSS), m.get(final_of(TEST_LOSS))) for m in summaries.values()]),
+                val=_stats([m.get(kept_of(VAL_LOSS), m.get(final_of(VAL_LOSS))) for m in summaries.values()]),
                 seconds=_stats([m.get("train_seconds") for m in summaries.values()]),
                 trainable=next(iter(summaries.values())).get("trainable_params"))
     refs = [_group("ESN frontier", recipe_plan, results)]
@@ -222,8 +222,8 @@ def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, su
          "## Runs", "", "| seed | folder | val CE | test CE (state carried) | bits/char | train time |", "|---|---|---|---|---|---|"]
     for s, d in runs.items():
         m = summaries[s]
-        test = m.get("weights_test_loss", m.get("final_test_loss"))
-        val = m.get("weights_val_loss", m.get("final_val_loss"))
+        test = m.get(kept_of(TEST_LOSS), m.get(final_of(TEST_LOSS)))
+        val = m.get(kept_of(VAL_LOSS), m.get(final_of(VAL_LOSS)))
         L.append(f"| {s} | `{d}` | {val if val is None else f'{val:.4f}'} | {test if test is None else f'{test:.4f}'} | "
                  f"{'-' if test is None else f'{test / LN2:.3f}'} | {m.get('train_seconds', 0) / 60:.1f} min |")
     seed = next(iter(runs))

@@ -12,7 +12,7 @@ from reslm.core.files import atomic_write
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Plan, bundled_plans, load_plan
 from reslm.frontier.runner import Entry, estimate, figures, index_results, pending, plan_table, selection
-from reslm.models.base import LN2
+from reslm.core.metrics import LN2
 from reslm.models.identity import delta, describe, recipe
 
 PLANS_PAGE = "docs/frontier-plans.md"

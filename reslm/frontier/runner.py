@@ -23,6 +23,7 @@ from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
+from reslm.core.metrics import TEST_LOSS, TEST_STREAM_LOSS, VAL_LOSS, final_of, kept_of
 from reslm.data.datasets import find_dataset
 from reslm.evaluate import record_check, score_check
 from reslm.frontier import ledger
@@ -81,9 +82,9 @@ def figures(folder: Path) -> dict:
     evals = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("step", 0) > 0]
     total = max(1, len(cfg["data"].get("train_shards", [0] * 5)) * tc.get("epochs_per_shard", 1) * tc.get("cycles", 1))
     metric = summary.get("test_metric")
-    test = summary.get("weights_test_loss", summary.get("final_test_loss"))
-    stream = summary.get("weights_test_stream_loss", summary.get("final_test_stream_loss"))
-    return dict(val=summary.get("weights_val_loss", summary.get("final_val_loss")), test=test,
+    test = summary.get(kept_of(TEST_LOSS), summary.get(final_of(TEST_LOSS)))
+    stream = summary.get(kept_of(TEST_STREAM_LOSS), summary.get(final_of(TEST_STREAM_LOSS)))
+    return dict(val=summary.get(kept_of(VAL_LOSS), summary.get(final_of(VAL_LOSS))), test=test,
                 test_window=test if metric == "window-32" else _window_eval(folder),
                 test_stream=test if metric == "stream" else stream,
                 train_seconds=summary.get("train_seconds") or (evals[-1].get("wall") if evals else None),
@@ -97,7 +98,7 @@ def _window_eval(folder: Path) -> float | None:
     ev = read_json(folder / "eval-window.json")
     if not ev or not is_published(folder) or "eval-window.json" not in read_manifest(folder).get("files", {}):
         return None
-    return ev["test_loss"] if ev.get("settings", {}).get("score") == 0 else None
+    return ev[TEST_LOSS] if ev.get("settings", {}).get("score") == 0 else None
 
 
 def _finished(folder: Path) -> bool:

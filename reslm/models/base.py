@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reslm.features import LN2, TensorFeatures, bits, estimate_loss, feature_batches  # noqa: F401 (re-exported)
+from reslm.features import TensorFeatures, estimate_loss, feature_batches  # noqa: F401 (re-exported)
 from reslm.core.errors import ReslmError
 
 

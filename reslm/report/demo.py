@@ -1,7 +1,7 @@
 """The demo's table and samples (`reslm demo`), as the text the command prints."""
 from __future__ import annotations
 
-from reslm.models.base import bits
+from reslm.core.metrics import TEST_LOSS, bits, final_of
 from reslm.paper import PROTOCOL
 from reslm.report.rows import lr_words
 
@@ -18,8 +18,8 @@ def demo_text(result: dict) -> str:
          f"samples spread over the test shard.",
          f"{'preset':<13}{'trainable':>10}{'test CE (nats)':>16}{'bits/char':>11}{'train s':>9}{'reservoir s':>13}"]
     for s in result["summaries"]:
-        L.append(f"{s['preset']:<13}{s['trainable_params']:>10,}{s['final_test_loss']:>16.4f}"
-                 f"{bits(s['final_test_loss']):>11.3f}{s['train_seconds']:>9.1f}{s['reservoir_seconds']:>13.1f}")
+        L.append(f"{s['preset']:<13}{s['trainable_params']:>10,}{s[final_of(TEST_LOSS)]:>16.4f}"
+                 f"{bits(s[final_of(TEST_LOSS)]):>11.3f}{s['train_seconds']:>9.1f}{s['reservoir_seconds']:>13.1f}")
     L.append("")
     for name, text in result["samples"].items():
         L += [f"--- {name} (temperature 0.8) ---", text, ""]

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from reslm.core.errors import ReslmError, writing
+from reslm.core.metrics import TEST_LOSS, TRAIN_LOSS, VAL_LOSS
 
 FAMILY_ORDER = ("tf", "rc", "aerc", "laerc", "gpt")
 FAMILY_LABELS = {"tf": "Transformer", "rc": "Reservoir", "aerc": "AERC", "laerc": "LAERC",
@@ -151,7 +152,7 @@ def fit_alpha_log10(x, y) -> float:
 # --------------------------------------------------------------------------- Fig. 2
 
 CHAR_LOSS_FIELDS = ("family", "name", "trainable_params", "index", "cycle", "shard", "epoch", "step",
-                    "train_loss", "test_loss")
+                    TRAIN_LOSS, TEST_LOSS)
 
 
 def _boundaries(epochs: list[dict]) -> tuple[list[float], list[float]]:
@@ -195,7 +196,7 @@ def plot_char_losses(runs, out_dir, stem: str = "fig2_losses") -> dict:
             colors = _size_colors(len(members))
             longest = max(members, key=lambda r: len(r["epochs"]))
             shard_x, cycle_x = _boundaries(sorted(longest["epochs"], key=lambda e: e["index"]))
-            for i, (key, what) in enumerate((("train_loss", "training"), ("test_loss", "testing"))):
+            for i, (key, what) in enumerate(((TRAIN_LOSS, "training"), (TEST_LOSS, "testing"))):
                 ax = axes[i, j]
                 for x in shard_x:
                     ax.axvline(x, color="0.8", lw=0.8, ls="--", zorder=0)
@@ -351,8 +352,8 @@ def plot_times(rows, out_dir, stem: str = "fig4_time") -> dict:
 
 # --------------------------------------------------------------------------- Fig. 6
 
-TOKEN_LOSS_FIELDS = ("family", "name", "trainable_params", "step", "train_loss", "train_loss_smoothed",
-                     "val_loss")
+TOKEN_LOSS_FIELDS = ("family", "name", "trainable_params", "step", TRAIN_LOSS, "train_loss_smoothed",
+                     VAL_LOSS)
 
 
 def ema(values, smooth: float) -> list[float]:
@@ -382,15 +383,15 @@ def plot_token_curves(runs, out_dir, stem: str = "fig6_token_loss", smooth: floa
     curves = []  # (run, steps, losses, smoothed)
     table = []
     for run in runs:
-        steps = sorted((r for r in run.get("steps", []) if r.get("train_loss") is not None),
+        steps = sorted((r for r in run.get("steps", []) if r.get(TRAIN_LOSS) is not None),
                        key=lambda r: r["step"])
-        xs, ys = [r["step"] for r in steps], [r["train_loss"] for r in steps]
+        xs, ys = [r["step"] for r in steps], [r[TRAIN_LOSS] for r in steps]
         sm = ema(ys, smooth)
         curves.append((run, xs, ys, sm))
-        by_step = {x: dict(train_loss=y, train_loss_smoothed=s) for x, y, s in zip(xs, ys, sm)}
+        by_step = {x: dict(**{TRAIN_LOSS: y}, train_loss_smoothed=s) for x, y, s in zip(xs, ys, sm)}
         for e in run.get("evals", []):
-            if e.get("val_loss") is not None:
-                by_step.setdefault(e["step"], {})["val_loss"] = e["val_loss"]
+            if e.get(VAL_LOSS) is not None:
+                by_step.setdefault(e["step"], {})[VAL_LOSS] = e[VAL_LOSS]
         for step in sorted(by_step):
             table.append(dict(family=run["family"], name=run["name"], trainable_params=run["trainable_params"],
                               step=step, **by_step[step]))
@@ -409,10 +410,10 @@ def plot_token_curves(runs, out_dir, stem: str = "fig6_token_loss", smooth: floa
                 if xs:
                     ax.plot(xs, ys, "-", color=c, lw=0.6, alpha=0.25)
                     ax.plot(xs, sm, "-", color=c, lw=1.6, label=label)
-                ev = sorted((e for e in run.get("evals", []) if e.get("val_loss") is not None),
+                ev = sorted((e for e in run.get("evals", []) if e.get(VAL_LOSS) is not None),
                             key=lambda e: e["step"])
                 if ev:
-                    ax.plot([e["step"] for e in ev], [e["val_loss"] for e in ev], "o", color=c, ms=4,
+                    ax.plot([e["step"] for e in ev], [e[VAL_LOSS] for e in ev], "o", color=c, ms=4,
                             mec="k", mew=0.5, label=None if xs else label)
             ax.set_title(_label(fam))
             ax.set_xlabel("optimisation step")

@@ -7,9 +7,9 @@ import statistics
 from pathlib import Path
 
 from reslm.core.files import read_json
+from reslm.core.metrics import LN2, TEST_LOSS, TEST_LOSS_AT_BEST_VAL, VAL_LOSS, best_of, kept_of
 from reslm.models import PRESETS, check_frontier_config, make_config
 from reslm.models.budget import FRONTIER_BUDGET
-from reslm.models.base import LN2
 from reslm.models.identity import delta, fingerprint
 from reslm.paper import LARGEST, TEST_CE
 from reslm.run.registry import published_folders, read_manifest
@@ -28,11 +28,11 @@ def _test_at_best_val(summary: dict, evals: list[dict]):
     """The whole test shard's CE at the run's lowest validation CE: its kept weights' score when it kept them
     (`--keep-best-val`), else that evaluation's own score when it covered the whole shard (None when it
     scored fewer positions: a figure on a sample does not stand beside whole-shard ones)."""
-    if summary.get("weights") == "best-val" and summary.get("weights_test_loss") is not None:
-        return summary["weights_test_loss"]
+    if summary.get("weights") == "best-val" and summary.get(kept_of(TEST_LOSS)) is not None:
+        return summary[kept_of(TEST_LOSS)]
     at = next((r for r in evals if r.get("step") == summary.get("best_val_step")), None)
     whole = max((r.get("test_samples") or 0) for r in evals)
-    return summary.get("test_loss_at_best_val") if at and (at.get("test_samples") or 0) == whole else None
+    return summary.get(TEST_LOSS_AT_BEST_VAL) if at and (at.get("test_samples") or 0) == whole else None
 
 
 def _route(cfg: dict) -> list[str]:
@@ -53,7 +53,7 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         cfg = read_json(folder / CONFIG) or {}
         if cfg.get("data", {}).get("kind", "chars") != "chars" or not whole_shard_final(cfg["train"]):
             continue
-        rows = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("test_loss") is not None]
+        rows = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get(TEST_LOSS) is not None]
         if not rows or (cfg["train"].get("eval_samples", 0) and not read_manifest(folder).get("finished")):
             continue   # an unfinished run's last score is on fewer positions than the whole shard
         model = make_config(cfg["family"], **cfg["model"])
@@ -63,12 +63,12 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         # validation split, so that a run on the whole training text matches the configuration it refits
         summary = read_json(folder / SUMMARY) or {}
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
-                        test_loss=summary.get("weights_test_loss", rows[-1]["test_loss"]),
-                        val_loss=summary.get("weights_val_loss", rows[-1].get("val_loss")), strict=verdict.ok,
+                        **{TEST_LOSS: summary.get(kept_of(TEST_LOSS), rows[-1][TEST_LOSS])},
+                        **{VAL_LOSS: summary.get(kept_of(VAL_LOSS), rows[-1].get(VAL_LOSS))}, strict=verdict.ok,
                         weights=summary.get("weights", "last"),
                         config=fingerprint(cfg), base_config=fingerprint(cfg, ignore=VAL_FIELDS),
                         seed=cfg["train"].get("seed", 0), test_at_best_val=_test_at_best_val(summary, rows),
-                        best_val_loss=summary.get("best_val_loss"),
+                        **{best_of(VAL_LOSS): summary.get(best_of(VAL_LOSS))},
                         val_split=cfg["train"].get("val_split", "tails") if cfg["train"].get("val_fraction") else None,
                         published=True,
                         source="lab" if route else "paper", route=route, finished=read_manifest(folder).get("finished"),
@@ -78,13 +78,13 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         if r["weights"] or not done or r["partial"]:
             continue
         pts.append(dict(family=r["family"], name=f"{r['name']} ({r['context']}, cycle {r['cycle']})",
-                        trainable_params=r["trainable"], test_loss=done[-1], strict=r["family"] in ("rc", "aerc"),
+                        trainable_params=r["trainable"], **{TEST_LOSS: done[-1]}, strict=r["family"] in ("rc", "aerc"),
                         published=False, source="paper", route=[f"{r['context']} context"] if r["context"] != "window"
                         else [], finished=True, cycle=r["cycle"], folder=None))
     # ranked by validation CE where the run has a validation split (within a split: whole file groups first,
     # then the shard tails); the others (chosen on test) after them
-    return sorted(pts, key=lambda p: (p.get("val_loss") is None, SPLIT_RANK.get(p.get("val_split"), 2),
-                                      p.get("val_loss") or p["test_loss"], p["name"]))
+    return sorted(pts, key=lambda p: (p.get(VAL_LOSS) is None, SPLIT_RANK.get(p.get("val_split"), 2),
+                                      p.get(VAL_LOSS) or p[TEST_LOSS], p["name"]))
 
 
 SPLIT_RANK = {"groups": 0, "tails": 1}   # validation splits, the one without a leak first
@@ -115,7 +115,7 @@ def seed_groups(points: list[dict]) -> list[dict]:
                            base_config=runs[0].get("base_config"),
                            trainable_params=runs[0]["trainable_params"], route=runs[0]["route"],
                            val_split=runs[0].get("val_split"),
-                           val=stats([r.get("val_loss") for r in runs]), test=stats([r["test_loss"] for r in runs]),
+                           val=stats([r.get(VAL_LOSS) for r in runs]), test=stats([r[TEST_LOSS] for r in runs]),
                            test_at_best_val=stats([r.get("test_at_best_val") for r in runs])))
     return sorted(groups, key=lambda g: (g["val"] is None, SPLIT_RANK.get(g["val_split"], 2), (g["val"] or g["test"])[0]))
 
@@ -165,7 +165,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
     # the best single run in the ranking's order (on validation where a run has a split), finished;
     # the lowest test CE of all is named apart from it, as the best-of-many figure it is
     best = next((p for p in strict if p.get("finished", True)), None)
-    lowest = min(strict, key=lambda p: p["test_loss"]) if strict else None
+    lowest = min(strict, key=lambda p: p[TEST_LOSS]) if strict else None
     # published configurations near the budget (seeds aside): the ones compared with each other
     configs = len({p["config"] for p in strict if p.get("config") and p["trainable_params"] >= 0.9 * FRONTIER_BUDGET})
     L = ["# The reservoir frontier", "",
@@ -209,25 +209,25 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
                   f"**{_mean_sd(refit['test'])}** nats test CE over {len(refit['runs'])} seeds.", ""]
         L += _level_on_validation(top, groups)
     if best:
-        how = (f"the lowest validation CE, {best['val_loss']:.4f} on the {best['val_split']} split"
-               if best.get("val_loss") is not None else f"the best test CE of {configs} configurations, chosen on test")
+        how = (f"the lowest validation CE, {best[VAL_LOSS]:.4f} on the {best['val_split']} split"
+               if best.get(VAL_LOSS) is not None else f"the best test CE of {configs} configurations, chosen on test")
         L += [f"**Best single strict reservoir-family run: [{best['name']}](../{best['folder']}) at "
-              f"{best['test_loss']:.4f} nats ({best['test_loss'] / LN2:.3f} bits/char), {best['trainable_params']:,} "
+              f"{best[TEST_LOSS]:.4f} nats ({best[TEST_LOSS] / LN2:.3f} bits/char), {best['trainable_params']:,} "
               f"trainable parameters ({how}).** Targets: {TEST_CE['tf']} (the paper's transformer), moonshot 1.60."
               if best.get("folder")
-              else f"**Best strict reservoir-family run so far: {best['name']} at {best['test_loss']:.4f} nats.**", ""]
+              else f"**Best strict reservoir-family run so far: {best['name']} at {best[TEST_LOSS]:.4f} nats.**", ""]
         if lowest is not best and lowest.get("folder"):
             L += [f"The lowest test CE of the {len(strict)} strict runs, [{lowest['name']}](../{lowest['folder']}) at "
-                  f"{lowest['test_loss']:.4f} nats, is the best of many figures read off the test shard, not a "
+                  f"{lowest[TEST_LOSS]:.4f} nats, is the best of many figures read off the test shard, not a "
                   "selection.", ""]
     # the trained networks of the same size (the ceilings: tf-256-16-16's count is the largest the paper has)
     ceilings = [p for p in points if not p["strict"] and p["trainable_params"] <= CEILING_BUDGET
                 and p.get("folder") and p["finished"] and p["trainable_params"] >= 0.9 * FRONTIER_BUDGET]
     if ceilings:
         c = ceilings[0]   # the ranking's order: on validation where the runs have a split
-        how = "selected on validation" if c.get("val_loss") is not None else "no validation split"
+        how = "selected on validation" if c.get(VAL_LOSS) is not None else "no validation split"
         L += [f"**Best trained ceiling of the same size so far: [{c['name']}](../{c['folder']}) at "
-              f"{c['test_loss']:.4f} nats, {c['trainable_params']:,} trainable parameters, "
+              f"{c[TEST_LOSS]:.4f} nats, {c['trainable_params']:,} trainable parameters, "
               f"{_recipe(c['route'])} ({how}).**", ""]
     if groups:
         L += ["## Over seeds", "",
@@ -250,21 +250,21 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
     for p in points:
         link = f"[{p['folder']}](../{p['folder']})" + ("" if p["finished"] else " (in progress)") if p["folder"] \
             else NOT_PUBLISHED
-        val = p.get("val_loss")
+        val = p.get(VAL_LOSS)
         # what was chosen, and on what: nothing (the paper's protocol, a context mode at most), or a
         # recipe compared on validation, or on the test shard itself
         chose = any(not (r.endswith(" context") or r.startswith("state_dtype=")) for r in p["route"])
         selection = (f"validation ({p['val_split']})" if val is not None else
                      "refit of validation (groups)" if p.get("base_config") in refits else "*test*" if chose else "-")
         L.append(f"| {p['name']} | {p['family']} | {p['trainable_params']:,} | {'yes' if p['strict'] else 'no'} | "
-                 f"{'-' if val is None else f'{val:.4f}'} | {p['test_loss']:.4f} | {p['test_loss'] / LN2:.3f} | "
+                 f"{'-' if val is None else f'{val:.4f}'} | {p[TEST_LOSS]:.4f} | {p[TEST_LOSS] / LN2:.3f} | "
                  f"{selection} | {p['cycle']} | {'; '.join(p['route']) or '-'} | "
                  f"{link} |")
     L += ["", f"References: the paper's largest models (RC {TEST_CE['rc']}, AERC {TEST_CE['aerc']}, transformer "
                   f"{TEST_CE['tf']} nats)"]
     if kn:
         L[-1] += (f"; a Kneser-Ney character {kn['order']}-gram fitted on the five training shards, its order chosen "
-                  f"on held-out training text: {kn['test_loss']:.4f} nats on the same test shard "
+                  f"on held-out training text: {kn[TEST_LOSS]:.4f} nats on the same test shard "
                   f"([data](../{KN_FILE}))")
     L[-1] += "."
     if fig:
@@ -278,5 +278,5 @@ def _references(kn: dict | None) -> dict:
     refs = {f"paper {short}: {TEST_CE[fam]}": (PRESETS[LARGEST[fam]][2], TEST_CE[fam])
             for fam, short in (("rc", "RC"), ("aerc", "AERC"), ("tf", "TF"))}
     if kn:
-        refs[f"Kneser-Ney {kn['order']}-gram: {kn['test_loss']:.4f}"] = (None, kn["test_loss"])
+        refs[f"Kneser-Ney {kn['order']}-gram: {kn[TEST_LOSS]:.4f}"] = (None, kn[TEST_LOSS])
     return refs

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import atomic_write, read_json, write_json
+from reslm.core.metrics import TEST_BPC, TEST_LOSS
 from reslm.paper import LARGEST, TEST_CE
 from reslm.report.plots import plot_physical, plot_substrates
 from reslm.run import lock_run
@@ -34,7 +35,7 @@ def write_lab(out: Path) -> Path:
 
 def best_row(rows: list[dict], family: str) -> dict | None:
     fam = [r for r in rows if r["family"] == family]
-    return min(fam, key=lambda r: r["test_loss"]) if fam else None
+    return min(fam, key=lambda r: r[TEST_LOSS]) if fam else None
 
 
 def write_report(out: Path, results: dict) -> Path:
@@ -51,12 +52,12 @@ def write_report(out: Path, results: dict) -> Path:
          "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         L.append(f"| {r['family']} | {r['substrate']} | {r['size']:,} | {r['trainable_params']:,} | "
-                 f"{r['fixed_params']:,} | {r['test_loss']:.4f} | {r['test_bpc']:.3f} | {r['train_seconds']:.0f} | "
+                 f"{r['fixed_params']:,} | {r[TEST_LOSS]:.4f} | {r[TEST_BPC]:.3f} | {r['train_seconds']:.0f} | "
                  f"{r['reservoir_seconds']:.0f} |")
     for fam in FAMILIES:
         best = best_row(rows, fam)
         if best:
-            L.append(f"\nBest {fam}: `{best['substrate']}`, test CE {best['test_loss']:.4f} nats "
+            L.append(f"\nBest {fam}: `{best['substrate']}`, test CE {best[TEST_LOSS]:.4f} nats "
                      f"({best['trainable_params']:,} trainable).")
     L += ["", f"![substrates]({Path(results['figures']['substrates']['png']).name})"
           if results["figures"]["substrates"].get("png") else results["figures"]["substrates"]["note"], ""]
@@ -65,8 +66,8 @@ def write_report(out: Path, results: dict) -> Path:
           f"... --adc-bits ...`), on the first {results['physical_score'] or 'all'} test positions.", ""]
     for fam, p in results["physical"].items():
         L += [f"**{fam}** ({p['run']}): noise sigma -> test CE: " +
-              ", ".join(f"{r['sigma']:g}: {r['test_loss']:.4f}" for r in p["noise"]) + "; ADC bits -> test CE: " +
-              ", ".join(f"{r['bits'] or 'off'}: {r['test_loss']:.4f}" for r in p["adc"]), ""]
+              ", ".join(f"{r['sigma']:g}: {r[TEST_LOSS]:.4f}" for r in p["noise"]) + "; ADC bits -> test CE: " +
+              ", ".join(f"{r['bits'] or 'off'}: {r[TEST_LOSS]:.4f}" for r in p["adc"]), ""]
     fig = results["figures"]["physical"]
     L += [f"![physical constraints]({Path(fig['png']).name})" if fig.get("png") else fig["note"], "",
           f"Wall time of this call {results['seconds']:.0f} s (runs that earlier calls finished are not in it; "

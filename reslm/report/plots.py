@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
+from reslm.core.metrics import TEST_BPC, TEST_LOSS
 from reslm.report.figures import FAMILY_COLORS, _families, _finish, _label, _log_params_axis, _need, _pyplot, _write_csv
 
 
-SUBSTRATE_FIELDS = ("family", "substrate", "size", "trainable_params", "fixed_params", "test_loss", "test_bpc",
+SUBSTRATE_FIELDS = ("family", "substrate", "size", "trainable_params", "fixed_params", TEST_LOSS, TEST_BPC,
                     "train_seconds", "reservoir_seconds")
 
 
@@ -37,14 +38,14 @@ def plot_substrates(rows, out_dir, stem: str = "substrates", paper: dict | None 
                 r = next((r for r in rows if r["family"] == fam and r["substrate"] == sub), None)
                 if r:
                     xs.append(i + (j - (len(fams) - 1) / 2) * width)
-                    ys.append(r["test_loss"])
+                    ys.append(r[TEST_LOSS])
             ax.bar(xs, ys, width, color=FAMILY_COLORS.get(fam), label=_label(fam))
             for x, y in zip(xs, ys):
                 ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
             if paper and fam in paper:
                 ax.axhline(paper[fam], ls="--", lw=1, color=FAMILY_COLORS.get(fam),
                            label=f"paper, {_label(fam)} (full protocol)")
-        shown = [r["test_loss"] for r in rows] + [v for f, v in (paper or {}).items() if f in fams]
+        shown = [r[TEST_LOSS] for r in rows] + [v for f, v in (paper or {}).items() if f in fams]
         ax.set_ylim(max(0.0, min(shown) - 0.3), max(shown) + 0.15)   # the paper's lines in view too
         ax.set_xticks(range(len(subs)), subs)
         ax.set_ylabel("test CE (nats/char)")
@@ -61,11 +62,11 @@ def plot_physical(physical: dict, out_dir, stem: str = "physical") -> dict:
     if not physical:
         raise ReslmError("no physical-constraint results to plot")
     out_dir = Path(out_dir)
-    table = [dict(family=fam, constraint="noise", value=r["sigma"], test_loss=r["test_loss"])
+    table = [dict(family=fam, constraint="noise", value=r["sigma"], **{TEST_LOSS: r[TEST_LOSS]})
              for fam, p in physical.items() for r in p["noise"]]
-    table += [dict(family=fam, constraint="adc_bits", value=r["bits"], test_loss=r["test_loss"])
+    table += [dict(family=fam, constraint="adc_bits", value=r["bits"], **{TEST_LOSS: r[TEST_LOSS]})
               for fam, p in physical.items() for r in p["adc"]]
-    csv_path = _write_csv(out_dir / f"{stem}.csv", ("family", "constraint", "value", "test_loss"), table)
+    csv_path = _write_csv(out_dir / f"{stem}.csv", ("family", "constraint", "value", TEST_LOSS), table)
     plt = _pyplot()
     fig = None
     if plt is not None:
@@ -74,15 +75,15 @@ def plot_physical(physical: dict, out_dir, stem: str = "physical") -> dict:
             color = FAMILY_COLORS.get(fam)
             pos = [r for r in p["noise"] if r["sigma"] > 0]
             zero = [r for r in p["noise"] if r["sigma"] == 0]
-            a1.plot([r["sigma"] for r in pos], [r["test_loss"] for r in pos], "o-", color=color, label=_label(fam))
+            a1.plot([r["sigma"] for r in pos], [r[TEST_LOSS] for r in pos], "o-", color=color, label=_label(fam))
             for r in zero:
-                a1.axhline(r["test_loss"], ls=":", lw=1, color=color)
+                a1.axhline(r[TEST_LOSS], ls=":", lw=1, color=color)
             bits_on = sorted((r for r in p["adc"] if r["bits"]), key=lambda r: r["bits"])
-            a2.plot([r["bits"] for r in bits_on], [r["test_loss"] for r in bits_on], "o-", color=color,
+            a2.plot([r["bits"] for r in bits_on], [r[TEST_LOSS] for r in bits_on], "o-", color=color,
                     label=_label(fam))
             for r in p["adc"]:
                 if not r["bits"]:
-                    a2.axhline(r["test_loss"], ls=":", lw=1, color=color)
+                    a2.axhline(r[TEST_LOSS], ls=":", lw=1, color=color)
         a1.set_xscale("log")
         a1.set_xlabel("readout noise sigma (state units; dotted: no noise)")
         a2.set_xlabel("ADC bits (dotted: no ADC)")
@@ -96,7 +97,7 @@ def plot_physical(physical: dict, out_dir, stem: str = "physical") -> dict:
 
 # --------------------------------------------------------------------------- the frontier
 
-FRONTIER_FIELDS = ("family", "name", "trainable_params", "test_loss", "strict", "published", "source")
+FRONTIER_FIELDS = ("family", "name", "trainable_params", TEST_LOSS, "strict", "published", "source")
 
 
 def plot_frontier(points, out_dir, stem: str = "frontier", references=None, budget: int | None = None) -> dict:
@@ -121,12 +122,12 @@ def plot_frontier(points, out_dir, stem: str = "frontier", references=None, budg
                 pts = [p for p in points if p["family"] == fam and bool(p["published"]) == published]
                 if not pts:
                     continue
-                ax.scatter([p["trainable_params"] for p in pts], [p["test_loss"] for p in pts],
+                ax.scatter([p["trainable_params"] for p in pts], [p[TEST_LOSS] for p in pts],
                            marker="o", s=36, facecolors=color if published else "none", edgecolors=color,
                            label=f"{_label(fam)} ({lab})", zorder=3)
             lab_pts = [p for p in points if p["family"] == fam and p.get("source") == "lab"]
             if lab_pts:
-                ax.scatter([p["trainable_params"] for p in lab_pts], [p["test_loss"] for p in lab_pts],
+                ax.scatter([p["trainable_params"] for p in lab_pts], [p[TEST_LOSS] for p in lab_pts],
                            marker="D", s=60, facecolors="none", edgecolors="k", zorder=4,
                            label=f"{_label(fam)}: lab routes (beyond the paper's protocol)")
         for label, (n, ce) in sorted((references or {}).items()):

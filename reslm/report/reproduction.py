@@ -17,6 +17,7 @@ from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import atomic_write, read_json, write_json
+from reslm.core.metrics import MIN_TRAIN_LOSS, TEST_BPC, TEST_LOSS, VAL_LOSS, final_of
 from reslm.models import families
 from reslm.paper import LARGEST, PAPER
 from reslm.report import figures
@@ -116,9 +117,9 @@ def write_report(out: Path, results: dict) -> Path:
     for fam in CHAR_FAMILIES:
         row = next((r for r in chars if r["preset"] == LARGEST[fam]), None)
         if row:
-            largest[fam] = row["test_loss"]
+            largest[fam] = row[TEST_LOSS]
             L.append(f"| test CE, largest {FAMILY_NAMES[fam]} ({LARGEST[fam]}) | {PAPER['test_ce'][fam]:.2f} | "
-                     f"{row['test_loss']:.4f} ({row['test_bpc']:.3f} bits/char) |")
+                     f"{row[TEST_LOSS]:.4f} ({row[TEST_BPC]:.3f} bits/char) |")
     if len(largest) == 3:
         L.append(f"| ordering of the largest models (lowest CE first) | {_order(PAPER['test_ce'])} | "
                  f"{_order(largest)} |")
@@ -135,8 +136,8 @@ def write_report(out: Path, results: dict) -> Path:
                      f"{f['a']:.3f} (b = {f['b']:.2f}, R² = {f['r2']:.3f}, {f['n']} sizes) |")
     if kn:
         L.append(f"| character Kneser-Ney baseline (order {kn['order']}, chosen on held-out training text), "
-                 f"test CE on the whole test shard | not in the paper | {kn['test_loss']:.4f} "
-                 f"({kn['test_bpc']:.3f} bits/char); Overlap-7/8 {_f(kn['overlap']['7'], '.3f')} / "
+                 f"test CE on the whole test shard | not in the paper | {kn[TEST_LOSS]:.4f} "
+                 f"({kn[TEST_BPC]:.3f} bits/char); Overlap-7/8 {_f(kn['overlap']['7'], '.3f')} / "
                  f"{_f(kn['overlap']['8'], '.3f')} |")
     L += ["", f"What this budget leaves out compared with the paper's protocol: {b['left_out']}", ""]
     if results.get("presets"):
@@ -153,7 +154,7 @@ def write_report(out: Path, results: dict) -> Path:
               "reservoir train s | infer s | reservoir infer s |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in chars:
-            L.append(f"| {r['preset']} | {r['trainable_params']:,} | {r['test_loss']:.4f} | {r['test_bpc']:.3f} | "
+            L.append(f"| {r['preset']} | {r['trainable_params']:,} | {r[TEST_LOSS]:.4f} | {r[TEST_BPC]:.3f} | "
                      f"{_f(r['overlap']['7'], '.3f')} | {_f(r['overlap']['8'], '.3f')} | "
                      f"{_f(r['distinct']['8'], '.3f')} | {r['train_seconds']:.1f} | "
                      f"{r['reservoir_train_seconds']:.1f} | {r['generation_trainable_seconds']:.2f} | "
@@ -173,8 +174,8 @@ def write_report(out: Path, results: dict) -> Path:
               "| run | trainable | min train loss | final val loss | val CE (eval) | bits/char (eval) | train s |",
               "|---|---|---|---|---|---|---|"]
         for r in tokens:
-            L.append(f"| {r['name']} | {r['trainable_params']:,} | {_f(r['min_train_loss'])} | "
-                     f"{_f(r['final_val_loss'])} | {_f(r.get('test_loss'))} | {_f(r.get('test_bpc'), '.3f')} | "
+            L.append(f"| {r['name']} | {r['trainable_params']:,} | {_f(r[MIN_TRAIN_LOSS])} | "
+                     f"{_f(r[final_of(VAL_LOSS)])} | {_f(r.get(TEST_LOSS))} | {_f(r.get(TEST_BPC), '.3f')} | "
                      f"{_f(r['train_seconds'], '.1f')} |")
         L.append("")
     L += ["## Figures", ""]

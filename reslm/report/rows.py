@@ -10,7 +10,7 @@ from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
-from reslm.models.base import LN2
+from reslm.core.metrics import LN2, TEST_LOSS, VAL_LOSS
 from reslm.models.identity import delta
 from reslm.paper import LARGEST, PROTOCOL, TEST_CE
 from reslm.run.registry import PROVENANCE, published_folders, read_manifest
@@ -48,7 +48,7 @@ def _paper(name: str, family: str) -> str:
 
 def _shard_ends(epochs: list[dict], cycle: int, shards: list[int], last_epoch: int) -> list[float | None]:
     """Test CE after the last epoch of each training shard of `cycle` (None where it has not run yet)."""
-    ends = {e["shard"]: e["test_loss"] for e in epochs if e["cycle"] == cycle and e["epoch"] == last_epoch}
+    ends = {e["shard"]: e[TEST_LOSS] for e in epochs if e["cycle"] == cycle and e["epoch"] == last_epoch}
     return [ends.get(s) for s in shards]
 
 
@@ -107,7 +107,7 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
         link = f"results/{folder.name}"
         if "shard" not in (rows[0] if rows else {"shard": 0}):     # a token-level run: the other table
             other.append(dict(name=name, family=cfg["family"], trainable=trainable, folder=link, rows=rows,
-                              finished=m.get("finished"), loss=rows[-1].get("val_loss") if rows else None,
+                              finished=m.get("finished"), loss=rows[-1].get(VAL_LOSS) if rows else None,
                               steps=m.get("step"), cpu=prov.get("cpu", "?"), train_seconds=wall.get("train_seconds"),
                               notes=notes))
             continue
@@ -123,7 +123,7 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
         (paper if is_paper else other).append({**row, "folder": link, "finished": m.get("finished"),
                                               "variant": bool(_variant(cfg)),
                                               "sampled": bool(tc.get("eval_samples", 0)),
-                                              "loss": rows[-1]["test_loss"] if rows else None,
+                                              "loss": rows[-1][TEST_LOSS] if rows else None,
                                               "steps": m.get("step")})
     return paper, other
 

@@ -21,11 +21,12 @@ import numpy as np
 
 from reslm.core.errors import ReslmError, writing
 from reslm.core.files import write_json
+from reslm.core.metrics import MIN_TRAIN_LOSS, VAL_LOSS, best_of, final_of
 from reslm.paper import SLOPES
 from reslm.report.figures import _pyplot
 
-CSV_FIELDS = ("family", "name", "dim", "n_layers", "trainable_params", "fixed_params", "min_train_loss",
-              "best_val_loss", "final_val_loss", "steps", "train_seconds")
+CSV_FIELDS = ("family", "name", "dim", "n_layers", "trainable_params", "fixed_params", MIN_TRAIN_LOSS,
+              best_of(VAL_LOSS), final_of(VAL_LOSS), "steps", "train_seconds")
 
 
 def fit_log10(params, losses) -> tuple[float, float, float]:
@@ -112,10 +113,10 @@ def fit_log10_ci(params, losses, level: float = 0.95) -> dict:
     return out
 
 
-FIT_KEYS = ("min_train_loss", "best_val_loss", "final_val_loss")   # the paper's, then reslm's held-out figures
+FIT_KEYS = (MIN_TRAIN_LOSS, best_of(VAL_LOSS), final_of(VAL_LOSS))   # the paper's, then reslm's held-out figures
 
 
-def fit_families(rows: list[dict], key: str = "min_train_loss") -> dict:
+def fit_families(rows: list[dict], key: str = MIN_TRAIN_LOSS) -> dict:
     """{family: fit_log10_ci of `key` against trainable_params (a, b, r2 ... None with fewer than two sizes)}."""
     fits = {}
     for fam in dict.fromkeys(r["family"] for r in rows):
@@ -145,7 +146,7 @@ def write_scaling(out: Path, rows: list[dict]) -> dict:
         for r in rows:
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
     every = fit_all(rows)
-    fits, held_out = every["min_train_loss"], {k: every[k] for k in FIT_KEYS[1:]}
+    fits, held_out = every[MIN_TRAIN_LOSS], {k: every[k] for k in FIT_KEYS[1:]}
     json_path = out / "scaling_fit.json"
     write_json(json_path, dict(fit="min_train_loss = a * log10(trainable_params) + b", **fits, paper=dict(SLOPES),
                                held_out=held_out))
@@ -159,8 +160,8 @@ def write_scaling(out: Path, rows: list[dict]) -> dict:
     return dict(csv=csv_path, json=json_path, png=png, fits=fits, held_out=held_out, note=note)
 
 
-LABELS = {"min_train_loss": "min training loss (the paper's fit)", "best_val_loss": "best validation loss",
-          "final_val_loss": "final validation loss"}
+LABELS = {MIN_TRAIN_LOSS: "min training loss (the paper's fit)", best_of(VAL_LOSS): "best validation loss",
+          final_of(VAL_LOSS): "final validation loss"}
 
 
 def _slope(fit: dict) -> str:
@@ -170,7 +171,7 @@ def _slope(fit: dict) -> str:
     return f"a = {fit['a']:.2f}{ci}, R$^2$ = {fit['r2']:.2f}"
 
 
-def plot_scaling(plt, rows: list[dict], fits: dict, path: Path, keys=("min_train_loss", "best_val_loss")) -> None:
+def plot_scaling(plt, rows: list[dict], fits: dict, path: Path, keys=(MIN_TRAIN_LOSS, best_of(VAL_LOSS))) -> None:
     """One panel per key of `keys`: each family's points (loss against trainable parameters, log x) and
     its fit line from `fits` ({key: {family: fit}}), the slope with its interval in the legend."""
     fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4.2), squeeze=False)

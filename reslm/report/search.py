@@ -14,6 +14,7 @@ from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import atomic_write, write_json
+from reslm.core.metrics import HELDOUT_LOSS
 from reslm.core.progress import say
 from reslm.models.identity import command
 from reslm.report.figures import _pyplot
@@ -48,7 +49,7 @@ def write_outputs(out: Path, study, family: str, optimizer: str, train_over: dic
     train = {k: v for k, v in train_over.items() if k != "device"}
     command = train_command(family, model, train, str(dataset.path), optimizer, f"runs/{study.study_name}-best")
     result = dict(study=study.study_name, trials=len(trials), finished=len(finished), best_trial=best.number,
-                  heldout_loss=best.value, params=best.params, model=model, train={**train, "optimizer": optimizer},
+                  **{HELDOUT_LOSS: best.value}, params=best.params, model=model, train={**train, "optimizer": optimizer},
                   **{k: best.user_attrs[k] for k in ("ridge_alpha", "temperature") if k in best.user_attrs},
                   command=command)
     write_json(out / "best.json", result)

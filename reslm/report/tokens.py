@@ -31,6 +31,7 @@ import math
 from pathlib import Path
 
 from reslm.core.files import read_json
+from reslm.core.metrics import MIN_TRAIN_LOSS, TEST_BPC, TEST_LOSS, VAL_LOSS, best_of, final_of
 from reslm.models import families
 from reslm.models.identity import delta, identity, recipe, seed_of
 from reslm.models.laerc import AUTHORS_VARIANT
@@ -44,7 +45,7 @@ TOKENS_BEGIN, TOKENS_END = "<!-- tokens:begin -->", "<!-- tokens:end -->"
 PAGE, STEM = "docs/token-scaling.md", "token-scaling"
 SIZE_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "context", "r_mult", "seed")
 FIELDS = ("name", "family", "group", "variant", "dim", "n_layers", "trainable_params", "fixed_params", "steps",
-          "tokens_seen", "epochs", "min_train_loss", "best_val_loss", "best_val_step", "final_val_loss",
+          "tokens_seen", "epochs", MIN_TRAIN_LOSS, best_of(VAL_LOSS), "best_val_step", final_of(VAL_LOSS),
           "val_change_last_20pct", "val_split_loss", "val_split_bpc", "train_seconds", "cpu", "threads")
 PAPER_A = {"laerc": SLOPES["a_Res"], "gpt": SLOPES["a_TF"]}
 NAMES = {"laerc": "LAERC", "gpt": "GPT"}
@@ -73,7 +74,7 @@ def _change(evals: list[dict], steps: int):
     if len(evals) < 2 or not steps:
         return None
     ref = min(evals[:-1], key=lambda r: abs(r["step"] - 0.8 * steps))
-    return evals[-1]["val_loss"] - ref["val_loss"]
+    return evals[-1][VAL_LOSS] - ref[VAL_LOSS]
 
 
 def _train_variants(rows: list[dict]) -> None:
@@ -101,11 +102,11 @@ runs before variants, trainable parameters."""
         m, summary = read_manifest(folder), read_json(folder / SUMMARY) or {}
         prov, ev = read_json(folder / PROVENANCE) or {}, read_json(folder / EVAL) or {}
         evals = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("step", 0) > 0
-                 and isinstance(r.get("val_loss"), (int, float))]
+                 and isinstance(r.get(VAL_LOSS), (int, float))]
         steps = m.get("step") or 0
         train_tokens = cfg["data"].get("fingerprint", {}).get("files", {}).get("train.bin", {}).get("bytes", 0) // 2
         tokens = steps * cfg["train"]["batch_size"] * cfg["train"].get("grad_accum", 1) * cfg["model"]["context"]
-        best = min(evals, key=lambda r: r["val_loss"]) if evals else {}
+        best = min(evals, key=lambda r: r[VAL_LOSS]) if evals else {}
         whole = ev.get("settings", {}).get("score") == 0
         rows.append(dict(
             name=folder.name, family=cfg["family"], group=_group(cfg), variant=_variant(cfg),
@@ -113,10 +114,10 @@ runs before variants, trainable parameters."""
             trainable_params=sum(math.prod(t["shape"]) for t in m.get("trainable", {}).values()),
             fixed_params=summary.get("fixed_params"), steps=steps, tokens_seen=tokens,
             epochs=round(tokens / train_tokens, 3) if train_tokens else None,
-            min_train_loss=summary.get("min_train_loss"), best_val_loss=best.get("val_loss"),
-            best_val_step=best.get("step"), final_val_loss=evals[-1]["val_loss"] if evals else None,
-            val_change_last_20pct=_change(evals, steps), val_split_loss=ev.get("test_loss") if whole else None,
-            val_split_bpc=ev.get("test_bpc") if whole else None,
+            **{MIN_TRAIN_LOSS: summary.get(MIN_TRAIN_LOSS), best_of(VAL_LOSS): best.get(VAL_LOSS)},
+            best_val_step=best.get("step"), **{final_of(VAL_LOSS): evals[-1][VAL_LOSS] if evals else None},
+            val_change_last_20pct=_change(evals, steps), val_split_loss=ev.get(TEST_LOSS) if whole else None,
+            val_split_bpc=ev.get(TEST_BPC) if whole else None,
             train_seconds=(prov.get("wall") or {}).get("train_seconds"), cpu=prov.get("cpu", "?"),
             threads=prov.get("threads"), finished=bool(m.get("finished")),
             train={**identity(cfg)["train"], "seed": seed_of(cfg)}))
@@ -151,11 +152,11 @@ def _slope(fit: dict | None) -> str:
 def fits_table(group_fits: dict, rows: list[dict]) -> str:
     L = ["| family | sizes | trainable N | a of min train loss (paper's fit) [95% CI], R² | a of best val loss | "
          "a of final val loss | paper's a |", "|---|---|---|---|---|---|---|"]
-    for fam, fit in group_fits["min_train_loss"].items():
+    for fam, fit in group_fits[MIN_TRAIN_LOSS].items():
         ns = [r["trainable_params"] for r in rows if r["family"] == fam]
         L.append(f"| {NAMES.get(fam, fam)} | {fit['n']} | {min(ns):,} - {max(ns):,} "
                  f"({math.log10(max(ns) / min(ns)):.2f} decades) | {_slope(fit)} | "
-                 f"{_slope(group_fits['best_val_loss'].get(fam))} | {_slope(group_fits['final_val_loss'].get(fam))} "
+                 f"{_slope(group_fits[best_of(VAL_LOSS)].get(fam))} | {_slope(group_fits[final_of(VAL_LOSS)].get(fam))} "
                  f"| {PAPER_A.get(fam, '-')} |")
     return "\n".join(L)
 
@@ -166,8 +167,8 @@ def runs_table(rows: list[dict]) -> str:
     for r in rows:
         state = "" if r["finished"] else " (in progress)"
         L.append(f"| [{r['name']}](../results/{r['name']}){state} | {r['trainable_params']:,} | "
-                 f"{r['tokens_seen'] / 1e6:.2f} M ({_f(r['epochs'], '.2f')}) | {_f(r['min_train_loss'])} | "
-                 f"{_f(r['best_val_loss'])} ({r['best_val_step'] or '-'}) | {_f(r['final_val_loss'])} | "
+                 f"{r['tokens_seen'] / 1e6:.2f} M ({_f(r['epochs'], '.2f')}) | {_f(r[MIN_TRAIN_LOSS])} | "
+                 f"{_f(r[best_of(VAL_LOSS)])} ({r['best_val_step'] or '-'}) | {_f(r[final_of(VAL_LOSS)])} | "
                  f"{_f(r['val_change_last_20pct'], '+.4f')} | {_f(r['val_split_loss'])} ({_f(r['val_split_bpc'], '.3f')}) "
                  f"| {_f(r['train_seconds'], ',.0f')} s | {r['cpu']}, {r['threads'] or '?'} |")
     return "\n".join(L)
@@ -182,8 +183,8 @@ def ablation_table(rows: list[dict], sized: list[dict]) -> str:
         diff = (f"{r['val_split_loss'] - ref['val_split_loss']:+.4f}" if ref and r["val_split_loss"] is not None
                 and ref["val_split_loss"] is not None else "...")
         L.append(f"| [{r['name']}](../results/{r['name']}) | {r['variant']} | {r['trainable_params']:,} | "
-                 f"{_f(r['best_val_loss'])} | {_f(r['val_split_loss'])} | "
-                 + (f"[{ref['name']}](../results/{ref['name']}) | {_f(ref['best_val_loss'])} | "
+                 f"{_f(r[best_of(VAL_LOSS)])} | {_f(r['val_split_loss'])} | "
+                 + (f"[{ref['name']}](../results/{ref['name']}) | {_f(ref[best_of(VAL_LOSS)])} | "
                     f"{_f(ref['val_split_loss'])} | {diff} |" if ref else "- | - | - | - |"))
     return "\n".join(L)
 
@@ -244,10 +245,10 @@ def readme_block(rows: list[dict], fits: dict) -> str:
     ep = f" ({max(epochs):.1f} epochs)" if epochs else ""
     L = [f"Every size: {g.split(', ', 1)[-1]}{ep}; slope a of L = a log10 N + b:", "",
          "| family | trainable N | a, min train loss [95% CI] | a, best val loss | paper |", "|---|---|---|---|---|"]
-    for fam, fit in fits[g]["min_train_loss"].items():
+    for fam, fit in fits[g][MIN_TRAIN_LOSS].items():
         ns = [r["trainable_params"] for r in sized if r["family"] == fam]
         L.append(f"| {NAMES.get(fam, fam)} | {_short(min(ns))}-{_short(max(ns))} | {_slope(fit)} | "
-                 f"{_slope(fits[g]['best_val_loss'].get(fam))} | {PAPER_A.get(fam, '-')} |")
+                 f"{_slope(fits[g][best_of(VAL_LOSS)].get(fam))} | {PAPER_A.get(fam, '-')} |")
     return "\n".join(L)
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from reslm.features import bits, estimate_loss, eval_batch_size, feature_batches
+from reslm.core.metrics import (SPLIT_FIGURES, TEST_BPC, TEST_LOSS, TEST_STREAM_BPC, TEST_STREAM_LOSS, VAL_BITS_PER_TOKEN,
+                                VAL_LOSS, bits)
+from reslm.features import estimate_loss, eval_batch_size, feature_batches
 from reslm.reservoir.physical import TEST_KEY, noise_stream
 
 
@@ -74,13 +76,13 @@ class TestShardLoss:
             loss, n = estimate_loss(model, feature_batches(feats, batch), precision=precision)
             total, count = total + loss * n, count + n
         loss = total / max(count, 1)
-        row = dict(test_loss=loss, test_bpc=bits(loss))
+        row = {TEST_LOSS: loss, TEST_BPC: bits(loss)}
         if src.tc.final_eval_samples >= 0:   # evaluations of two sizes: say which this one is
             row["test_samples"] = count
         if src.layout == "streams":   # the state carried through the test text, beside the window CE
             tokens = src.tokens(src.ds.test_shard)
             stream, _ = model.stream_loss(tokens[:n + 1] if n else tokens)
-            row.update(test_stream_loss=stream, test_stream_bpc=bits(stream))
+            row.update({TEST_STREAM_LOSS: stream, TEST_STREAM_BPC: bits(stream)})
         return row
 
 
@@ -88,7 +90,7 @@ def window_loss(model, batches, precision: str) -> dict:
     """The mean CE over `batches` of token windows [(x, y), ...] (nats, bits per token): a
     TokenWindows source's val row."""
     loss, _ = estimate_loss(model, batches, precision=precision)
-    return dict(val_loss=loss, val_bits_per_token=bits(loss))
+    return {VAL_LOSS: loss, VAL_BITS_PER_TOKEN: bits(loss)}
 
 
 class HeldoutLoss:
@@ -124,4 +126,5 @@ class HeldoutLoss:
             total, count = total + loss * n, count + n
         loss = total / max(count, 1)
         row = self.source.evaluate(model, precision, final) if self.with_test else {}
-        return {**row, f"{self.name}_loss": loss, f"{self.name}_bpc": bits(loss)}
+        loss_name, bpc_name = SPLIT_FIGURES[self.name]
+        return {**row, loss_name: loss, bpc_name: bits(loss)}

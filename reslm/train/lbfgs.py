@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from reslm.core.errors import ReslmError
+from reslm.core.metrics import HELDOUT_LOSS, LBFGS_TRAIN_LOSS, TRAIN_LOSS
 from reslm.core.progress import say
 from reslm.reservoir.seeding import child_seed
 from reslm.train.ridge import _spread
@@ -99,19 +100,19 @@ def fit_lbfgs(model, source, tc, *, log=None, progress: bool = False) -> dict:
     tried, best = [], None
     for l2 in ((tc.lbfgs_l2,) if tc.lbfgs_l2 > 0 else L2_GRID):
         evals = solve(X, y, W, b, l2, tc.lbfgs_iters)
-        row = dict(l2=l2, train_loss=ce(X, y, W, b), heldout_loss=ce(Xh, yh, W, b), evaluations=evals)
+        row = dict(l2=l2, **{TRAIN_LOSS: ce(X, y, W, b), HELDOUT_LOSS: ce(Xh, yh, W, b)}, evaluations=evals)
         tried.append(row)
         if log is not None:
             log.write(dict(kind="lbfgs", **row))
-        say(f"lbfgs: l2 {l2:.0e}  train CE {row['train_loss']:.4f}  held-out CE {row['heldout_loss']:.4f} nats "
+        say(f"lbfgs: l2 {l2:.0e}  train CE {row[TRAIN_LOSS]:.4f}  held-out CE {row[HELDOUT_LOSS]:.4f} nats "
             f"({evals} evaluations)", enabled=progress)
-        if best is None or row["heldout_loss"] < best[0]["heldout_loss"]:
+        if best is None or row[HELDOUT_LOSS] < best[0][HELDOUT_LOSS]:
             best = (row, W.clone(), b.clone())
     row, W, b = best
     with torch.no_grad():
         head.weight.copy_(W.to(head.weight.dtype))
         head.bias.copy_(b.to(head.bias.dtype))
-    return dict(lbfgs_l2=row["l2"], heldout_loss=row["heldout_loss"], lbfgs_train_loss=row["train_loss"],
+    return dict(lbfgs_l2=row["l2"], **{HELDOUT_LOSS: row[HELDOUT_LOSS], LBFGS_TRAIN_LOSS: row[TRAIN_LOSS]},
                 fit_samples=len(y), heldout_samples=held, heldout_scored=len(yh))
 
 

@@ -36,9 +36,12 @@ from reslm.core.device import (autocast, device_name, grad_scaler, pick_device, 
                                synchronize, use_threads)
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json, write_json
+from reslm.core.metrics import (HELDOUT_LOSS, LBFGS_TRAIN_LOSS, MIN_TRAIN_LOSS, SPLIT_FIGURES, TEST_BPC,
+                                TEST_LOSS, TEST_LOSS_AT_BEST_VAL, TRAIN_LOSS, VAL_LOSS, best_of, bits, final_of,
+                                kept_of)
 from reslm.core.progress import bar as progress_bar
 from reslm.core.progress import say
-from reslm.models.base import bits, count_params
+from reslm.models.base import count_params
 from reslm.models.budget import check_frontier
 from reslm.data.datasets import check_dataset, open_dataset
 from reslm.models.load import load_model
@@ -277,7 +280,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             rate = meter.win_steps * samples_per_step / max(now - meter.t_log, 1e-9)
             if main:
                 log.write(dict(kind="step", step=step, **source.segment(step - 1), lr=lr,
-                               train_loss=meter.window_loss, samples_per_s=round(rate, 1),
+                               **{TRAIN_LOSS: meter.window_loss}, samples_per_s=round(rate, 1),
                                **source.rate_fields(rate),
                                wall=round(train_seconds + now - meter.t_seg, 3)))
             bar.set_postfix(loss=f"{meter.window_loss:.3f}", lr=f"{lr:.2e}")
@@ -289,12 +292,12 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             with ema.applied() if ema is not None else contextlib.nullcontext():
                 row = evaluate(model, precision, final=step == source.total)  # every rank evaluates; rank 0 logs
             weights = checkpoint_weights(model, ema)
-            if tc.keep_best_val and (best is None or row["val_loss"] < best["val_loss"]):
-                best = dict(step=step, val_loss=row["val_loss"],   # the trainable tensors; the fixed are the model's
+            if tc.keep_best_val and (best is None or row[VAL_LOSS] < best[VAL_LOSS]):
+                best = dict(step=step, **{VAL_LOSS: row[VAL_LOSS]},   # the trainable tensors; the fixed are the model's
                             model={k: v.detach().clone() for k, v in only_trainable(model, weights["model"]).items()})
             if main:
                 seg = source.segment(step - 1)
-                log.write(dict(kind="eval", step=step, **seg, train_loss=meter.train_loss, **row,
+                log.write(dict(kind="eval", step=step, **seg, **{TRAIN_LOSS: meter.train_loss}, **row,
                                samples_per_s=round((step - meter.start) * samples_per_step / max(seconds, 1e-9), 1),
                                seconds=round(seconds, 3), wall=round(train_seconds, 3)))
                 first = next(iter(row))
@@ -370,9 +373,9 @@ def _train_ridge(run_dir: Path, cfg: dict, model, source, log: MetricsLog, preci
     row = source.evaluate(model, precision, final=True)
     log.write(dict(kind="eval", step=1, **info, **row, seconds=round(seconds, 3), wall=round(seconds, 3)))
     chosen = (f"alpha {info['ridge_alpha']:.0e}, temperature {info['temperature']:.4g}" if "ridge_alpha" in info
-              else f"l2 {info['lbfgs_l2']:.0e}, train {info['lbfgs_train_loss']:.4f}")
-    say(f"{source.tc.optimizer}: {chosen}, held-out {info['heldout_loss']:.4f}, test {row['test_loss']:.4f} nats "
-        f"({row['test_bpc']:.3f} bits) in {seconds:.1f} s", enabled=progress)
+              else f"l2 {info['lbfgs_l2']:.0e}, train {info[LBFGS_TRAIN_LOSS]:.4f}")
+    say(f"{source.tc.optimizer}: {chosen}, held-out {info[HELDOUT_LOSS]:.4f}, test {row[TEST_LOSS]:.4f} nats "
+        f"({row[TEST_BPC]:.3f} bits) in {seconds:.1f} s", enabled=progress)
     save_checkpoint(run_dir, dict(model=model.state_dict(), step=1, train_seconds=seconds, metrics_rows=log.rows,
                                   ridge=info))
     return summarize(run_dir, model, cfg, source, extra=info)
@@ -387,32 +390,32 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
     evals = [r for r in rows if r["kind"] == "eval" and r["step"] > 0]
     trainable, fixed = count_params(model)
     last = evals[-1] if evals else {}
-    key = f"{kind}_loss"
+    key = SPLIT_FIGURES[kind][0]
     summary = dict(family=cfg["family"], preset=cfg.get("preset"), trainable_params=trainable, fixed_params=fixed,
                    steps=last.get("step", 0), finished=last.get("step", 0) >= source.total,
                    schedule=schedule_key(cfg),
                    frontier=check_frontier(model).ok,   # the strict reservoir-family rules (models.budget)
-                   evaluations=len(evals), final_train_loss=last.get("train_loss"),
+                   evaluations=len(evals), **{final_of(TRAIN_LOSS): last.get(TRAIN_LOSS)},
                    # over every logged train loss: the step rows' windows and the evaluations' segment means
                    # (whose last is final_train_loss), so it is never above final_train_loss
-                   min_train_loss=min((r["train_loss"] for r in steps + evals
-                                       if isinstance(r.get("train_loss"), (int, float))), default=None))
+                   **{MIN_TRAIN_LOSS: min((r[TRAIN_LOSS] for r in steps + evals
+                                       if isinstance(r.get(TRAIN_LOSS), (int, float))), default=None)})
     for k, v in last.items():
         if k.startswith(kind):
-            summary[f"final_{k}"] = v
-    summary[f"best_{key}"] = min((r[key] for r in evals), default=None)
-    scored = [r for r in evals if isinstance(r.get("val_loss"), (int, float))]
+            summary[final_of(k)] = v
+    summary[best_of(key)] = min((r[key] for r in evals), default=None)
+    scored = [r for r in evals if isinstance(r.get(VAL_LOSS), (int, float))]
     if kind == "test" and scored:   # a validation split: what selection on it gives
-        best = min(scored, key=lambda r: r["val_loss"])
-        summary.update(final_val_loss=scored[-1]["val_loss"], best_val_loss=best["val_loss"],
-                       best_val_step=best["step"], test_loss_at_best_val=best.get("test_loss"),
+        best = min(scored, key=lambda r: r[VAL_LOSS])
+        summary.update(**{final_of(VAL_LOSS): scored[-1][VAL_LOSS], best_of(VAL_LOSS): best[VAL_LOSS]},
+                       best_val_step=best["step"], **{TEST_LOSS_AT_BEST_VAL: best.get(TEST_LOSS)},
                        selection="validation")
     # wall times are per attempt (a resumed run's differ from an uninterrupted one's); every other figure
     # of the log and summary is the same. reservoir_seconds: the time of each shard's first computation
     kept = next((r for r in rows if r["kind"] == "weights"), None)
     if kept:   # keep_best_val: the model is the best-on-validation evaluation's, scored again at the end
         summary.update(weights="best-val", weights_step=kept["step"],
-                       **{f"weights_{k}": v for k, v in kept.items() if k.startswith(("test_", "val_"))})
+                       **{kept_of(k): v for k, v in kept.items() if k.startswith(("test_", "val_"))})
     summary["train_seconds"] = last.get("wall")
     summary["reservoir_seconds"] = round(sum(r["seconds"] for r in rows if r["kind"] == "states"), 3)
     summary.update(source.summary_fields(cfg, summary["steps"]))

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from reslm.core.errors import ReslmError
+from reslm.core.metrics import HELDOUT_LOSS
 from reslm.core.progress import say
 
 ALPHAS = tuple(10.0 ** k for k in range(-8, 1))   # the log grid alpha is chosen from (ridge_alpha = 0)
@@ -151,16 +152,16 @@ def fit_ridge(model, source, tc, *, log=None, progress: bool = False) -> dict:
     tried = []
     for alpha in ((tc.ridge_alpha,) if tc.ridge_alpha > 0 else ALPHAS):
         beta, ce = fit_temperature(logits_of(fit.solve(alpha), x_ho), y_ho)
-        tried.append(dict(alpha=alpha, temperature=1 / beta, heldout_loss=ce))
+        tried.append(dict(alpha=alpha, temperature=1 / beta, **{HELDOUT_LOSS: ce}))
         if log is not None:
             log.write(dict(kind="ridge", **tried[-1]))
         say(f"ridge: alpha {alpha:.0e}  temperature {1 / beta:.4g}  held-out CE {ce:.4f} nats", enabled=progress)
-    best = min(tried, key=lambda r: r["heldout_loss"])
+    best = min(tried, key=lambda r: r[HELDOUT_LOSS])
     W = (fit + held if tc.ridge_refit else fit).solve(best["alpha"])
     beta = 1 / best["temperature"]
     head.weight.copy_((beta * W[:-1].T).to(head.weight.dtype))   # (V, N)
     head.bias.copy_((beta * W[-1]).to(head.bias.dtype))          # (V,)
-    return dict(ridge_alpha=best["alpha"], temperature=best["temperature"], heldout_loss=best["heldout_loss"],
+    return dict(ridge_alpha=best["alpha"], temperature=best["temperature"], **{HELDOUT_LOSS: best[HELDOUT_LOSS]},
                 fit_samples=fit.count + (held.count if tc.ridge_refit else 0), heldout_samples=held.count,
                 heldout_scored=len(y_ho))
 

@@ -8,7 +8,8 @@ import reslm.train.batches as rb
 import reslm.run.state_cache as rs
 import reslm.train as tt
 from reslm.models import build_model
-from reslm.models.base import bits, decay_groups
+from reslm.core.metrics import bits
+from reslm.models.base import decay_groups
 from reslm.core.errors import ReslmError
 from reslm.run import read_config, read_metrics, save_checkpoint
 
