@@ -82,6 +82,14 @@ class TrainConfig:
     compile: str = field(default="auto", metadata=_RESOURCE)  # auto | on | off: torch.compile the training forward (auto: on CUDA, for the character transformer; reslm.train.compiled)
     ema: float = 0.0                # decay of an EMA of the weights (reslm.train.ema) used for evaluation and the saved model; 0 = off
 
+    @classmethod
+    def of_run(cls, cfg: dict) -> "TrainConfig":
+        """The TrainConfig a run config (config.json) holds, validated (ReslmError on unknown or mistyped fields)."""
+        unknown = sorted(set(cfg["train"]) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ReslmError(f"the run config has unknown training field(s): {', '.join(unknown)}")
+        return cls(**cfg["train"]).validate()
+
     def validate(self) -> "TrainConfig":
         for f in fields(self):
             v = getattr(self, f.name)

@@ -18,7 +18,7 @@ import torch
 from reslm.core.device import bf16_status
 from reslm.core.errors import ReslmError
 from reslm.data.datasets import check_dataset, codec_of, data_kind, open_dataset
-from reslm.models import build_model, family, make_config
+from reslm.models import build_model, family
 from reslm.core.radii import deferred, remember_radii
 from reslm.run.registry import MANIFEST, is_published, load_published, read_manifest
 from reslm.run.checkpoint import load_checkpoint
@@ -33,7 +33,7 @@ def load_model(cfg: dict, device="cpu"):
     model = cfg["model"]
     if not isinstance(model, dict):
         raise ReslmError("the run config's model section is not an object")
-    model = build_model(name, make_config(name, **model)).to(device)
+    model = build_model(name, **model).to(device)
     if any(getattr(getattr(m, "config", None), "dtype", None) == "bfloat16" for m in model.modules()):
         fast, why = bf16_status(torch.device(device))
         if not fast:

@@ -1,9 +1,13 @@
 """The run a training config starts: the family's defaults over `TrainConfig` (reslm.settings:
 every field, its role in a run's identity) (`train_config`), and the run folder created from a family,
-its overrides and a dataset (`make_run_config`, `create_run`, `ensure_run`, `resume_run`, `grow_cycles`).
-The optimizers and the learning-rate schedule are reslm.train.optim's."""
+its overrides and a dataset (`make_run_config`, `create_run`, `ensure_run`, `resume_run`, `grow_cycles`), and
+what `reslm train` decides before and around the loop: the folder it trains in (`run_folder`), who owns it
+under torchrun (`own_run`), whether it starts a run or resumes one and from which preset or family
+(`start_run`), and the evaluations a resumed run drops (`current_evals`). The optimizers and the
+learning-rate schedule are reslm.train.optim's."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -12,11 +16,12 @@ import torch
 from reslm.core import distributed as dist_
 from reslm.core.errors import ReslmError
 from reslm.core.files import write_json
-from reslm.models import family, make_config
+from reslm.models import MODELS, family, make_config
+from reslm.models import preset as preset_of
 from reslm.models.identity import same_run_problem
 from reslm.models.laerc import AUTHORS_VARIANT
-from reslm.data.datasets import describe_dataset
-from reslm.run import CONFIG, create_run_dir, is_finished, lock_run, read_config
+from reslm.data.datasets import describe_dataset, find_dataset
+from reslm.run import CONFIG, create_run_dir, drop_stale_evals, is_finished, lock_new_run, lock_run, read_config
 from reslm.settings import SOLVERS, TrainConfig, authors_train, field_roles
 from reslm.train.batches import SAMPLERS
 import reslm
@@ -40,14 +45,6 @@ def authors_variant(model_overrides: dict, train_overrides: dict) -> tuple[dict,
     overrides."""
     steps = train_config("laerc", **train_overrides).max_steps
     return {**AUTHORS_VARIANT, **model_overrides}, {**authors_train(steps), **train_overrides}
-
-
-def run_train_config(cfg: dict) -> TrainConfig:
-    """The TrainConfig a run config holds (ReslmError on unknown or mistyped fields)."""
-    unknown = sorted(set(cfg["train"]) - {f.name for f in fields(TrainConfig)})
-    if unknown:
-        raise ReslmError(f"the run config has unknown training field(s): {', '.join(unknown)}")
-    return TrainConfig(**cfg["train"]).validate()
 
 
 def sampler_for(family_name: str) -> type:
@@ -154,4 +151,61 @@ def grow_cycles(run_dir: Path, cycles: int) -> int:
     return cycles
 
 
-# --- the loop ----------------------------------------------------------------------------------------
+# --- what `reslm train` decides around the loop: its folder, its owner, start or resume ------------------
+def run_folder(preset: str | None, family: str | None) -> Path:
+    """The folder a run trains in when none is given: runs/<preset, or family>."""
+    return Path("runs") / (preset or family or "run")
+
+
+def own_run(out: Path):
+    """Hold `out`'s lock for the whole command (lock_new_run: a second `reslm train` of the same run fails
+    at once, and a failed start's folder is undone); under torchrun only rank 0 owns the run folder."""
+    return lock_new_run(out) if dist_.launched_main() else contextlib.nullcontext()
+
+
+def family_and_preset(preset: str | None, family: str | None) -> tuple[str, dict]:
+    """The family to train and the preset's model overrides ({} for a bare --family)."""
+    if preset:
+        name, over = preset_of(preset)
+        if family and family != name:
+            raise ReslmError(f"preset {preset} is family {name}, not {family}")
+        return name, over
+    if family:
+        return family, {}
+    raise ReslmError("give --preset NAME (see `reslm presets`) or --family {%s}" % ",".join(MODELS))
+
+
+def start_run(out: Path, *, resume: bool, preset: str | None, family: str | None, model_over: dict,
+              train_over: dict, data: str | None, data_root: Path | None, authors: bool = False
+              ) -> tuple[bool, list[str]]:
+    """Create the run in `out` (from the preset or family, the overrides and the dataset: `data`, else the
+    family's default), or, with `resume`, take the one there on with its saved config (resume_run: only more
+    cycles and the thread count change). Returns (whether the run is fresh, notes for the user)."""
+    if (out / CONFIG).exists():
+        if not resume:
+            raise ReslmError(f"{out} already holds a run (add --resume to continue it, or pick another --out)")
+        grown, rest = resume_run(out, train_over)
+        notes = [f"{out} goes on to {grown} cycles"] if grown else []
+        if model_over or rest or preset or family:
+            notes.append(f"resuming {out} with its saved config (other flags ignored)")
+        return False, notes
+    if resume:
+        raise ReslmError(f"{out} holds no run to resume (no {CONFIG})")
+    name, over = family_and_preset(preset, family)
+    if authors:
+        model_over, train_over = authors_variant(model_over, train_over)
+    sampler = sampler_for(name)
+    dataset = find_dataset(data or sampler.default_data, sampler.kind, data_root)
+    create_run(out, name, {**over, **model_over}, train_over, dataset, preset=preset)
+    return True, []
+
+
+@contextlib.contextmanager
+def current_evals(out: Path, fresh: bool):
+    """Around the training of a resumed run: drop its evaluations of older weights before (a killed resume
+    may have trained on) and after (the weights changed); a fresh run has none."""
+    if not fresh:
+        drop_stale_evals(out)
+    yield
+    if not fresh:
+        drop_stale_evals(out)

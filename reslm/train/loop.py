@@ -48,12 +48,13 @@ from reslm.models.load import load_model
 from reslm.run import (SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_run, read_config, read_metrics,
                        save_checkpoint, schedule_key)
 from reslm.run.registry import only_trainable, with_fixed
+from reslm.settings import TrainConfig
 from reslm.train.batches import step_seed
 from reslm.train.compiled import compiled_forward
 from reslm.train.evaluation import HeldoutLoss
-from reslm.train.config import CHECKPOINT_SECONDS, STATES, run_train_config, sampler_for
+from reslm.train.config import CHECKPOINT_SECONDS, STATES, sampler_for
 from reslm.train.ema import EMA, checkpoint_weights
-from reslm.train.optim import SOLVERS, lr_at, make_optimizer
+from reslm.train.optim import SOLVERS, make_optimizer, put_lr, set_lr
 
 
 def _finite(loss: torch.Tensor, params) -> bool:
@@ -90,23 +91,24 @@ def _by_samples(micro) -> tuple[list[float], int]:
     return [y.numel() / n for _, y in micro], n
 
 
-def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: float, precision: str = "fp32",
-               device: torch.device | None = None, grad_clip: float = 0.0, weights=None, ddp=None,
+def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: float | None = None,
+               precision: str = "fp32", device: torch.device | None = None, grad_clip: float = 0.0, weights=None, ddp=None,
                ema: EMA | None = None, step: int = 0, params: list | None = None) -> tuple[torch.Tensor, int]:
     """One optimiser step, the only one in reslm (the training loop and the bench both call it):
-    lr into every group (times its lr_mult), gradients of forward(x, y)'s loss summed over the
-    micro-batches `micro` [(x, y), ...] under autocast(precision) and the (fp16) loss scaler, global
-    norm clipping at grad_clip (0: none), a non-finite loss or gradient -> ReslmError, opt.step, and
-    the EMA of the weights updated to step + 1. `params`: the parameters to clip and check, in the
-    order whose norm the run has always summed (default: the optimiser's).
+    `lr` into every group (times its lr_mult; None: the groups' own, as optim.set_lr left them),
+    gradients of forward(x, y)'s loss summed over the micro-batches `micro` [(x, y), ...] under
+    autocast(precision) and the (fp16) loss scaler, global norm clipping at grad_clip (0: none), a
+    non-finite loss or gradient -> ReslmError, opt.step, and the EMA of the weights updated to step + 1.
+    `params`: the parameters to clip and check, in the order whose norm the run has always summed
+    (default: the optimiser's).
 
     weights: micro -> (each micro-batch's share of the step's loss, the step's weight), a sampler's
     `weights` (reslm.train.batches); default: shares by sample count, weight = samples (characters). `ddp`: the DistributedDataParallel wrapper that
     `forward` is, so that only the last micro-batch all-reduces its gradients. Returns the step's
     loss (the weighted mean, a detached 0-dim tensor) and its weight."""
     device = device or torch.device("cpu")
-    for g in opt.param_groups:
-        g["lr"] = lr * g["lr_mult"]
+    if lr is not None:
+        put_lr(opt, lr)
     opt.zero_grad(set_to_none=True)
     shares, n_step = (weights or _by_samples)(micro)
     step_loss = torch.zeros((), device=device)
@@ -123,7 +125,8 @@ def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: 
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(params, grad_clip)
     if not scaler.is_enabled() and not _finite(step_loss, params):
-        raise ReslmError(f"non-finite loss or gradient at step {step + 1} (lr {lr:.3g}); stopped, the last "
+        g = opt.param_groups[0]
+        raise ReslmError(f"non-finite loss or gradient at step {step + 1} (lr {g['lr'] / g['lr_mult']:.3g}); stopped, the last "
                          f"checkpoint is kept: lower --lr, add --grad-clip, or check the inputs")
     scaler.step(opt)
     scaler.update()
@@ -205,7 +208,7 @@ class Meter:
 def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float,
            cache_states: bool, until: float | None = None) -> dict:
     cfg = read_config(run_dir)
-    tc = run_train_config(cfg)
+    tc = TrainConfig.of_run(cfg)
     rank, world, local_rank = dist_.init(tc.device)
     main = rank == 0
     dataset = open_dataset(cfg["data"])
@@ -265,10 +268,10 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     meter.start_clock()
     samples_per_step = source.samples_per_step
     while step < end:
-        lr = lr_at(tc, step, source.total)
+        lr = set_lr(opt, tc, step, source.total)
         micro = source.batches(step)
         torch.manual_seed(step_seed(tc.seed, step))  # dropout
-        step_loss, n_step = train_step(forward, micro, opt, scaler, lr=lr, precision=precision, device=device,
+        step_loss, n_step = train_step(forward, micro, opt, scaler, precision=precision, device=device,
                                        grad_clip=tc.grad_clip, weights=source.weights, ddp=ddp, ema=ema,
                                        step=step, params=params)
         step += 1

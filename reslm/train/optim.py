@@ -49,3 +49,16 @@ def lr_at(tc, step: int, total: int) -> float:
     progress = min(1.0, (step - start) / max(1, total - start))
     floor = tc.lr * tc.min_lr_frac
     return floor + (tc.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def put_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """The learning rate `lr` into every group of `opt`, times the group's lr_mult."""
+    for g in opt.param_groups:
+        g["lr"] = lr * g["lr_mult"]
+
+
+def set_lr(opt: torch.optim.Optimizer, tc, step: int, total: int) -> float:
+    """Step `step`'s learning rate (lr_at) into `opt`'s groups (put_lr); returns it, for the step's log row."""
+    lr = lr_at(tc, step, total)
+    put_lr(opt, lr)
+    return lr

@@ -253,7 +253,7 @@ def test_ema_run_evaluates_the_shadow_and_resumes_bitwise(chars, tmp_path, monke
     assert set(ck) >= {"model", "raw"} and any(not torch.equal(ck["model"][k], ck["raw"][k]) for k in ck["raw"])
     # the logged test loss is the shadow's: the checkpoint's "model", which eval and generate load
     m, _, cfg = load_run(full, "cpu")
-    src = rb.CharShards(m, tt.loop.open_dataset(cfg["data"]), tt.run_train_config(cfg), torch.device("cpu"), None, False)
+    src = rb.CharShards(m, tt.loop.open_dataset(cfg["data"]), tt.TrainConfig.of_run(cfg), torch.device("cpu"), None, False)
     assert src.evaluate(m, "fp32")["test_loss"] == pytest.approx(summary["final_test_loss"], abs=1e-7)
     # killed mid shard-epoch after a timed checkpoint and at an evaluation: the same run, bitwise
     real_save, saves = tt.loop.save_checkpoint, []

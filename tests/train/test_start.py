@@ -1,4 +1,4 @@
-"""reslm.train.start: what `reslm train` decides before and around the loop (folder, start or resume, owner)."""
+"""reslm.train.config: what `reslm train` decides before and around the loop (folder, start or resume, owner)."""
 import os
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import pytest
 
 from reslm.core.errors import ReslmError
 from reslm.run import CONFIG, read_config
-from reslm.train.start import current_evals, family_and_preset, own_run, run_folder, start_run
+from reslm.train.config import current_evals, family_and_preset, own_run, run_folder, start_run
 
 
 def start(out, **kw):
