@@ -8,7 +8,7 @@
     space         SPACE below: the reservoir fields of the character families that the substrate's
                   config has (spectral_radius, input_scaling, leak_rate, bias_scaling, density) and
                   its own knobs, passed through reservoir_options (leaky a_min/a_max, deep layers,
-                  nvar k, diagonal r_min, delay eta/node_coupling/p). A knob given as a flag is fixed
+                  nvar k, diagonal r_min, delay eta/node_coupling/p, gru gate_scaling/update_bias). A knob given as a flag is fixed
                   and left out of the search.
     study         optuna, TPESampler seeded by child_seed(seed, worker, trials already in the study),
                   storage SQLite (default OUT/study.db): re-running continues the study, and several
@@ -74,6 +74,7 @@ SPACE = {  # substrate: (its own knobs, through reservoir_options; model knobs i
     "nvar": ({"k": (1, 3, False)}, {}),
     "diagonal": ({"r_min": (0.0, 0.99, False)}, {"spectral_radius": (0.5, 1.0, False)}),
     "delay": ({"eta": (0.05, 1.5, False), "node_coupling": (0.05, 1.0, False), "p": (0.5, 4.0, True)}, {}),
+    "gru": ({"gate_scaling": (0.1, 4.0, True), "update_bias": (-3.0, 3.0, False)}, {}),
 }
 
 

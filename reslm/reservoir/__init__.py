@@ -42,6 +42,10 @@ seed from their own fields and the rest through `reservoir_options` ("key=value,
     delay     delay.py     DelayConfig      one Mackey-Glass / Ikeda node with delayed feedback, N
                                             virtual nodes: eta, node_coupling, nonlinearity, p, phi,
                                             mask, input_scaling (gamma)
+    gru       gru.py       GRUConfig        frozen random GRU (torch's gate equations, fixed weights):
+                                            spectral_radius (the candidate's W_hn, the ESN's W),
+                                            radius_norm, input_scaling, input_init, bias_scaling,
+                                            gate_scaling, update_bias, dtype
     recorded  recorded.py  RecordedConfig   states a physical device measured, replayed from a file
                                             (`reslm substrate import`): path; size and embed_dim come
                                             from the file; stream context only, cannot generate
@@ -69,12 +73,13 @@ from reslm.reservoir.parallel import ParallelESN, ParallelESNConfig
 from reslm.reservoir.nvar import NVAR, NVARConfig
 from reslm.reservoir.diagonal import DiagonalConfig, DiagonalReservoir
 from reslm.reservoir.delay import DelayConfig, DelayReservoir
+from reslm.reservoir.gru import FrozenGRU, GRUConfig
 from reslm.reservoir.options import parse_options
 from reslm.reservoir.recorded import RecordedConfig, RecordedReservoir
 
 RESERVOIRS = {"esn": (ESNConfig, ESN), "leaky": (LeakyESNConfig, LeakyESN), "deep": (DeepESNConfig, DeepESN),
               "parallel": (ParallelESNConfig, ParallelESN), "nvar": (NVARConfig, NVAR), "diagonal": (DiagonalConfig, DiagonalReservoir),
-              "delay": (DelayConfig, DelayReservoir), "recorded": (RecordedConfig, RecordedReservoir)}
+              "delay": (DelayConfig, DelayReservoir), "gru": (GRUConfig, FrozenGRU), "recorded": (RecordedConfig, RecordedReservoir)}
 
 def model_radii(model) -> dict[str, float]:
     """{radius name: radius} of every reservoir matrix of `model` that was scaled to a radius."""
@@ -84,5 +89,5 @@ def model_radii(model) -> dict[str, float]:
 __all__ = ["Reservoir", "ReservoirConfig", "ReservoirKnobs", "KNOBS", "ESN", "ESNConfig", "RESERVOIRS", "CONTEXT_MODES", "shard_states", "spectral_radius",
            "scale_spectral_radius", "scale_radius", "random_sparse", "recorded_radii", "remember_radii", "model_radii", "tanh_recurrence", "child_seed",
            "generator", "LeakyESN", "LeakyESNConfig", "DeepESN", "DeepESNConfig", "ParallelESN", "ParallelESNConfig", "NVAR", "NVARConfig",
-           "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "RecordedConfig",
+           "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "FrozenGRU", "GRUConfig", "RecordedConfig",
            "RecordedReservoir", "parse_options"]

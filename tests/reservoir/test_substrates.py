@@ -1,4 +1,4 @@
-"""The substrates beside the ESN (leaky, deep, parallel, nvar, diagonal, delay): the reservoir contract (step ==
+"""The substrates beside the ESN (leaky, deep, parallel, nvar, diagonal, delay, gru): the reservoir contract (step ==
 forward, seeds), each one against a plain reference, and their use by rc / aerc / LAERC and the CLI."""
 import math
 
@@ -19,7 +19,8 @@ SMALL = {"esn": dict(size=24), "leaky": dict(size=24), "deep": dict(size=25, lay
          "parallel": dict(size=25, leaks="1/0.3/0.05", shares="2/1/1"),
          "nvar": dict(size=nvar_size(2, D), k=2), "diagonal": dict(size=24), "diagonal-scan": dict(size=24, chunk=4),
          "diagonal-nl": dict(size=26, nonlinear=True), "delay": dict(size=70),
-         "delay-ikeda": dict(size=30, nonlinearity="ikeda")}
+         "delay-ikeda": dict(size=30, nonlinearity="ikeda"), "gru": dict(size=24),
+         "gru-gated": dict(size=24, bias_scaling=0.5, update_bias=1.0, input_init="normal")}
 
 
 def make(name, seed=0, **kw):
@@ -217,7 +218,8 @@ def test_delay_equals_node_loop(kw):
 
 # --- inside the models ---------------------------------------------------------------------------
 MODEL_SUBSTRATES = [("leaky", 24, ""), ("deep", 24, "layers=2"), ("parallel", 24, "leaks=1/0.3"), ("nvar", nvar_size(2, 4), "k=2"),
-                    ("diagonal", 24, "r_min=0.8"), ("diagonal", 24, "nonlinear=true"), ("delay", 24, "eta=0.5")]
+                    ("diagonal", 24, "r_min=0.8"), ("diagonal", 24, "nonlinear=true"), ("delay", 24, "eta=0.5"),
+                    ("gru", 24, "update_bias=1")]
 
 
 @pytest.mark.parametrize("family", ["rc", "aerc"])
@@ -242,7 +244,7 @@ def test_character_families_run_each_substrate(family, name, size, options):
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["leaky", "deep", "parallel", "diagonal", "delay"])
+@pytest.mark.parametrize("name", ["leaky", "deep", "parallel", "diagonal", "delay", "gru"])
 def test_laerc_blocks_take_the_substrates(name):
     model = LAERC(LAERCConfig(vocab_size=13, dim=8, n_layers=2, context=8, r_mult=2, reservoir=name)).eval()
     assert all(type(b.reservoir) is RESERVOIRS[name][1] and b.reservoir.size == 16 for b in model.blocks)
