@@ -5,7 +5,7 @@ Reservoir Computing":
     y_t = W_out r_t + b_out                     the trainable linear readout, V x (N + 1) parameters
 
 or a nonlinear head on the same state (`head` mlp | mlp2 | mlp3 | glu, width `head_hidden`, `head_dropout`,
-`head_input_dropout`: reslm/models/heads.py),
+`head_input_dropout`, `head_rank`: reslm/models/heads.py),
 optionally reading the current character beside it (`head_input`, reservoir_lm.py).
 
 Trained by cross-entropy with Adam, like the paper, or in closed form (`--optimizer ridge`,
@@ -29,6 +29,7 @@ class RCConfig(ReservoirLMConfig):
     head_hidden: int = 0            # H: hidden width of an mlp, mlp2, mlp3 or glu head (0 for linear)
     head_dropout: float = 0.0       # dropout on the head's hidden units while training (mlp, mlp2, mlp3, glu)
     head_input_dropout: float = 0.0  # dropout on the head's inputs (the state's channels) while training (mlp, mlp2, mlp3, glu)
+    head_rank: int = 0              # r: read the state through a trainable Linear(D, r) before the mlp/glu head; 0 = off
 
     def validate(self):
         super().validate()
@@ -45,6 +46,11 @@ class RCConfig(ReservoirLMConfig):
                 raise ReslmError(f"{name} must be in [0, 1), got {p!r}")
         if self.head == "linear" and self.head_dropout:
             raise ReslmError("head_dropout drops a hidden layer's units; the linear head has none")
+        if not isinstance(self.head_rank, int) or self.head_rank < 0:
+            raise ReslmError(f"head_rank must be an integer >= 0 (0: off), got {self.head_rank!r}")
+        if self.head == "linear" and self.head_rank:
+            raise ReslmError("head_rank puts a low-rank layer before an mlp, mlp2, mlp3 or glu head; the linear head "
+                             "keeps its paper form")
         if self.head == "linear" and self.head_input_dropout:
             raise ReslmError("head_input_dropout is for the mlp, mlp2, mlp3 and glu heads; the linear head keeps its "
                              "paper form")
@@ -56,4 +62,4 @@ class RC(ReservoirLM):
     def make_head(self) -> nn.Module:
         c = self.config                   # linear: W_out (V, D) + bias, D = N for head_input "state"
         return make_readout(c.head, self.head_width, c.head_hidden, c.vocab_size, c.head_dropout,
-                            c.head_input_dropout)
+                            c.head_input_dropout, c.head_rank)

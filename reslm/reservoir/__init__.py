@@ -31,7 +31,8 @@ seed from their own fields and the rest through `reservoir_options` ("key=value,
                                             inter_scaling for layers 2..L; layers = 1 is the ESN
     parallel  parallel.py  ParallelESNConfig  ESNs side by side, all reading the input, one leak rate
                                             each: leaks (e.g. 1/0.2), shares (relative sizes, e.g.
-                                            2/1); one block is the ESN
+                                            2/1), radii and scalings (per-block spectral radius
+                                            and input scaling); one block is the ESN
     nvar      nvar.py      NVARConfig       next-generation RC: [1, last k inputs, their quadratic
                                             monomials], no recurrence; k, input_scaling; size must be
                                             1 + k d + k d (k d + 1) / 2

@@ -5,9 +5,11 @@
 
 `leaks` lists a_1/.../a_K (slash-separated, e.g. "1/0.2": a reservoir at the paper's leak beside one
 whose units keep a fraction 0.8^k of their state after k characters), `shares` their relative sizes
-(default equal; "2/1" gives the first block two thirds of N). The blocks are not connected: each keeps
+(default equal; "2/1" gives the first block two thirds of N), `radii` and `scalings` their spectral radii
+and input scalings (e.g. "0.5/0.9"; empty = every block takes the config's spectral_radius and
+input_scaling). The blocks are not connected: each keeps
 its own timescale, unlike the leaky substrate (leaky.py), whose units with different leak rates all
-share one W. Every block is an ESN of esn.py with the config's radius, input scaling, densities, bias,
+share one W. Every block is an ESN of esn.py with the config's (or its own) radius and input scaling, densities, bias,
 precision and kernel. Block 1 is seeded with the seed itself (so K = 1 is exactly the ESN of size N at
 leak a_1); block k >= 2 with child_seed(seed, BLOCK_KEY, k), a key no other matrix uses.
 """
@@ -42,6 +44,8 @@ def _numbers(name: str, text: str) -> list[float]:
 class ParallelESNConfig(ESNConfig):
     leaks: str = "1/0.2"            # a_1/.../a_K: one leak rate per block, in (0, 1]; K = how many
     shares: str = ""                # relative block sizes, e.g. 2/1; empty = equal
+    radii: str = ""                 # spectral radius per block, e.g. 0.5/0.9; empty = spectral_radius for all
+    scalings: str = ""              # input scaling per block, e.g. 2/1; empty = input_scaling for all
 
     def validate(self):
         super().validate()
@@ -55,6 +59,11 @@ class ParallelESNConfig(ESNConfig):
         if len(shares) != len(leaks) or not all(s > 0 for s in shares):
             raise ReslmError(f"parallel reservoir: shares needs one positive number per block ({len(leaks)}), "
                              f"got shares={self.shares}")
+        for name in ("radii", "scalings"):
+            values = self._per_block(name, None)
+            if values is not None and (len(values) != len(leaks) or not all(v > 0 for v in values)):
+                raise ReslmError(f"parallel reservoir: {name} needs one positive number per block ({len(leaks)}), "
+                                 f"got {name}={getattr(self, name)}")
         if min(self.block_sizes()) < 1:
             raise ReslmError(f"parallel reservoir: size {self.size} leaves a block of {self.leaks} empty")
 
@@ -63,6 +72,17 @@ class ParallelESNConfig(ESNConfig):
 
     def block_shares(self) -> list[float]:
         return _numbers("shares", self.shares) if self.shares else [1.0] * len(self.block_leaks())
+
+    def _per_block(self, name: str, shared):
+        """The numbers of per-block field `name`, or `shared` (one value per block) when it is empty."""
+        text = getattr(self, name)
+        return _numbers(name, text) if text else shared
+
+    def block_radii(self) -> list[float]:
+        return self._per_block("radii", [self.spectral_radius] * len(self.block_leaks()))
+
+    def block_scalings(self) -> list[float]:
+        return self._per_block("scalings", [self.input_scaling] * len(self.block_leaks()))
 
     def block_sizes(self) -> list[int]:
         """N split by the shares: each block gets floor(N share / total), the remainder goes to the first ones."""
@@ -76,7 +96,8 @@ class ParallelESNConfig(ESNConfig):
         """The ESNConfig of block k = 1..K."""
         base = ESNConfig(**{f.name: getattr(self, f.name) for f in fields(ESNConfig)})
         seed = self.seed if k == 1 else child_seed(self.seed, BLOCK_KEY, k)
-        return replace(base, size=self.block_sizes()[k - 1], leak_rate=self.block_leaks()[k - 1], seed=seed)
+        return replace(base, size=self.block_sizes()[k - 1], leak_rate=self.block_leaks()[k - 1], seed=seed,
+                       spectral_radius=self.block_radii()[k - 1], input_scaling=self.block_scalings()[k - 1])
 
 
 class ParallelESN(Reservoir):

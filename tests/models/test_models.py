@@ -186,3 +186,33 @@ def test_a_readout_projection_reads_a_larger_reservoir_through_fixed_channels(mo
         make_config(family, readout_dim=-1)
     with pytest.raises(ReslmError, match="must not exceed the state it reads"):
         make_config("aerc", size=40, hidden=13, readout_dim=12)
+
+
+@pytest.mark.parametrize("head,hidden,rank,head_input", [("mlp", 7, 5, "state"), ("mlp2", 6, 3, "state+onehot"),
+                                                         ("mlp3", 4, 9, "state"), ("glu", 5, 2, "state+embed")])
+def test_a_low_rank_head_reads_the_state_through_a_trainable_r_wide_layer(head, hidden, rank, head_input):
+    """head_rank r: a bias-free trainable Linear(D, r) before the mlp/glu head; head_params and
+    widest_hidden count it, check_frontier sees the same count, and r = 0 is the plain head bit for bit."""
+    from reslm.models.budget import check_frontier
+    from reslm.models.heads import head_params, widest_hidden
+    m = tiny("rc", head=head, head_hidden=hidden, head_rank=rank, head_input=head_input).eval()
+    D = m.head_width
+    assert m.head.down.weight.shape == (rank, D) and m.head.down.bias is None
+    expected = head_params(head, D, hidden, V, rank=rank)
+    assert count_params(m)[0] == expected == sum(p.numel() for p in m.parameters() if p.requires_grad)
+    assert check_frontier(m).trainable_params == expected
+    idx, _ = batch("rc", 3)
+    assert m(idx)[0].shape == (3, 1, V)
+    budget = expected + 50
+    h = widest_hidden(head, D, V, budget, rank=rank)
+    assert head_params(head, D, h, V, rank) <= budget < head_params(head, D, h + 1, V, rank)
+    plain = tiny("rc", head=head, head_hidden=hidden, head_input=head_input).eval()
+    zero = tiny("rc", head=head, head_hidden=hidden, head_input=head_input, head_rank=0).eval()
+    assert plain.state_dict().keys() == zero.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), zero.state_dict().values()))
+    assert torch.equal(plain(idx)[0], zero(idx)[0])
+    for bad, match in [(dict(head_rank=-1), "head_rank must be"), (dict(head="linear", head_hidden=0, head_rank=2),
+                                                                   "linear head"),
+                       (dict(head_rank=D), "head rank must be in")]:
+        with pytest.raises(ReslmError, match=match):
+            tiny("rc", **{**dict(head=head, head_hidden=hidden, head_input=head_input), **bad})

@@ -13,6 +13,7 @@ from reslm.reservoir import (ESN, RESERVOIRS, DeepESN, DeepESNConfig, DelayConfi
                              DiagonalConfig, DiagonalReservoir, ESNConfig, LeakyESN, LeakyESNConfig, NVAR,
                              NVARConfig, ParallelESN, ParallelESNConfig, shard_states)
 from reslm.reservoir.nvar import nvar_size
+from reslm.reservoir.options import parse_options
 
 D = 5   # input size of the contract tests
 SMALL = {"esn": dict(size=24), "leaky": dict(size=24), "deep": dict(size=25, layers=3),
@@ -130,6 +131,27 @@ def test_parallel_blocks_are_independent_esns_with_their_own_leak():
                        (dict(size=1), "empty")]:
         with pytest.raises(ReslmError, match=match):
             ParallelESN(ParallelESNConfig(**{**dict(size=31, input_dim=D, leaks="1/0.2"), **bad}))
+
+
+def test_parallel_blocks_take_their_own_radius_and_input_scaling():
+    u = inputs()
+    cfg = dict(size=31, input_dim=D, seed=2, leaks="1/0.2")
+    res = ParallelESN(ParallelESNConfig(**cfg, radii="0.5/0.9", scalings="1/3"))
+    for k, (block, rho, scale) in enumerate(zip(res.blocks, (0.5, 0.9), (1.0, 3.0)), 1):
+        assert abs(torch.linalg.eigvals(block.W_T.double()).abs().max().item() - rho) < 1e-4
+        seed = 2 if k == 1 else res.config.block_config(k).seed
+        alone = ESN(ESNConfig(size=res.sizes[k - 1], input_dim=D, seed=seed, leak_rate=res.config.block_leaks()[k - 1],
+                              spectral_radius=rho, input_scaling=scale))
+        assert torch.equal(block.W_T, alone.W_T) and torch.equal(block.W_in_T, alone.W_in_T)
+    plain = ParallelESN(ParallelESNConfig(**cfg))                           # empty = the shared values
+    same = ParallelESN(ParallelESNConfig(**cfg, radii="0.9/0.9", scalings="2/2"))
+    assert torch.equal(plain(u)[0], same(u)[0])
+    assert torch.equal(plain(u)[0], torch.cat([ESN(plain.config.block_config(k))(u)[0] for k in (1, 2)], -1))
+    for bad in (dict(radii="0.5"), dict(radii="0.5/0"), dict(scalings="1/2/3"), dict(scalings="1/-1")):
+        with pytest.raises(ReslmError, match="one positive number per block"):
+            ParallelESN(ParallelESNConfig(**cfg, **bad))
+    assert parse_options("parallel", ParallelESNConfig, "leaks=1/0.2,radii=0.5/1.2,scalings=1/2") == \
+        dict(leaks="1/0.2", radii="0.5/1.2", scalings="1/2")
 
 
 def test_nvar_equals_plain_construction():
