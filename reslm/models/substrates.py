@@ -26,6 +26,7 @@ SUBSTRATES: dict[str, dict[str, dict]] = {
                  "aerc": dict(spectral_radius=0.99, input_scaling=1.0, reservoir_options="nonlinear=true")},
     "delay": {"rc": dict(input_scaling=0.5), "aerc": dict(input_scaling=0.5)},
     "gru": {"rc": {}, "aerc": {}},   # the candidate's radius and input scaling as the esn's; gates at their defaults
+    "poly": {"rc": {}, "aerc": {}},  # half the size an ESN, half fixed monomials of its state (the default)
 }
 
 

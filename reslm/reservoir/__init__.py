@@ -43,6 +43,9 @@ seed from their own fields and the rest through `reservoir_options` ("key=value,
     delay     delay.py     DelayConfig      one Mackey-Glass / Ikeda node with delayed feedback, N
                                             virtual nodes: eta, node_coupling, nonlinearity, p, phi,
                                             mask, input_scaling (gamma)
+    poly      poly.py      PolyESNConfig    an ESN of size - products units beside `products` fixed
+                                            quadratic monomials x_i x_j of its state (pairs drawn from
+                                            the seed; 0 = half the size): the ESN's knobs
     gru       gru.py       GRUConfig        frozen random GRU (torch's gate equations, fixed weights):
                                             spectral_radius (the candidate's W_hn, the ESN's W),
                                             radius_norm, input_scaling, input_init, bias_scaling,
@@ -75,12 +78,14 @@ from reslm.reservoir.nvar import NVAR, NVARConfig
 from reslm.reservoir.diagonal import DiagonalConfig, DiagonalReservoir
 from reslm.reservoir.delay import DelayConfig, DelayReservoir
 from reslm.reservoir.gru import FrozenGRU, GRUConfig
+from reslm.reservoir.poly import PolyESN, PolyESNConfig
 from reslm.reservoir.options import parse_options
 from reslm.reservoir.recorded import RecordedConfig, RecordedReservoir
 
 RESERVOIRS = {"esn": (ESNConfig, ESN), "leaky": (LeakyESNConfig, LeakyESN), "deep": (DeepESNConfig, DeepESN),
               "parallel": (ParallelESNConfig, ParallelESN), "nvar": (NVARConfig, NVAR), "diagonal": (DiagonalConfig, DiagonalReservoir),
-              "delay": (DelayConfig, DelayReservoir), "gru": (GRUConfig, FrozenGRU), "recorded": (RecordedConfig, RecordedReservoir)}
+              "delay": (DelayConfig, DelayReservoir), "gru": (GRUConfig, FrozenGRU), "poly": (PolyESNConfig, PolyESN),
+              "recorded": (RecordedConfig, RecordedReservoir)}
 
 def model_radii(model) -> dict[str, float]:
     """{radius name: radius} of every reservoir matrix of `model` that was scaled to a radius."""
@@ -90,5 +95,5 @@ def model_radii(model) -> dict[str, float]:
 __all__ = ["Reservoir", "ReservoirConfig", "ReservoirKnobs", "KNOBS", "ESN", "ESNConfig", "RESERVOIRS", "CONTEXT_MODES", "shard_states", "spectral_radius",
            "scale_spectral_radius", "scale_radius", "random_sparse", "recorded_radii", "remember_radii", "model_radii", "tanh_recurrence", "child_seed",
            "generator", "LeakyESN", "LeakyESNConfig", "DeepESN", "DeepESNConfig", "ParallelESN", "ParallelESNConfig", "NVAR", "NVARConfig",
-           "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "FrozenGRU", "GRUConfig", "RecordedConfig",
+           "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "FrozenGRU", "GRUConfig", "PolyESN", "PolyESNConfig", "RecordedConfig",
            "RecordedReservoir", "parse_options"]

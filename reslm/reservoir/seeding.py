@@ -8,7 +8,8 @@ a stream draws from a new child and never shifts the others; no hand-made offset
     child_seed(seed, *key) -> int               a 64-bit seed for the child named by key
     generator(seed, *key)  -> torch.Generator   a CPU generator seeded with child_seed(seed, *key)
 
-Keys in use: an ESN draws W from key (0,), W_in from (1,), b from (2,); LAERC's layer l (1..L) gets
+Keys in use: an ESN draws W from key (0,), W_in from (1,), b from (2,); the other substrates use keys 3-9 (each module's
+docstring names its own); LAERC's layer l (1..L) gets
 the reservoir seed child_seed(model seed, l - 1).
 """
 from __future__ import annotations

@@ -103,7 +103,7 @@ def _repetitive_text(n: int, seed: int) -> torch.Tensor:
     return torch.cat([words[int(i)] for i in torch.randint(0, 12, (n,), generator=g)])[:n]
 
 
-@pytest.mark.parametrize("name", ["esn", "leaky", "deep", "parallel", "nvar", "diagonal", "delay", "gru"])
+@pytest.mark.parametrize("name", ["esn", "leaky", "deep", "parallel", "nvar", "diagonal", "delay", "gru", "poly"])
 @pytest.mark.parametrize("chunk", [64, 10**6])
 def test_shared_prefix_window_states_equal_the_plain_ones(name, chunk):
     """Window states computed once per distinct prefix (the default for a pure reservoir) equal every

@@ -1,4 +1,4 @@
-"""The substrates beside the ESN (leaky, deep, parallel, nvar, diagonal, delay, gru): the reservoir contract (step ==
+"""The substrates beside the ESN (leaky, deep, parallel, nvar, diagonal, delay, gru, poly): the reservoir contract (step ==
 forward, seeds), each one against a plain reference, and their use by rc / aerc / LAERC and the CLI."""
 import math
 
@@ -11,7 +11,7 @@ from reslm.models.laerc import LAERC, LAERCConfig
 from reslm.models.reservoir_lm import ReservoirLMConfig
 from reslm.reservoir import (ESN, RESERVOIRS, DeepESN, DeepESNConfig, DelayConfig, DelayReservoir,
                              DiagonalConfig, DiagonalReservoir, ESNConfig, LeakyESN, LeakyESNConfig, NVAR,
-                             NVARConfig, ParallelESN, ParallelESNConfig, shard_states)
+                             NVARConfig, ParallelESN, ParallelESNConfig, PolyESN, PolyESNConfig, shard_states)
 from reslm.reservoir.nvar import nvar_size
 from reslm.reservoir.options import parse_options
 
@@ -21,7 +21,8 @@ SMALL = {"esn": dict(size=24), "leaky": dict(size=24), "deep": dict(size=25, lay
          "nvar": dict(size=nvar_size(2, D), k=2), "diagonal": dict(size=24), "diagonal-scan": dict(size=24, chunk=4),
          "diagonal-nl": dict(size=26, nonlinear=True), "delay": dict(size=70),
          "delay-ikeda": dict(size=30, nonlinearity="ikeda"), "gru": dict(size=24),
-         "gru-gated": dict(size=24, bias_scaling=0.5, update_bias=1.0, input_init="normal")}
+         "gru-gated": dict(size=24, bias_scaling=0.5, update_bias=1.0, input_init="normal"),
+         "poly": dict(size=24), "poly-all": dict(size=14, products=10, leak_rate=0.5)}
 
 
 def make(name, seed=0, **kw):
@@ -182,6 +183,29 @@ def _diagonal_loop(res, u, dtype):
     return torch.view_as_real(torch.stack(out, 1)).flatten(2)
 
 
+def test_poly_is_the_esn_and_its_monomials():
+    esn = ESN(ESNConfig(size=15, input_dim=D, spectral_radius=0.8, leak_rate=0.6, seed=2))
+    res = PolyESN(PolyESNConfig(size=40, products=25, input_dim=D, spectral_radius=0.8, leak_rate=0.6, seed=2))
+    u = inputs(T=12)
+    states, last = res(u)
+    x = esn(u)[0]
+    torch.testing.assert_close(states[..., :15], x, rtol=0, atol=0)
+    i, j = res.pairs
+    assert res.pairs.shape == (2, 25) and bool((i <= j).all()) and len(set(zip(i.tolist(), j.tolist()))) == 25
+    torch.testing.assert_close(states[..., 15:], x[..., i] * x[..., j], rtol=0, atol=0)
+    again = PolyESN(PolyESNConfig(size=40, products=25, input_dim=D, spectral_radius=0.8, leak_rate=0.6, seed=2))
+    assert torch.equal(again.pairs, res.pairs)
+    full = PolyESN(PolyESNConfig(size=20, products=15, input_dim=D))     # 5 units: every one of the 15 pairs
+    assert torch.equal(full.pairs, torch.triu_indices(5, 5))
+    assert PolyESN(PolyESNConfig(size=24, input_dim=D)).units == 12     # products 0: half the size
+    with torch.device("meta"):                                           # shape-only construction
+        assert PolyESN(PolyESNConfig(size=3000, input_dim=D)).pairs.shape == (2, 1500)
+    for bad, match in [(dict(size=4, products=4), "leaves 0"), (dict(size=6, products=4), "3 pairs"),
+                       (dict(size=24, products=-1), "products"), (dict(size=24, spectral_radius=0.0), "spectral_radius")]:
+        with pytest.raises(ReslmError, match=match):
+            PolyESN(PolyESNConfig(input_dim=D, **bad))
+
+
 @pytest.mark.parametrize("chunk", [0, 64, 1000, 7])
 def test_diagonal_scan_equals_sequential_loop_long(chunk):
     res = DiagonalReservoir(DiagonalConfig(size=32, input_dim=D, spectral_radius=0.999, r_min=0.9, chunk=chunk))
@@ -241,7 +265,7 @@ def test_delay_equals_node_loop(kw):
 # --- inside the models ---------------------------------------------------------------------------
 MODEL_SUBSTRATES = [("leaky", 24, ""), ("deep", 24, "layers=2"), ("parallel", 24, "leaks=1/0.3"), ("nvar", nvar_size(2, 4), "k=2"),
                     ("diagonal", 24, "r_min=0.8"), ("diagonal", 24, "nonlinear=true"), ("delay", 24, "eta=0.5"),
-                    ("gru", 24, "update_bias=1")]
+                    ("gru", 24, "update_bias=1"), ("poly", 24, "products=16")]
 
 
 @pytest.mark.parametrize("family", ["rc", "aerc"])
@@ -266,7 +290,7 @@ def test_character_families_run_each_substrate(family, name, size, options):
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["leaky", "deep", "parallel", "diagonal", "delay", "gru"])
+@pytest.mark.parametrize("name", ["leaky", "deep", "parallel", "diagonal", "delay", "gru", "poly"])
 def test_laerc_blocks_take_the_substrates(name):
     model = LAERC(LAERCConfig(vocab_size=13, dim=8, n_layers=2, context=8, r_mult=2, reservoir=name)).eval()
     assert all(type(b.reservoir) is RESERVOIRS[name][1] and b.reservoir.size == 16 for b in model.blocks)
