@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -225,12 +224,19 @@ def test_non_finite_evaluation_is_not_logged_or_checkpointed(root, tmp_path, cap
 
 
 # --- 2. concurrent resume ---------------------------------------------------------------------------------
-def _fork_trainer(argv: list[str], gate: Path, log: Path) -> int:
+def _fork_trainer(argv: list[str], log: Path) -> tuple[int, int, int]:
     """A child process (forked: it needs no fresh interpreter and imports) that runs `reslm <argv>`
-    and, after its first checkpoint, waits for `gate` to exist. Returns its pid."""
+    and, after its first checkpoint, says so on one pipe and waits on another until the parent writes
+    or closes it. Returns (pid, the read end of "checkpointed", the write end of "go on")."""
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
     pid = os.fork()
     if pid:
-        return pid
+        os.close(ready_w)
+        os.close(go_r)
+        return pid, ready_r, go_w
+    os.close(ready_r)
+    os.close(go_w)
     code = 3
     try:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -241,9 +247,9 @@ def _fork_trainer(argv: list[str], gate: Path, log: Path) -> int:
 
         def gated(*a, **k):
             real(*a, **k)
-            t0 = time.time()
-            while not gate.exists() and time.time() - t0 < 300:
-                time.sleep(0.02)
+            reslm.train.loop.save_checkpoint = real      # only the first checkpoint waits
+            os.write(ready_w, b"1")
+            os.read(go_r, 1)                             # blocks until the parent writes or closes
 
         reslm.train.loop.save_checkpoint = gated
         code = main(argv)
@@ -256,14 +262,11 @@ def _fork_trainer(argv: list[str], gate: Path, log: Path) -> int:
 
 
 def test_second_trainer_of_a_running_run_is_refused(root, rc_ref, tmp_path, capsys):
-    run, gate, log = tmp_path / "run", tmp_path / "go", tmp_path / "child.log"
-    pid = _fork_trainer(["train", *RC, "--data", "c", "--root", str(root), "--out", str(run)], gate, log)
-    status = None
+    run, log = tmp_path / "run", tmp_path / "child.log"
+    pid, ready, go = _fork_trainer(["train", *RC, "--data", "c", "--root", str(root), "--out", str(run)], log)
     try:
-        deadline = time.time() + 120
-        while not (run / CHECKPOINT).exists() and time.time() < deadline:
-            assert os.waitpid(pid, os.WNOHANG) == (0, 0), log.read_text()
-            time.sleep(0.02)
+        # blocks until the child has written its first checkpoint, or reads b"" if it died before
+        assert os.read(ready, 1) == b"1", log.read_text()
         assert (run / CHECKPOINT).exists() and read_metrics(run), log.read_text()
         rows_before = (run / METRICS).read_bytes()
         assert resume(run) == 2                                  # the first holds the run
@@ -271,15 +274,9 @@ def test_second_trainer_of_a_running_run_is_refused(root, rc_ref, tmp_path, caps
         assert f"in use by pid {pid}" in line, line
         assert (run / METRICS).read_bytes() == rows_before
     finally:
-        gate.touch()
-        deadline = time.time() + 120
-        while status is None and time.time() < deadline:
-            done, st = os.waitpid(pid, os.WNOHANG)
-            status = os.waitstatus_to_exitcode(st) if done else None
-            time.sleep(0.02)
-        if status is None:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
+        os.close(go)                                             # the child reads EOF and trains on
+        os.close(ready)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     assert status == 0, log.read_text()
     rows = read_metrics(run)
     keys = [(r["kind"], r.get("step"), r.get("cycle"), r.get("shard")) for r in rows]

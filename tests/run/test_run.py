@@ -38,18 +38,18 @@ def one_line(e) -> str:
 # the child processes stub torch out: the lock needs none of it, and importing it takes seconds
 STUB = "import sys, types; sys.modules['torch'] = types.ModuleType('torch')\n"
 HOLDER = STUB + """
-import sys, time
+import sys
 from reslm.run import lock_run
 with lock_run(sys.argv[1]):
     print("locked", flush=True)
-    time.sleep(120)
+    sys.stdin.read()    # held until the parent kills it (or closes stdin)
 """
 
 
 def test_lock_second_process_refused_and_killed_holder_leaves_no_stale_lock(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), "train", "--out", "x"],
-                         stdout=subprocess.PIPE, text=True, env=env)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert p.stdout.readline().strip() == "locked"
         with pytest.raises(RunInUse) as e:
@@ -63,6 +63,7 @@ def test_lock_second_process_refused_and_killed_holder_leaves_no_stale_lock(tmp_
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stdout.close()
+        p.stdin.close()
     assert (tmp_path / R.LOCK).exists()  # the file stays; the kernel dropped the flock
     with R.lock_run(tmp_path) as d:
         assert d == tmp_path
