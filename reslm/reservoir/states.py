@@ -9,9 +9,9 @@ state right after reading tokens[i + context - 1]. Two context modes:
   `context` tokens: `context` reservoir steps per sample, memory limited to the window.
 - ``stream``: the shard is cut into `streams` contiguous pieces run side by side with their state
   carried through: one reservoir step per token, memory beyond the window. Each piece is preceded by
-  `warmup` tokens of the text before it (run from a zero state, states discarded), so every sample
-  has at least min(position + 1, warmup + 1) tokens of history; with warmup >= context that is at
-  least what the window mode sees.
+  `warmup` tokens of the text before it (default: `context`; at most one piece's length; run from a
+  zero state, states discarded), so every sample has at least min(position + 1, warmup + 1) tokens
+  of history; with warmup >= context that is at least what the window mode sees.
 
 Both run as batched recurrences: B sequences advance together, so each step is one
 (B, N) x (N, N) matrix product (see ESN.forward).
@@ -165,8 +165,9 @@ def _stream_states(reservoir, embed, tokens, M, context, N, D, read, streams, wa
     L = math.ceil(P / B)                      # positions per stream
     dev = tokens.device
     starts = torch.arange(B, device=dev) * L  # stream j covers positions [j L, j L + L)
-    # Warm-up: streams 1..B-1 read the `warmup` tokens before their start; stream 0 starts at the
-    # beginning of the text from a zero state.
+    # Warm-up: streams 1..B-1 read the min(warmup, L) tokens before their start (stream 1 has only L
+    # before it, and one length for all keeps the batch rectangular); stream 0 starts at the beginning
+    # of the text from a zero state.
     s = torch.zeros(B, N, dtype=compute, device=dev)
     w = min(warmup, L)
     if w > 0 and B > 1:
