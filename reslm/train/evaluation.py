@@ -73,14 +73,14 @@ class TestShardLoss:
         total, count = 0.0, 0
         for feats in self.features(model, n, final):
             batch = eval_batch_size(model, src.tc.batch_size, feats.targets.device)
-            loss, n = estimate_loss(model, feature_batches(feats, batch), precision=precision)
-            total, count = total + loss * n, count + n
+            loss, k = estimate_loss(model, feature_batches(feats, batch), precision=precision)
+            total, count = total + loss * k, count + k
         loss = total / max(count, 1)
         row = {TEST_LOSS: loss, TEST_BPC: bits(loss)}
         if src.tc.final_eval_samples >= 0:   # evaluations of two sizes: say which this one is
             row["test_samples"] = count
-        if src.layout == "streams":   # the state carried through the test text, beside the window CE
-            tokens = src.tokens(src.ds.test_shard)
+        if src.layout == "streams":   # the state carried through the test text, beside the window CE:
+            tokens = src.tokens(src.ds.test_shard)   # its first n + 1 tokens (n targets), or all of it
             stream, _ = model.stream_loss(tokens[:n + 1] if n else tokens)
             row.update({TEST_STREAM_LOSS: stream, TEST_STREAM_BPC: bits(stream)})
         return row

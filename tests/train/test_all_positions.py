@@ -192,3 +192,16 @@ def test_eval_of_a_stream_rnn_gives_both_metrics(chars, tmp_path):
                       chars)
     tt.train(w, progress=False)
     assert "test_stream_loss" not in evaluate_run(w, length=20, ns=(3,), score=0)
+
+
+@pytest.mark.parametrize("final_eval_samples,score", [(0, 0), (-1, 100 + 1 - 32)])
+def test_the_carried_test_ce_covers_the_text_it_names(chars, tmp_path, final_eval_samples, score):
+    """The state-carried test CE of a training evaluation of n samples reads the test text's first n + 1
+    tokens (100 samples in 8 blocks), or all of it (final_eval_samples 0): the figure `reslm eval`
+    gives for the same tokens (score s reads the first s + context)."""
+    from reslm.evaluate import evaluate_run
+    out = tt.create_run(tmp_path / "r", "rnn", dict(cell="gru", embed_dim=8, hidden=16, context_mode="stream"),
+                        {**TINY, "eval_samples": 100, "final_eval_samples": final_eval_samples}, chars)
+    summary = tt.train(out, progress=False)
+    result = evaluate_run(out, length=1, ns=(1,), score=score, write=False)
+    assert summary["final_test_stream_loss"] == pytest.approx(result["test_stream_loss"], rel=1e-6)
