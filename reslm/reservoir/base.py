@@ -21,11 +21,26 @@ CONTEXT_MODES = ("window", "stream")   # how samples get their states (reservoir
 
 
 class Reservoir(nn.Module):
-    """Base class of the reservoirs in RESERVOIRS (see reslm.reservoir for the methods they provide)."""
+    """Base class of the reservoirs in RESERVOIRS (see reslm.reservoir for the methods they provide).
+
+    `super().__init__(cfg)` validates the config and sets `config`, `size` and `input_dim` from it
+    (without a config: a plain nn.Module); `step` is `forward` over one step, so a subclass that
+    has nothing faster writes only `init_state` and `forward`."""
 
     pure = False
     drivable = True
     replays = False
+
+    def __init__(self, cfg=None):
+        super().__init__()
+        if cfg is not None:
+            cfg.validate()
+            self.config = cfg
+            self.size, self.input_dim = cfg.size, cfg.input_dim
+
+    def step(self, u_t, s):
+        """One step: u_t (B,d), s (B,N) -> next state (B,N)."""
+        return self.forward(u_t[:, None], s)[1]
 
     def replay(self, tokens, offset):
         """The recorded states of `tokens` at `offset` of the dataset's stream (only where `replays`)."""

@@ -59,10 +59,7 @@ class DeepESN(Reservoir):
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
 
     def __init__(self, cfg: DeepESNConfig):
-        super().__init__()
-        cfg.validate()
-        self.config = cfg
-        self.size, self.input_dim = cfg.size, cfg.input_dim
+        super().__init__(cfg)
         self.sizes = cfg.layer_sizes()
         self.layers = nn.ModuleList(ESN(cfg.layer_config(l)) for l in range(1, cfg.layers + 1))
 
@@ -78,7 +75,3 @@ class DeepESN(Reservoir):
             states.append(x)
             last.append(s_T)
         return torch.cat(states, -1), torch.cat(last, -1)
-
-    def step(self, u_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """One step: u_t (B,d), s (B,N) -> next state (B,N)."""
-        return self.forward(u_t[:, None], s)[1]

@@ -89,10 +89,8 @@ class DelayReservoir(Reservoir):
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
 
     def __init__(self, cfg: DelayConfig):
-        super().__init__()
-        cfg.validate()
-        self.config = cfg
-        self.size, self.input_dim = N, d = cfg.size, cfg.input_dim
+        super().__init__(cfg)
+        N, d = cfg.size, cfg.input_dim
         if torch.empty(0).is_meta:
             M = torch.empty(N, d)
         else:
@@ -152,7 +150,3 @@ class DelayReservoir(Reservoir):
                     out[:, t] = x
             states = torch.stack(out, 1) if grad else out
         return states, x
-
-    def step(self, u_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """One step: u_t (B,d), s (B,N) -> next state (B,N)."""
-        return self.forward(u_t[:, None], s)[1]

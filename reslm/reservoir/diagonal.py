@@ -122,10 +122,7 @@ class DiagonalReservoir(Reservoir):
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
 
     def __init__(self, cfg: DiagonalConfig):
-        super().__init__()
-        cfg.validate()
-        self.config = cfg
-        self.size, self.input_dim = cfg.size, cfg.input_dim
+        super().__init__(cfg)
         K, d = cfg.units, cfg.input_dim
         n_mix = cfg.size - 2 * K
         if torch.empty(0).is_meta:
@@ -163,7 +160,3 @@ class DiagonalReservoir(Reservoir):
             if self.M_T.shape[1]:
                 x = torch.cat([x, torch.tanh(x @ self.M_T.to(dtype))], -1)                   # (B, T, N)
         return x, x[:, -1]
-
-    def step(self, u_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """One step: u_t (B,d), s (B,N) -> next state (B,N)."""
-        return self.forward(u_t[:, None], s)[1]

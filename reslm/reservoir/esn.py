@@ -192,10 +192,7 @@ class ESN(Reservoir):
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
 
     def __init__(self, cfg: ESNConfig):
-        super().__init__()
-        cfg.validate()
-        self.config = cfg
-        self.size, self.input_dim = cfg.size, cfg.input_dim
+        super().__init__(cfg)
         N, d = cfg.size, cfg.input_dim
         if torch.empty(0).is_meta:  # shape-only construction (counting parameters): draw nothing
             W, W_in, b = torch.empty(N, N), torch.empty(N, d), torch.empty(N)
@@ -296,7 +293,3 @@ class ESN(Reservoir):
                                     scratch, via_sigmoid=backend == "sigmoid")
                 states = inputs
             return states.transpose(0, 1), states[-1]
-
-    def step(self, u_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """One step: u_t (B,d), s (B,N) -> next state (B,N)."""
-        return self.forward(u_t[:, None], s)[1]

@@ -96,10 +96,7 @@ class FrozenGRU(Reservoir):
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
 
     def __init__(self, cfg: GRUConfig):
-        super().__init__()
-        cfg.validate()
-        self.config = cfg
-        self.size, self.input_dim = cfg.size, cfg.input_dim
+        super().__init__(cfg)
         N, d = cfg.size, cfg.input_dim
         key = ("gru", N, cfg.seed)
         if torch.empty(0).is_meta:  # shape-only construction (counting parameters): draw nothing
@@ -147,7 +144,3 @@ class FrozenGRU(Reservoir):
             # (input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
             states, h = torch.gru(u, h0[None].contiguous(), params, True, 1, 0.0, False, False, True)
         return states, h[0]
-
-    def step(self, u_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """One step: u_t (B,d), s (B,N) -> next state (B,N)."""
-        return self.forward(u_t[:, None], s)[1]

@@ -59,10 +59,8 @@ class NVAR(Reservoir):
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
 
     def __init__(self, cfg: NVARConfig):
-        super().__init__()
-        cfg.validate()
-        self.config = cfg
-        self.size, self.input_dim, self.k = cfg.size, cfg.input_dim, cfg.k
+        super().__init__(cfg)
+        self.k = cfg.k
         m = cfg.k * cfg.input_dim
         # drawn on the CPU even under a `torch.device("meta")` context (meta's triu_indices takes seconds)
         self.register_buffer("pairs", torch.triu_indices(m, m, device="cpu"), persistent=False)  # (2, m (m+1) / 2)
@@ -87,7 +85,3 @@ class NVAR(Reservoir):
             quad = lin[..., self.pairs[0]] * lin[..., self.pairs[1]]       # (B, T, m (m+1) / 2)
             states = torch.cat([lin.new_ones(B, T, 1), lin, quad], -1)     # (B, T, N)
         return states, states[:, -1]
-
-    def step(self, u_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """One step: u_t (B,d), s (B,N) -> next state (B,N)."""
-        return self.forward(u_t[:, None], s)[1]

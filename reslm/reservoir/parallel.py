@@ -106,10 +106,7 @@ class ParallelESN(Reservoir):
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
 
     def __init__(self, cfg: ParallelESNConfig):
-        super().__init__()
-        cfg.validate()
-        self.config = cfg
-        self.size, self.input_dim = cfg.size, cfg.input_dim
+        super().__init__(cfg)
         self.sizes = cfg.block_sizes()
         self.blocks = nn.ModuleList(ESN(cfg.block_config(k)) for k in range(1, len(self.sizes) + 1))
 
@@ -121,7 +118,3 @@ class ParallelESN(Reservoir):
         starts = [None] * len(self.blocks) if s0 is None else s0.split(self.sizes, dim=-1)
         runs = [block(u, s) for block, s in zip(self.blocks, starts)]
         return torch.cat([r[0] for r in runs], -1), torch.cat([r[1] for r in runs], -1)
-
-    def step(self, u_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """One step: u_t (B,d), s (B,N) -> next state (B,N)."""
-        return self.forward(u_t[:, None], s)[1]

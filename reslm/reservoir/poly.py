@@ -72,10 +72,8 @@ class PolyESN(Reservoir):
     pure = True   # forward(u, s0) depends on its arguments only (window states share prefixes)
 
     def __init__(self, cfg: PolyESNConfig):
-        super().__init__()
-        cfg.validate()
-        self.config = cfg
-        self.size, self.input_dim, self.units = cfg.size, cfg.input_dim, cfg.units()
+        super().__init__(cfg)
+        self.units = cfg.units()
         self.esn = ESN(cfg.esn_config())
         with torch.device("cpu"):   # drawn on the CPU even under a `torch.device("meta")` context
             pairs = draw_pairs(self.units, cfg.pair_count(), cfg.seed)
@@ -91,7 +89,3 @@ class PolyESN(Reservoir):
         states = torch.cat([x, x[..., i] * x[..., j]], -1)
         last = states[:, -1] if states.shape[1] else torch.cat([x_T, x_T[:, i] * x_T[:, j]], -1)
         return states, last
-
-    def step(self, u_t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """One step: u_t (B,d), s (B,N) -> next state (B,N)."""
-        return self.forward(u_t[:, None], s)[1]

@@ -212,10 +212,7 @@ class RecordedReservoir(Reservoir):
     replays = True
 
     def __init__(self, cfg: RecordedConfig):
-        super().__init__()
-        cfg.validate()
-        self.config = cfg
-        self.size, self.input_dim = cfg.size, cfg.input_dim
+        super().__init__(cfg)
         self.manifest = read_substrate(cfg.path)
         self._states, self._tokens = None, None   # opened on first use: building a model reads no states
 
