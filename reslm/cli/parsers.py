@@ -20,6 +20,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     train.add_parser(sub, argv)
     runs.add_generate(sub)
     runs.add_eval(sub)
+    runs.add_memory(sub)
     publish.add_publish(sub)
     publish.add_report(sub)
     experiments.add_reproduce(sub)

@@ -1,4 +1,5 @@
-"""`reslm generate` and `reslm eval`: their parsers and commands (a trained run sampled, and scored)."""
+"""`reslm generate`, `reslm eval` and `reslm memory`: their parsers and commands (a trained run sampled,
+scored, and scored at each length of context)."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,7 @@ from reslm.core.errors import ReslmError
 from reslm.data.datasets import data_kind, ensure_dataset
 from reslm.evaluate import GRID_FILE, check_grid, eval_file_name, eval_text, evaluate_run, grid_text, physical_grid
 from reslm.generate import MAX_LENGTH, check_length, sample
+from reslm.memory import BATCH, LENGTHS, POSITIONS, memory_profile, memory_text, plot_memory, write_memory
 from reslm.models.load import load_run
 from reslm.run import read_config
 from reslm.run.registry import is_published
@@ -80,6 +82,53 @@ def add_eval(sub) -> None:
     for _, flag, _, letter, help_ in PHYSICAL_FLAGS:
         phys.add_argument(flag, metavar=f"{letter}[,{letter}...]", help=help_)
     ev.set_defaults(func=cmd_eval)
+
+
+MEMORY_DESCRIPTION = (
+    "How far back trained runs read: each of --positions test symbols (evenly spread over the test "
+    "shard; a token run's val split) is predicted from exactly its k preceding symbols, read from a zero "
+    "state, for each k of --lengths. Prints test CE (nats, bits, standard error) by k for every run and, "
+    "from the second run on, its paired difference from the first on the same positions. A stateful "
+    "model (rc, aerc, rnn, laerc, gpt) steps through the k symbols; a transformer reads them as one "
+    "window, up to its context. These are not the runs' test CE (the whole text at their own protocol).")
+
+
+def add_memory(sub) -> None:
+    mem = sub.add_parser("memory", help="test CE by how many symbols each target is predicted from",
+                         description=MEMORY_DESCRIPTION)
+    mem.add_argument("run_dirs", nargs="+", metavar="RUN",
+                     help="run directories or published results/NAME, all trained on one dataset")
+    mem.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                     help=f"comma-separated k (default {','.join(map(str, LENGTHS))})")
+    mem.add_argument("--positions", type=int_range(1, 10**9), default=POSITIONS,
+                     help=f"test symbols scored at every k (default {POSITIONS:,})")
+    mem.add_argument("--batch", type=int_range(1, 10**7), default=BATCH,
+                     help=f"positions read at once (default {BATCH:,}; lower it to use less memory)")
+    mem.add_argument("--out", metavar="FILE.json", help="also write the result as JSON")
+    mem.add_argument("--plot", metavar="FILE.png", help="also draw test CE against k")
+    mem.add_argument("--json", action="store_true", help="print the result as JSON")
+    mem.add_argument("--no-progress", action="store_true", help="no progress bar")
+    shared(mem, "--device", "--threads")
+    mem.set_defaults(func=cmd_memory)
+
+
+def cmd_memory(args):
+    try:
+        lengths = [int(k) for k in args.lengths.split(",")]
+    except ValueError:
+        raise ReslmError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
+    for path, suffix in ((args.out, ".json"), (args.plot, ".png")):
+        if path is not None and not path.endswith(suffix):
+            raise ReslmError(f"{path} must end in {suffix}")
+    for run in args.run_dirs:
+        ensure_dataset(read_config(Path(run)))
+    r = memory_profile(args.run_dirs, lengths, args.positions, pick_device(args.device), args.batch,
+                       progress=not args.no_progress)
+    if args.out:
+        write_memory(r, Path(args.out))
+    if args.plot:
+        plot_memory(r, Path(args.plot))
+    print(json.dumps(r, indent=2) if args.json else memory_text(r))
 
 
 def _check_sampling(args):

@@ -1,0 +1,202 @@
+"""`reslm memory`: how far back a trained model reads. Each scored test symbol is predicted from
+exactly its k preceding symbols, read from a zero state, for every k of a list of lengths; the test
+CE against k shows how much context a model turns into prediction, and where it stops gaining.
+Several runs are scored on the same positions, so their difference at each k is paired: its standard
+error is that of the per-position differences, far below either curve's own.
+
+    P positions     evenly spread over the test text (chars: the test shard; tokens: the val split),
+                    each at least max(lengths) symbols from its start, the same for every k and run
+    k symbols       a model with a state (rc / aerc in either context mode, rnn, laerc, gpt) steps
+                    through the k symbols from init_state; a window model (tf) reads them with
+                    forward, for k up to its context (longer k: no figure)
+
+The figures are CE in nats per symbol with the standard error of the mean over positions; they are
+not the run's test CE (that scores every position of the whole text at the run's own protocol).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from reslm.core.errors import ReslmError
+from reslm.core.files import atomic_write, write_json
+from reslm.core.metrics import MEMORY_LOSS, bits
+from reslm.core.progress import bar
+from reslm.data.datasets import check_dataset, data_kind, open_dataset
+from reslm.models.base import count_params
+from reslm.models.load import load_run
+from reslm.run import read_config
+from reslm.run.registry import is_published
+
+LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+POSITIONS = 16_384
+BATCH = 4_096
+
+
+def check_lengths(lengths) -> tuple[int, ...]:
+    """The lengths, sorted and unique; each an integer >= 1."""
+    if not lengths or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in lengths):
+        raise ReslmError(f"lengths must be integers >= 1, got {list(lengths)}")
+    return tuple(sorted(set(lengths)))
+
+
+def memory_positions(n_symbols: int, longest: int, positions: int) -> torch.Tensor:
+    """(P,) long: P target indices evenly spread over [longest, n_symbols), each with `longest`
+    symbols before it; fewer when the text has fewer such targets."""
+    room = n_symbols - longest
+    if room < 1:
+        raise ReslmError(f"the test text has {n_symbols:,} symbols: too short for a length of {longest}")
+    P = min(positions, room)
+    return longest + torch.arange(P, dtype=torch.long) * room // P
+
+
+def _stepper(model):
+    """The model's way of reading a window from a zero state: 'step' or 'forward'."""
+    return "step" if hasattr(model, "step") and hasattr(model, "init_state") else "forward"
+
+
+def reachable(model, k: int) -> bool:
+    """Whether the model can read a window of k symbols from a zero state."""
+    if _stepper(model) == "step":
+        limit = getattr(model, "max_positions", None)
+        return limit is None or k <= limit
+    return k <= model.config.context
+
+
+@torch.no_grad()
+def window_losses(model, tokens: torch.Tensor, targets: torch.Tensor, k: int, batch: int = BATCH) -> torch.Tensor:
+    """(P,) float64: the CE of tokens[t] predicted from tokens[t - k : t] read from a zero state, t in targets."""
+    out = []
+    offsets = torch.arange(-k, 0, device=tokens.device)
+    for a in range(0, targets.numel(), batch):
+        t = targets[a:a + batch].to(tokens.device)
+        idx = tokens[t[:, None] + offsets]                      # (B, k)
+        if _stepper(model) == "step":
+            state = model.init_state(idx.shape[0], device=tokens.device)
+            for j in range(k):
+                logits, state = model.step(idx[:, j], state)
+        else:
+            logits = model(idx)[0][:, -1]
+        out.append(F.cross_entropy(logits.float(), tokens[t], reduction="none").double().cpu())
+    return torch.cat(out)
+
+
+def _test_text(cfg: dict) -> tuple[np.ndarray, str]:
+    ds = open_dataset(cfg["data"])
+    check_dataset(cfg, ds)
+    if data_kind(cfg["data"]) == "tokens":
+        return np.asarray(ds.val, dtype=np.int64), "the val split"
+    a, b = ds.shards[ds.test_shard]
+    return np.asarray(ds.tokens[a:b], dtype=np.int64), "the test shard"
+
+
+def _stats(x: torch.Tensor) -> tuple[float, float]:
+    """(mean, standard error of the mean)."""
+    n = x.numel()
+    return float(x.mean()), float(x.std(unbiased=True) / math.sqrt(n)) if n > 1 else 0.0
+
+
+def memory_profile(run_dirs, lengths=LENGTHS, positions: int = POSITIONS, device: str | torch.device = "cpu",
+                   batch: int = BATCH, progress: bool = True) -> dict:
+    """The test CE of each run at each length on one set of positions, and each run's paired difference
+    from the first (module doc)."""
+    lengths = check_lengths(lengths)
+    if not run_dirs:
+        raise ReslmError("name at least one run")
+    if positions < 1 or batch < 1:
+        raise ReslmError(f"positions and batch must be >= 1, got {positions} and {batch}")
+    cfgs = [read_config(Path(r)) for r in run_dirs]
+    first = cfgs[0]["data"]
+    for r, cfg in zip(run_dirs[1:], cfgs[1:]):
+        if cfg["data"].get("fingerprint") != first.get("fingerprint"):
+            raise ReslmError(f"{r} was trained on {cfg['data'].get('name')}, {run_dirs[0]} on {first.get('name')} "
+                             "(another fingerprint): runs are compared on one text")
+    text, where = _test_text(cfgs[0])
+    dev = torch.device(device)
+    tokens = torch.from_numpy(text).to(dev)
+    targets = memory_positions(tokens.numel(), max(lengths), positions)
+    runs, per_position = [], []
+    for run_dir in run_dirs:
+        model, _, cfg = load_run(Path(run_dir), dev)
+        model.eval()
+        losses, row = {}, {}
+        for k in bar(lengths, desc=Path(run_dir).name, unit="length", enabled=progress, leave=False):
+            if reachable(model, k):
+                losses[k] = window_losses(model, tokens, targets, k, batch)
+        per_position.append(losses)
+        row = dict(run=Path(run_dir).resolve().name if is_published(Path(run_dir)) else str(run_dir),
+                   family=cfg["family"], trainable_params=count_params(model)[0],
+                   **{MEMORY_LOSS: {str(k): _stats(losses[k])[0] if k in losses else None for k in lengths}},
+                   se={str(k): _stats(losses[k])[1] if k in losses else None for k in lengths})
+        runs.append(row)
+    paired = []
+    for row, losses in zip(runs[1:], per_position[1:]):
+        base = per_position[0]
+        both = [k for k in lengths if k in losses and k in base]
+        diffs = {k: _stats(losses[k] - base[k]) for k in both}
+        paired.append(dict(run=row["run"], against=runs[0]["run"],
+                           difference={str(k): diffs[k][0] if k in diffs else None for k in lengths},
+                           se={str(k): diffs[k][1] if k in diffs else None for k in lengths}))
+    return dict(data=first.get("name"), text=where, text_symbols=int(tokens.numel()), positions=int(targets.numel()),
+                lengths=list(lengths), unit="nats/symbol", runs=runs, paired=paired)
+
+
+def memory_text(result: dict) -> str:
+    """The profile as a table: one row per length, each run's CE (± its standard error) and, for a second
+    run on, its paired difference from the first."""
+    runs, paired = result["runs"], result["paired"]
+    lines = [f"test CE (nats per symbol, ± standard error) of each of {result['positions']:,} positions of "
+             f"{result['text']} ({result['text_symbols']:,} symbols) predicted from exactly k symbols before it:"]
+    for i, r in enumerate(runs):
+        lines.append(f"  [{i}] {r['run']} ({r['family']}, {r['trainable_params']:,} trainable)")
+    head = ["k"] + [f"[{i}]" for i in range(len(runs))] + [f"[{i}] - [0]" for i in range(1, len(runs))]
+    rows = []
+    for k in map(str, result["lengths"]):
+        cells = [k]
+        for r in runs:
+            v = r[MEMORY_LOSS][k]
+            cells.append("-" if v is None else f"{v:.4f} ± {r['se'][k]:.4f} ({bits(v):.3f} bits)")
+        for p in paired:
+            d = p["difference"][k]
+            cells.append("-" if d is None else f"{d:+.4f} ± {p['se'][k]:.4f}")
+        rows.append(cells)
+    widths = [max(len(c[i]) for c in [head, *rows]) for i in range(len(head))]
+    for cells in [head, *rows]:
+        lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(cells, widths)))
+    lines.append("(-: the model cannot read that many symbols from a zero state)")
+    return "\n".join(lines)
+
+
+def plot_memory(result: dict, path: Path) -> None:
+    """Test CE against k (log scale), one line per run, written atomically to `path` (.png)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ReslmError("--plot needs matplotlib (pip install matplotlib)") from None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in result["runs"]:
+        ks = [int(k) for k, v in r[MEMORY_LOSS].items() if v is not None]
+        ax.errorbar(ks, [r[MEMORY_LOSS][str(k)] for k in ks], yerr=[r["se"][str(k)] for k in ks], marker="o",
+                    capsize=2, label=f"{r['run']} ({r['trainable_params']:,})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("symbols read before the target (k)")
+    ax.set_ylabel("test CE (nats per symbol)")
+    ax.set_title(f"{result['positions']:,} positions of {result['text']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    try:
+        atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
+    finally:
+        plt.close(fig)
+
+
+def write_memory(result: dict, path: Path) -> None:
+    """The profile as strict JSON, atomically."""
+    write_json(path, result)
