@@ -75,6 +75,7 @@ SPACE = {  # substrate: (its own knobs, through reservoir_options; model knobs i
     "diagonal": ({"r_min": (0.0, 0.99, False)}, {"spectral_radius": (0.5, 1.0, False)}),
     "delay": ({"eta": (0.05, 1.5, False), "node_coupling": (0.05, 1.0, False), "p": (0.5, 4.0, True)}, {}),
     "gru": ({"gate_scaling": (0.1, 4.0, True), "update_bias": (-3.0, 3.0, False)}, {}),
+    "poly": ({}, {}),   # products stays a given option (default half the size): its range depends on --size
 }
 
 
