@@ -38,7 +38,7 @@ import torch
 from reslm.core.errors import ReslmError
 from reslm.core.radii import radius_name
 from reslm.reservoir.base import Reservoir, ReservoirConfig
-from reslm.reservoir.esn import BIAS_KEY, DTYPES, W_IN_KEY, W_KEY
+from reslm.reservoir.esn import BIAS_KEY, DTYPES, ESN, W_IN_KEY, W_KEY
 from reslm.reservoir.matrices import DISTRIBUTIONS, RADIUS_NORMS, random_sparse, scale_radius
 from reslm.reservoir.seeding import generator
 
@@ -120,14 +120,7 @@ class FrozenGRU(Reservoir):
     def init_state(self, batch: int, device=None, dtype=None) -> torch.Tensor:
         return torch.zeros(batch, self.size, device=device or self.w_hh.device, dtype=dtype or self.w_hh.dtype)
 
-    def compute_dtype(self, device: torch.device, input_dtype: torch.dtype = torch.float32) -> torch.dtype:
-        """The recurrence's precision for inputs of `input_dtype` on `device` (see GRUConfig.dtype)."""
-        name = self.config.dtype
-        if name == "input":
-            return input_dtype
-        if name == "auto":
-            return torch.float16 if device.type == "cuda" else torch.float32
-        return getattr(torch, name)
+    compute_dtype = ESN.compute_dtype   # the recurrence's precision: the ESN's rule on GRUConfig.dtype
 
     def forward(self, u: torch.Tensor, s0: torch.Tensor | None = None):
         """Run T steps for B sequences. u (B,T,d); s0 (B,N) or None (zero state).
