@@ -21,6 +21,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     runs.add_generate(sub)
     runs.add_eval(sub)
     runs.add_memory(sub)
+    runs.add_recall(sub)
     publish.add_publish(sub)
     publish.add_report(sub)
     experiments.add_reproduce(sub)

@@ -1,5 +1,5 @@
-"""`reslm generate`, `reslm eval` and `reslm memory`: their parsers and commands (a trained run sampled,
-scored, and scored at each length of context)."""
+"""`reslm generate`, `reslm eval`, `reslm memory` and `reslm recall`: their parsers and commands (a trained
+run sampled, scored, and scored at each length of context; a reservoir's state decoded at each lag)."""
 from __future__ import annotations
 
 import argparse
@@ -7,14 +7,16 @@ import json
 import sys
 from pathlib import Path
 
-from reslm.cli.flags import INT64, SEED, int_range, shared
+from reslm.cli.flags import INT64, SEED, data_root, int_range, shared
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
 from reslm.data.datasets import data_kind, ensure_dataset
 from reslm.evaluate import GRID_FILE, check_grid, eval_file_name, eval_text, evaluate_run, grid_text, physical_grid
+from reslm.frontier.plan import load_plan
 from reslm.generate import MAX_LENGTH, check_length, sample
 from reslm.memory import BATCH, LENGTHS, POSITIONS, memory_profile, memory_text, plot_memory, write_memory
 from reslm.models.load import load_run
+from reslm.recall import FIT, MAX_LAG, SCORE, plan_items, plot_recall, recall_profile, recall_text, run_item, write_recall
 from reslm.run import read_config
 from reslm.run.registry import is_published
 
@@ -117,9 +119,7 @@ def cmd_memory(args):
         lengths = [int(k) for k in args.lengths.split(",")]
     except ValueError:
         raise ReslmError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
-    for path, suffix in ((args.out, ".json"), (args.plot, ".png")):
-        if path is not None and not path.endswith(suffix):
-            raise ReslmError(f"{path} must end in {suffix}")
+    _check_outputs(args)
     for run in args.run_dirs:
         ensure_dataset(read_config(Path(run)))
     r = memory_profile(args.run_dirs, lengths, args.positions, pick_device(args.device), args.batch,
@@ -129,6 +129,65 @@ def cmd_memory(args):
     if args.plot:
         plot_memory(r, Path(args.plot))
     print(json.dumps(r, indent=2) if args.json else memory_text(r))
+
+
+RECALL_DESCRIPTION = (
+    "How far back a reservoir's state holds the text, before any readout is trained: for each lag k, a "
+    "linear decoder (ridge regression) learns to name the character k steps back from the model's "
+    "features (its reservoir states as its head reads them), and its held-out accuracy gives the recall "
+    "at k: 0 is no better than always naming the most frequent character, 1 names every one. The "
+    "capacity is the sum over lags 1..K, in characters (the reservoir field's memory capacity, for "
+    "symbols). Reads the first training shard only (--fit characters to solve the decoders, --score "
+    "after them to pick the ridge penalty and to score), never the test shard, and no trained weights: "
+    "name runs (rc or aerc, on characters) or a plan's configurations (--plan; nothing is trained), all "
+    "on one dataset. A linear decoder gives a lower bound of what the state holds.")
+
+
+def add_recall(sub) -> None:
+    rec = sub.add_parser("recall", help="how many characters back a reservoir's state can be decoded",
+                         description=RECALL_DESCRIPTION)
+    rec.add_argument("run_dirs", nargs="*", metavar="RUN", help="run directories or published results/NAME (their "
+                     "fixed part: the trained weights are not read)")
+    rec.add_argument("--plan", help="also a plan's configurations, as a run at --seed would build them "
+                     "(a plan file or the name of a plan reslm ships)")
+    rec.add_argument("--only", action="append", default=[], metavar="LABEL",
+                     help="only this configuration of --plan (repeatable; the base is `base` where it has no label)")
+    rec.add_argument("--seed", type=int_range(*SEED), default=0, help="the seed of --plan's configurations (default 0)")
+    rec.add_argument("--max-lag", type=int_range(1, 4096), default=MAX_LAG, help=f"K, the largest lag (default {MAX_LAG})")
+    rec.add_argument("--fit", type=int_range(1_000, 10**9), default=FIT,
+                     help=f"samples the decoders are solved on (default {FIT:,})")
+    rec.add_argument("--score", type=int_range(1_000, 10**9), default=SCORE,
+                     help=f"samples after them: half pick the penalty, half are scored (default {SCORE:,})")
+    rec.add_argument("--out", metavar="FILE.json", help="also write the result as JSON")
+    rec.add_argument("--plot", metavar="FILE.png", help="also draw the recall against the lag")
+    rec.add_argument("--json", action="store_true", help="print the result as JSON")
+    rec.add_argument("--no-progress", action="store_true", help="no progress bar")
+    shared(rec, "--root", "--device", "--threads")
+    rec.set_defaults(func=cmd_recall)
+
+
+def cmd_recall(args):
+    _check_outputs(args)
+    if args.only and not args.plan:
+        raise ReslmError("--only names configurations of --plan: give --plan")
+    items = [run_item(Path(r)) for r in args.run_dirs]
+    for _, cfg, _ in items:
+        ensure_dataset(cfg)
+    if args.plan:
+        items += plan_items(load_plan(args.plan), args.only, args.seed, data_root(args))
+    r = recall_profile(items, args.max_lag, args.fit, args.score, pick_device(args.device),
+                       progress=not args.no_progress)
+    if args.out:
+        write_recall(r, Path(args.out))
+    if args.plot:
+        plot_recall(r, Path(args.plot))
+    print(json.dumps(r, indent=2) if args.json else recall_text(r))
+
+
+def _check_outputs(args):
+    for path, suffix in ((args.out, ".json"), (args.plot, ".png")):
+        if path is not None and not path.endswith(suffix):
+            raise ReslmError(f"{path} must end in {suffix}")
 
 
 def _check_sampling(args):

@@ -47,7 +47,8 @@ class RidgeAccumulator:
         self.count = 0
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> "RidgeAccumulator":
-        """Add samples x (M, N) (any float dtype) with targets y (M,) long."""
+        """Add samples x (M, N) (any float dtype) with targets y (M,) long, or (M, L): L targets per
+        sample (classes of disjoint ranges: L decoders solved together, reslm.recall)."""
         if x.shape[0] != y.shape[0] or x.shape[1] != self.n_features:
             raise ReslmError(f"ridge: features {tuple(x.shape)} and targets {tuple(y.shape)} do not fit "
                              f"N = {self.n_features}")
@@ -56,7 +57,8 @@ class RidgeAccumulator:
             xc = x[i0:i0 + rows].to(device=self.G.device, dtype=torch.float64)
             xa = torch.cat([xc, xc.new_ones(xc.shape[0], 1)], dim=1)                 # (m, N+1)
             self.G.addmm_(xa.T, xa)
-            self.Ct.index_add_(0, y[i0:i0 + rows].to(self.G.device), xa)         # row v += sum of x with target v
+            for col in y[i0:i0 + rows].to(self.G.device).reshape(xa.shape[0], -1).T:
+                self.Ct.index_add_(0, col, xa)                                   # row v += sum of x with target v
         self.count += x.shape[0]
         return self
 

@@ -26,7 +26,7 @@ def test_build_parser_only_assembles_the_commands():
     calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
     assert "add_parser" in calls and not calls & {"add_argument_group", "add_mutually_exclusive_group"}
     sub = next(a for a in build_parser([])._actions if a.dest == "command")
-    assert list(sub.choices) == ["data", "presets", "train", "generate", "eval", "memory", "publish", "report", "reproduce",
+    assert list(sub.choices) == ["data", "presets", "train", "generate", "eval", "memory", "recall", "publish", "report", "reproduce",
                                  "lab", "bench", "sweep", "search", "substrate", "frontier", "verify", "demo"]
 
 

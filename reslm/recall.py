@@ -1,0 +1,231 @@
+"""`reslm recall`: how far back a reservoir's state still holds the text, before any readout is trained.
+
+For each lag k, a linear decoder (ridge regression on one-hot targets, reslm.train.ridge) learns to name
+the character k steps back from the features a model's fixed part computes (its reservoir states as its
+head sees them: measured, projected, normalised). Its held-out accuracy says whether the state still
+holds that character. This is the reservoir field's memory capacity (Jaeger's MC, a sum over lags of
+how well a linear readout recovers the input k steps back) for a symbol stream:
+
+    recall_k = max(0, (accuracy_k - m) / (1 - m))    m: the share of the most frequent character among
+                                                     the scored ones (always naming it scores m): 0 is
+                                                     no better than that guess, 1 names every character
+    capacity = the sum of recall_k over lags 1..K    in characters, at most K
+
+A linear decoder gives a lower bound on what the state holds (an MLP head can read more), but it compares
+substrates on equal terms, and costs one state pass and one solve: a minute where training a head costs
+an hour.
+
+Text. The first `fit` + `score` characters of the dataset's first training shard (never the test shard),
+read the way the model's features are read in training (its context mode; stream mode in pieces of at
+least PIECE characters, so that each scored state has a long history). The decoders are solved on the
+first `fit` samples; the `score` samples after them are split in two: the first half picks the ridge
+penalty of ALPHAS for each lag (by the CE of its softmax with a fitted temperature), the second half is
+scored. Only samples with at least max_lag characters before them are used, the same for every lag.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from reslm.core.errors import ReslmError
+from reslm.core.files import atomic_write, write_json
+from reslm.core.progress import bar
+from reslm.data.datasets import check_dataset, data_kind, find_dataset, open_dataset
+from reslm.models import family
+from reslm.models.base import count_params
+from reslm.models.load import load_model, load_run_model
+from reslm.models.reservoir_lm import ReservoirLM
+from reslm.run import read_config
+from reslm.run.registry import is_published
+from reslm.train.config import make_run_config
+from reslm.train.ridge import RidgeAccumulator, fit_temperature
+
+MAX_LAG = 32
+FIT = 100_000
+SCORE = 20_000
+PIECE = 4_096                     # stream mode: the shortest piece of text a state is carried through
+ALPHAS = (1e-6, 1e-4, 1e-2)       # the ridge penalties tried (relative to the mean feature power)
+
+
+def check_lags(max_lag: int, fit: int, score: int) -> None:
+    if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 1:
+        raise ReslmError(f"the largest lag must be an integer >= 1, got {max_lag!r}")
+    if fit < 1_000 or score < 1_000:
+        raise ReslmError(f"fit and score need at least 1,000 characters each, got {fit:,} and {score:,}")
+
+
+def check_reservoir(name: str, cfg: dict) -> None:
+    """ReslmError unless the config is a reservoir family's (rc, aerc) on characters."""
+    if not issubclass(family(cfg["family"]).model, ReservoirLM) or data_kind(cfg["data"]) != "chars":
+        raise ReslmError(f"recall reads a reservoir's states on characters; {name} is family {cfg['family']} "
+                         f"on {data_kind(cfg['data'])}")
+
+
+def model_of(cfg: dict, run_dir: Path | None = None, device="cpu"):
+    """The fixed part of the model a run config describes (the trained weights are not read)."""
+    model = load_run_model(run_dir, cfg, device) if run_dir is not None else load_model(cfg, device)
+    return model.eval()
+
+
+@torch.no_grad()
+def features(model, text: np.ndarray, position: int, max_lag: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(X (M, D) float32, current (M,) long): the features of every sample of `text` (its model's
+    context mode) whose current character has at least max_lag characters before it, and the index in
+    `text` of each sample's current character."""
+    c = model.config
+    if c.context_mode == "stream":   # pieces of at least PIECE characters (the model's own streams at most)
+        c.streams = max(1, min(c.streams, len(text) // PIECE))
+    tokens = torch.from_numpy(text.astype(np.int64)).to(model.embedding.device)
+    X = model.features(tokens, position=position).inputs.float()
+    current = torch.arange(c.context - 1, c.context - 1 + X.shape[0], device=X.device)   # sample i: after text[context-1+i]
+    keep = current >= max_lag
+    return X[keep], current[keep]
+
+
+def _targets(tokens: torch.Tensor, current: torch.Tensor, lags: range, V: int) -> torch.Tensor:
+    """(M, L) long: column j is lag j's class, j V + the character lags[j] steps before the current one."""
+    return torch.stack([j * V + tokens[current - k] for j, k in enumerate(lags)], dim=1)
+
+
+@torch.no_grad()
+def recall_of(X: torch.Tensor, current: torch.Tensor, tokens: torch.Tensor, V: int, lags: range, fit: int) -> dict:
+    """Per-lag held-out accuracy, CE and recall (module doc) of linear decoders solved on X[:fit]."""
+    if X.shape[0] < fit + 200:
+        raise ReslmError(f"only {X.shape[0]:,} samples for {fit:,} to fit and the rest to score")
+    L, D = len(lags), X.shape[1]
+    y = _targets(tokens, current, lags, V)
+    acc = RidgeAccumulator(D, L * V, device=X.device)
+    acc.add(X[:fit], y[:fit])
+    rest, yr = X[fit:], y[fit:] - torch.arange(L, device=y.device) * V
+    half = rest.shape[0] // 2
+    ones = rest.new_ones(rest.shape[0], 1)
+    Xr = torch.cat([rest, ones], dim=1)
+    best = [None] * L    # (picking CE, beta, alpha, W columns) per lag
+    for alpha in ALPHAS:
+        Z = (Xr @ acc.solve(alpha).float()).view(-1, L, V)
+        for j in range(L):
+            beta, ce = fit_temperature(Z[:half, j], yr[:half, j])
+            if best[j] is None or ce < best[j][0]:
+                best[j] = (ce, beta, alpha, Z[half:, j].clone())
+    scored = yr[half:]
+    freq = torch.bincount(scored[:, 0], minlength=V).double()   # the scored characters (every lag's, but
+    majority = (freq.max() / freq.sum()).item()                   # a few at the ends)
+    rows = []
+    for j, k in enumerate(lags):
+        _, beta, alpha, z = best[j]
+        accuracy = (z.argmax(1) == scored[:, j]).double().mean().item()
+        rows.append(dict(lag=k, accuracy=accuracy, recall=max(0.0, (accuracy - majority) / (1 - majority)),
+                         ce=F.cross_entropy(z * beta, scored[:, j]).item(), alpha=alpha, temperature=1 / beta))
+    return dict(majority=majority, scored=int(scored.shape[0]), lags=rows,
+                capacity=sum(r["recall"] for r in rows if r["lag"] >= 1))
+
+
+def recall_profile(items, max_lag: int = MAX_LAG, fit: int = FIT, score: int = SCORE, device="cpu",
+                   progress: bool = True) -> dict:
+    """items: (name, run config, run folder or None) of reservoir models on one character dataset ->
+    each one's recall by lag (module doc), on the same text."""
+    check_lags(max_lag, fit, score)
+    if not items:
+        raise ReslmError("name at least one run or plan configuration")
+    for name, cfg, _ in items:
+        check_reservoir(name, cfg)
+    first = items[0][1]["data"]
+    for name, cfg, _ in items[1:]:
+        if cfg["data"].get("fingerprint") != first.get("fingerprint"):
+            raise ReslmError(f"{name} is on {cfg['data'].get('name')}, {items[0][0]} on {first.get('name')} "
+                             "(another fingerprint): recall is compared on one text")
+    ds = open_dataset(first)
+    check_dataset(items[0][1], ds)
+    a, b = ds.shards[ds.train_shards[0]]
+    need = fit + score + max_lag + 64
+    if b - a < need:
+        raise ReslmError(f"the first training shard has {b - a:,} characters; fit + score + lags need {need:,}")
+    lags = range(0, max_lag + 1)
+    runs = []
+    for name, cfg, run_dir in bar(items, desc="recall", unit="model", enabled=progress and len(items) > 1):
+        model = model_of(cfg, run_dir, device)
+        context = model.config.context
+        start = a + max(0, fit + score + max_lag + context - (b - a))   # = a: the shard is long enough
+        text = np.asarray(ds.tokens[start:start + fit + score + max_lag + context], dtype=np.int64)
+        X, current = features(model, text, start, max_lag)
+        r = recall_of(X, current, torch.from_numpy(text).to(X.device), model.config.vocab_size, lags, fit)
+        runs.append(dict(name=name, family=cfg["family"], trainable_params=count_params(model)[0],
+                         reservoir=model.config.reservoir, size=model.reservoir.size, features=int(X.shape[1]),
+                         context_mode=model.config.context_mode, **r))
+    return dict(data=first.get("name"), text=f"training shard {ds.train_shards[0]}, characters from {a:,}",
+                fit=fit, score=score, max_lag=max_lag, decoder="ridge on one-hot targets, softmax with a fitted "
+                "temperature", runs=runs)
+
+
+def recall_text(result: dict) -> str:
+    """The profile as a table: each lag's held-out accuracy and recall for every model."""
+    runs = result["runs"]
+    lines = [f"linear recall of the character k steps back, from each model's features ({result['fit']:,} "
+             f"samples to fit, {runs[0]['scored']:,} scored; {result['text']} of {result['data']}):"]
+    for i, r in enumerate(runs):
+        lines.append(f"  [{i}] {r['name']} ({r['reservoir']}, N={r['size']:,}, {r['features']:,} features): "
+                     f"capacity {r['capacity']:.2f} characters over lags 1-{result['max_lag']} "
+                     f"(the most frequent character is {r['majority']:.1%} of those scored)")
+    head = ["k"] + [f"[{i}] accuracy recall" for i in range(len(runs))]
+    rows = [[str(row["lag"])] + [f"{r['lags'][j]['accuracy']:8.1%} {r['lags'][j]['recall']:6.3f}" for r in runs]
+            for j, row in enumerate(runs[0]["lags"])]
+    widths = [max(len(c[i]) for c in [head, *rows]) for i in range(len(head))]
+    for cells in [head, *rows]:
+        lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(cells, widths)))
+    return "\n".join(lines)
+
+
+def plot_recall(result: dict, path: Path) -> None:
+    """Recall against the lag, one line per model, written atomically to `path` (.png)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ReslmError("--plot needs matplotlib (pip install matplotlib)") from None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for r in result["runs"]:
+        rows = [x for x in r["lags"] if x["lag"] >= 1]
+        ax.plot([x["lag"] for x in rows], [x["recall"] for x in rows], marker=".",
+                label=f"{r['name']} (capacity {r['capacity']:.2f})")
+    ax.set_xlabel("lag k (characters back)")
+    ax.set_ylabel("linear recall of c[t-k] (0: the majority guess, 1: every character)")
+    ax.set_title(f"{result['fit']:,} samples to fit, {result['runs'][0]['scored']:,} scored")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    try:
+        atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
+    finally:
+        plt.close(fig)
+
+
+def write_recall(result: dict, path: Path) -> None:
+    """The profile as strict JSON, atomically."""
+    write_json(path, result)
+
+
+def run_item(path: Path) -> tuple[str, dict, Path]:
+    """(name, config, folder) of a run directory or published results/NAME."""
+    cfg = read_config(path)
+    return (path.resolve().name if is_published(path) else str(path)), cfg, path
+
+
+def plan_items(plan, labels=(), seed: int = 0, root: Path | None = None) -> list[tuple[str, dict, None]]:
+    """(PLAN:LABEL, the config a run at `seed` would get, None) of a plan's configurations (the base is
+    "base" where it has no label), all or those named in `labels`; nothing is trained or written."""
+    configs = {c.label or "base": c for c in plan.configs}
+    unknown = [x for x in labels if x not in configs]
+    if unknown:
+        raise ReslmError(f"plan {plan.name} has no configuration {unknown[0]!r} (it has: {', '.join(configs)})")
+    out = []
+    for label, c in configs.items():
+        if labels and label not in labels:
+            continue
+        run = c.run_config(seed)
+        ds = find_dataset(c.data, family(c.family).data, root, prepare=True)
+        out.append((f"{plan.name}:{label}", make_run_config(c.family, run["model"], run["train"], ds, c.preset), None))
+    return out
