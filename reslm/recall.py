@@ -13,7 +13,10 @@ how well a linear readout recovers the input k steps back) for a symbol stream:
 
 A linear decoder gives a lower bound on what the state holds (an MLP head can read more), but it compares
 substrates on equal terms, and costs one state pass and one solve: a minute where training a head costs
-an hour.
+an hour. On real text the recall counts what a decoder can name, held in the state or inferred from what
+it holds (the letters before "ing" are guessable); on text of independent characters it is only what is
+held. A trained GRU/LSTM run is read the same way, from its hidden state h (what its head reads), to set
+a fixed reservoir beside a trained one.
 
 Text. The first `fit` + `score` characters of the dataset's first training shard (never the test shard),
 read the way the model's features are read in training (its context mode; stream mode in pieces of at
@@ -36,8 +39,9 @@ from reslm.core.progress import bar
 from reslm.data.datasets import check_dataset, data_kind, find_dataset, open_dataset
 from reslm.models import family
 from reslm.models.base import count_params
-from reslm.models.load import load_model, load_run_model
+from reslm.models.load import load_model, load_run, load_run_model
 from reslm.models.reservoir_lm import ReservoirLM
+from reslm.models.rnn import CharRNN
 from reslm.run import read_config
 from reslm.run.registry import is_published
 from reslm.train.config import make_run_config
@@ -57,15 +61,22 @@ def check_lags(max_lag: int, fit: int, score: int) -> None:
         raise ReslmError(f"fit and score need at least 1,000 characters each, got {fit:,} and {score:,}")
 
 
-def check_reservoir(name: str, cfg: dict) -> None:
-    """ReslmError unless the config is a reservoir family's (rc, aerc) on characters."""
-    if not issubclass(family(cfg["family"]).model, ReservoirLM) or data_kind(cfg["data"]) != "chars":
-        raise ReslmError(f"recall reads a reservoir's states on characters; {name} is family {cfg['family']} "
-                         f"on {data_kind(cfg['data'])}")
+def check_model(name: str, cfg: dict, run_dir: Path | None) -> None:
+    """ReslmError unless the config is a reservoir family's (rc, aerc) on characters, or a trained
+    recurrent network's (an rnn run)."""
+    fam = family(cfg["family"]).model
+    if data_kind(cfg["data"]) != "chars" or not issubclass(fam, (ReservoirLM, CharRNN)):
+        raise ReslmError(f"recall reads a reservoir's states (or a trained GRU/LSTM's) on characters; {name} is "
+                         f"family {cfg['family']} on {data_kind(cfg['data'])}")
+    if fam is CharRNN and run_dir is None:
+        raise ReslmError(f"{name}: a recurrent network's state is read from a trained run, not from a plan")
 
 
 def model_of(cfg: dict, run_dir: Path | None = None, device="cpu"):
-    """The fixed part of the model a run config describes (the trained weights are not read)."""
+    """The model a run config describes: a reservoir's fixed part (the trained weights are not read), or
+    a trained rnn run with its weights."""
+    if cfg["family"] == "rnn":
+        return load_run(run_dir, device)[0].eval()
     model = load_run_model(run_dir, cfg, device) if run_dir is not None else load_model(cfg, device)
     return model.eval()
 
@@ -74,7 +85,10 @@ def model_of(cfg: dict, run_dir: Path | None = None, device="cpu"):
 def features(model, text: np.ndarray, position: int, max_lag: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(X (M, D) float32, current (M,) long): the features of every sample of `text` (its model's
     context mode) whose current character has at least max_lag characters before it, and the index in
-    `text` of each sample's current character."""
+    `text` of each sample's current character. A recurrent network's are its hidden state h (what its
+    head reads) after each character, `text` read in pieces of PIECE from a zero state."""
+    if isinstance(model, CharRNN):
+        return _rnn_features(model, text, max_lag)
     c = model.config
     if c.context_mode == "stream":   # pieces of at least PIECE characters (the model's own streams at most)
         c.streams = max(1, min(c.streams, len(text) // PIECE))
@@ -83,6 +97,17 @@ def features(model, text: np.ndarray, position: int, max_lag: int) -> tuple[torc
     current = torch.arange(c.context - 1, c.context - 1 + X.shape[0], device=X.device)   # sample i: after text[context-1+i]
     keep = current >= max_lag
     return X[keep], current[keep]
+
+
+def _rnn_features(model, text: np.ndarray, max_lag: int) -> tuple[torch.Tensor, torch.Tensor]:
+    device = model.head.weight.device
+    P = max(1, len(text) // PIECE)
+    L = len(text) // P
+    tokens = torch.from_numpy(text[:P * L].astype(np.int64)).to(device)
+    out, _ = model.rnn(model.embed(tokens.view(P, L)))                 # (P, L, H), each piece from zero
+    current = torch.arange(P * L, device=device)
+    keep = current % L >= max_lag
+    return out.reshape(P * L, -1).float()[keep], current[keep]
 
 
 def _targets(tokens: torch.Tensor, current: torch.Tensor, lags: range, V: int) -> torch.Tensor:
@@ -130,8 +155,8 @@ def recall_profile(items, max_lag: int = MAX_LAG, fit: int = FIT, score: int = S
     check_lags(max_lag, fit, score)
     if not items:
         raise ReslmError("name at least one run or plan configuration")
-    for name, cfg, _ in items:
-        check_reservoir(name, cfg)
+    for name, cfg, run_dir in items:
+        check_model(name, cfg, run_dir)
     first = items[0][1]["data"]
     for name, cfg, _ in items[1:]:
         if cfg["data"].get("fingerprint") != first.get("fingerprint"):
@@ -140,20 +165,21 @@ def recall_profile(items, max_lag: int = MAX_LAG, fit: int = FIT, score: int = S
     ds = open_dataset(first)
     check_dataset(items[0][1], ds)
     a, b = ds.shards[ds.train_shards[0]]
-    need = fit + score + max_lag + 64
-    if b - a < need:
-        raise ReslmError(f"the first training shard has {b - a:,} characters; fit + score + lags need {need:,}")
     lags = range(0, max_lag + 1)
     runs = []
     for name, cfg, run_dir in bar(items, desc="recall", unit="model", enabled=progress and len(items) > 1):
         model = model_of(cfg, run_dir, device)
         context = model.config.context
-        start = a + max(0, fit + score + max_lag + context - (b - a))   # = a: the shard is long enough
-        text = np.asarray(ds.tokens[start:start + fit + score + max_lag + context], dtype=np.int64)
-        X, current = features(model, text, start, max_lag)
+        rnn = isinstance(model, CharRNN)
+        need = fit + score + max_lag + context + (max_lag + 1) * (fit + score) // PIECE   # rnn: each piece's start
+        if b - a < need:
+            raise ReslmError(f"the first training shard has {b - a:,} characters; fit + score + lags need {need:,}")
+        text = np.asarray(ds.tokens[a:a + need], dtype=np.int64)
+        X, current = features(model, text, a, max_lag)
         r = recall_of(X, current, torch.from_numpy(text).to(X.device), model.config.vocab_size, lags, fit)
         runs.append(dict(name=name, family=cfg["family"], trainable_params=count_params(model)[0],
-                         reservoir=model.config.reservoir, size=model.reservoir.size, features=int(X.shape[1]),
+                         reservoir=model.config.cell if rnn else model.config.reservoir,
+                         size=model.config.hidden if rnn else model.reservoir.size, features=int(X.shape[1]),
                          context_mode=model.config.context_mode, **r))
     return dict(data=first.get("name"), text=f"training shard {ds.train_shards[0]}, characters from {a:,}",
                 fit=fit, score=score, max_lag=max_lag, decoder="ridge on one-hot targets, softmax with a fitted "

@@ -12,7 +12,7 @@ from reslm import train as tt
 from reslm.cli import main
 from reslm.core.errors import ReslmError
 from reslm.data import prepare_text
-from reslm.recall import recall_profile, run_item
+from reslm.recall import check_model, recall_profile, run_item
 from reslm.train.ridge import RidgeAccumulator
 
 FIT, SCORE = 2_000, 2_000
@@ -32,9 +32,12 @@ def iid(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(iid, tmp_path_factory):
     root = tmp_path_factory.mktemp("recall-runs")
-    return {name: tt.create_run(root / name, family, model, TINY, iid)
+    made = {name: tt.create_run(root / name, family, model, TINY, iid)
             for name, family, model in (("nvar", "rc", NVAR3), ("esn", "rc", dict(size=40, streams=4)),
-                                        ("gru", "rnn", dict(cell="gru", embed_dim=8, hidden=16)))}
+                                        ("gru", "rnn", dict(cell="gru", embed_dim=8, hidden=16, context_mode="stream")),
+                                        ("tf", "tf", dict(ff_dim=16, n_heads=2, n_layers=1, context=8)))}
+    tt.train(made["gru"], progress=False)   # a recurrent network's state is read with its trained weights
+    return made
 
 
 def test_nvar_recalls_exactly_the_inputs_it_holds(runs):
@@ -55,6 +58,18 @@ def test_the_figures_repeat_and_runs_share_the_text(runs):
     assert [x["name"] for x in r["runs"]] == [str(runs["esn"]), str(runs["nvar"])]
     assert r["runs"][0]["scored"] == r["runs"][1]["scored"]
     assert recall_profile(items, max_lag=4, fit=FIT, score=SCORE, progress=False) == r
+
+
+def test_a_trained_gru_is_read_from_its_hidden_state(runs):
+    r = recall_profile([run_item(runs["gru"])], max_lag=3, fit=FIT, score=SCORE, progress=False)["runs"][0]
+    assert (r["family"], r["reservoir"], r["size"], r["features"]) == ("rnn", "gru", 16, 16)
+    assert r["lags"][0]["recall"] > 0.5 and r["scored"] > 900
+
+
+def test_an_untrained_recurrent_network_is_refused():
+    with pytest.raises(ReslmError, match="p:gru: a recurrent network's state is read from a trained run"):
+        check_model("p:gru", dict(family="rnn", data=dict(kind="chars")), None)
+    check_model("p:esn", dict(family="rc", data=dict(kind="chars")), None)
 
 
 def test_several_targets_per_sample_are_separate_decoders():
@@ -88,7 +103,7 @@ def test_the_command_reads_runs_and_a_plans_configurations(runs, iid, tmp_path, 
 @pytest.mark.parametrize("args, message", [
     ([], "name at least one run"),
     (["--only", "x"], "--only names configurations of --plan"),
-    (["{gru}"], "recall reads a reservoir's states"),
+    (["{tf}"], "recall reads a reservoir's states"),
     (["{esn}", "--out", "r.txt"], "must end in .json"),
     (["{esn}", "--fit", "10"], "--fit: 10 is out of range"),
     (["{esn}", "--fit", "100000"], "the first training shard has"),

@@ -139,15 +139,16 @@ RECALL_DESCRIPTION = (
     "capacity is the sum over lags 1..K, in characters (the reservoir field's memory capacity, for "
     "symbols). Reads the first training shard only (--fit characters to solve the decoders, --score "
     "after them to pick the ridge penalty and to score), never the test shard, and no trained weights: "
-    "name runs (rc or aerc, on characters) or a plan's configurations (--plan; nothing is trained), all "
-    "on one dataset. A linear decoder gives a lower bound of what the state holds.")
+    "name runs (rc or aerc on characters: their fixed part; a trained GRU/LSTM run: its hidden state) or a "
+    "plan's reservoir configurations (--plan; nothing is trained), all on one dataset. A linear decoder "
+    "gives a lower bound of what the state holds.")
 
 
 def add_recall(sub) -> None:
     rec = sub.add_parser("recall", help="how many characters back a reservoir's state can be decoded",
                          description=RECALL_DESCRIPTION)
-    rec.add_argument("run_dirs", nargs="*", metavar="RUN", help="run directories or published results/NAME (their "
-                     "fixed part: the trained weights are not read)")
+    rec.add_argument("run_dirs", nargs="*", metavar="RUN", help="run directories or published results/NAME (a reservoir's "
+                     "fixed part: its trained weights are not read; an rnn run's trained hidden state)")
     rec.add_argument("--plan", help="also a plan's configurations, as a run at --seed would build them "
                      "(a plan file or the name of a plan reslm ships)")
     rec.add_argument("--only", action="append", default=[], metavar="LABEL",
