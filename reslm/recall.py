@@ -213,13 +213,15 @@ def plot_recall(result: dict, path: Path) -> None:
     except ImportError:
         raise ReslmError("--plot needs matplotlib (pip install matplotlib)") from None
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for r in result["runs"]:
+    for i, r in enumerate(result["runs"]):
         rows = [x for x in r["lags"] if x["lag"] >= 1]
-        ax.plot([x["lag"] for x in rows], [x["recall"] for x in rows], marker=".",
+        style = ("-", "--", ":")[i // 10 % 3]   # the colours repeat after ten lines
+        ax.plot([x["lag"] for x in rows], [x["recall"] for x in rows], marker=".", linestyle=style,
                 label=f"{r['name']} (capacity {r['capacity']:.2f})")
     ax.set_xlabel("lag k (characters back)")
-    ax.set_ylabel("linear recall of c[t-k] (0: the majority guess, 1: every character)")
-    ax.set_title(f"{result['fit']:,} samples to fit, {result['runs'][0]['scored']:,} scored")
+    ax.set_ylabel("linear recall of c[t-k]")
+    ax.set_title(f"{result['fit']:,} samples to fit, {result['runs'][0]['scored']:,} scored "
+                 "(0: the most frequent character, 1: every one)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
