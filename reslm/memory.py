@@ -171,15 +171,32 @@ def memory_text(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_memory(result: dict, path: Path) -> None:
-    """Test CE against k (log scale), one line per run, written atomically to `path` (.png)."""
+def line_plot(path: Path, draw, figsize=(6, 4)) -> None:
+    """A one-axes figure drawn by draw(ax), with a grid and a legend, written atomically to `path` (.png):
+    the --plot of `reslm memory` and `reslm recall`. ReslmError (one line) without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise ReslmError("--plot needs matplotlib (pip install matplotlib)") from None
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=figsize)
+    try:
+        draw(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
+    finally:
+        plt.close(fig)
+
+
+def plot_memory(result: dict, path: Path) -> None:
+    """Test CE against k (log scale), one line per run, written atomically to `path` (.png)."""
+    line_plot(path, lambda ax: _draw_memory(result, ax))
+
+
+def _draw_memory(result: dict, ax) -> None:
     for r in result["runs"]:
         ks = [int(k) for k, v in r[MEMORY_LOSS].items() if v is not None]
         ax.errorbar(ks, [r[MEMORY_LOSS][str(k)] for k in ks], yerr=[r["se"][str(k)] for k in ks], marker="o",
@@ -188,13 +205,6 @@ def plot_memory(result: dict, path: Path) -> None:
     ax.set_xlabel("symbols read before the target (k)")
     ax.set_ylabel("test CE (nats per symbol)")
     ax.set_title(f"{result['positions']:,} positions of {result['text']}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
-    finally:
-        plt.close(fig)
 
 
 def write_memory(result: dict, path: Path) -> None:

@@ -34,9 +34,10 @@ import torch
 import torch.nn.functional as F
 
 from reslm.core.errors import ReslmError
-from reslm.core.files import atomic_write, write_json
+from reslm.core.files import write_json
 from reslm.core.progress import bar
 from reslm.data.datasets import check_dataset, data_kind, find_dataset, open_dataset
+from reslm.memory import line_plot
 from reslm.models import family
 from reslm.models.base import count_params
 from reslm.models.load import load_model, load_run, load_run_model
@@ -206,13 +207,10 @@ def recall_text(result: dict) -> str:
 
 def plot_recall(result: dict, path: Path) -> None:
     """Recall against the lag, one line per model, written atomically to `path` (.png)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ReslmError("--plot needs matplotlib (pip install matplotlib)") from None
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    line_plot(path, lambda ax: _draw_recall(result, ax), figsize=(6.5, 4))
+
+
+def _draw_recall(result: dict, ax) -> None:
     for i, r in enumerate(result["runs"]):
         rows = [x for x in r["lags"] if x["lag"] >= 1]
         style = ("-", "--", ":")[i // 10 % 3]   # the colours repeat after ten lines
@@ -222,13 +220,6 @@ def plot_recall(result: dict, path: Path) -> None:
     ax.set_ylabel("linear recall of c[t-k]")
     ax.set_title(f"{result['fit']:,} samples to fit, {result['runs'][0]['scored']:,} scored "
                  "(0: the most frequent character, 1: every one)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
-    finally:
-        plt.close(fig)
 
 
 def write_recall(result: dict, path: Path) -> None:

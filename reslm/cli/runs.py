@@ -106,10 +106,7 @@ def add_memory(sub) -> None:
                      help=f"test symbols scored at every k (default {POSITIONS:,})")
     mem.add_argument("--batch", type=int_range(1, 10**7), default=BATCH,
                      help=f"positions read at once (default {BATCH:,}; lower it to use less memory)")
-    mem.add_argument("--out", metavar="FILE.json", help="also write the result as JSON")
-    mem.add_argument("--plot", metavar="FILE.png", help="also draw test CE against k")
-    mem.add_argument("--json", action="store_true", help="print the result as JSON")
-    mem.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_outputs(mem, "test CE against k")
     shared(mem, "--device", "--threads")
     mem.set_defaults(func=cmd_memory)
 
@@ -138,10 +135,10 @@ RECALL_DESCRIPTION = (
     "at k: 0 is no better than always naming the most frequent character, 1 names every one. The "
     "capacity is the sum over lags 1..K, in characters (the reservoir field's memory capacity, for "
     "symbols). Reads the first training shard only (--fit characters to solve the decoders, --score "
-    "after them to pick the ridge penalty and to score), never the test shard, and no trained weights: "
-    "name runs (rc or aerc on characters: their fixed part; a trained GRU/LSTM run: its hidden state) or a "
-    "plan's reservoir configurations (--plan; nothing is trained), all on one dataset. A linear decoder "
-    "gives a lower bound of what the state holds.")
+    "after them to pick the ridge penalty and to score), never the test shard. Name runs (rc or aerc on "
+    "characters: their fixed part, the trained head is not read; a trained GRU/LSTM run: its hidden "
+    "state) or a plan's reservoir configurations (--plan; nothing is trained), all on one dataset. A "
+    "linear decoder gives a lower bound of what the state holds.")
 
 
 def add_recall(sub) -> None:
@@ -159,10 +156,7 @@ def add_recall(sub) -> None:
                      help=f"samples the decoders are solved on (default {FIT:,})")
     rec.add_argument("--score", type=int_range(1_000, 10**9), default=SCORE,
                      help=f"samples after them: half pick the penalty, half are scored (default {SCORE:,})")
-    rec.add_argument("--out", metavar="FILE.json", help="also write the result as JSON")
-    rec.add_argument("--plot", metavar="FILE.png", help="also draw the recall against the lag")
-    rec.add_argument("--json", action="store_true", help="print the result as JSON")
-    rec.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_outputs(rec, "the recall against the lag")
     shared(rec, "--root", "--device", "--threads")
     rec.set_defaults(func=cmd_recall)
 
@@ -183,6 +177,14 @@ def cmd_recall(args):
     if args.plot:
         plot_recall(r, Path(args.plot))
     print(json.dumps(r, indent=2) if args.json else recall_text(r))
+
+
+def _add_outputs(parser, drawn: str) -> None:
+    """--out, --plot, --json and --no-progress of a command that measures runs (memory, recall)."""
+    parser.add_argument("--out", metavar="FILE.json", help="also write the result as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help=f"also draw {drawn}")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _check_outputs(args):
