@@ -13,6 +13,7 @@ from reslm.cli import main
 from reslm.core.errors import ReslmError
 from reslm.data import prepare_text
 from reslm.recall import check_model, recall_profile, run_item
+from reslm.recording import export_drive, import_states, simulate
 from reslm.train.ridge import RidgeAccumulator
 
 FIT, SCORE = 2_000, 2_000
@@ -64,6 +65,22 @@ def test_a_trained_gru_is_read_from_its_hidden_state(runs):
     r = recall_profile([run_item(runs["gru"])], max_lag=3, fit=FIT, score=SCORE, progress=False)["runs"][0]
     assert (r["family"], r["reservoir"], r["size"], r["features"]) == ("rnn", "gru", 16, 16)
     assert r["lags"][0]["recall"] > 0.5 and r["scored"] > 900
+
+
+def test_a_recorded_device_is_read_like_the_substrate_it_recorded(iid, tmp_path):
+    """A device's recording (here an ESN played through `reslm substrate`'s drive) gives the recall of
+    the same ESN computed in process, one stream per shard as the device plays it."""
+    export_drive(iid, tmp_path / "drive", embed_dim=16, seed=0)
+    simulate(tmp_path / "drive", tmp_path / "states.npy", reservoir="esn", size=40)
+    import_states(tmp_path / "states.npy", tmp_path / "drive", tmp_path / "sub")
+    ref = tt.create_run(tmp_path / "ref", "rc", dict(size=40, streams=1), TINY, iid)
+    rec = tt.create_run(tmp_path / "rec", "rc", dict(reservoir="recorded", reservoir_options=f"path={tmp_path / 'sub'}"),
+                        TINY, iid)
+    a, b = (recall_profile([run_item(r)], max_lag=4, fit=FIT, score=SCORE, progress=False)["runs"][0]
+            for r in (ref, rec))
+    assert b["reservoir"] == "recorded" and b["size"] == 40
+    assert [x["accuracy"] for x in a["lags"]] == [x["accuracy"] for x in b["lags"]]
+    assert a["capacity"] == b["capacity"] > 0.5
 
 
 def test_an_untrained_recurrent_network_is_refused():
