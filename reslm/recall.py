@@ -21,9 +21,10 @@ a fixed reservoir beside a trained one.
 Text. The first `fit` + `score` characters of the dataset's first training shard (never the test shard),
 read the way the model's features are read in training (its context mode; stream mode in pieces of at
 least PIECE characters, so that each scored state has a long history). The decoders are solved on the
-first `fit` samples; the `score` samples after them are split in two: the first half picks the ridge
-penalty of ALPHAS for each lag (by the CE of its softmax with a fitted temperature), the second half is
-scored. Only samples with at least max_lag characters before them are used, the same for every lag.
+first `fit` samples; the samples after them (at least `score`: the text read has a margin for the
+lags and a recurrent network's piece starts) are split in two: the first half picks the ridge penalty of
+ALPHAS for each lag (by the CE of its softmax with a fitted temperature), the second half is scored.
+Only samples with at least max_lag characters before them are used, the same for every lag.
 """
 from __future__ import annotations
 
@@ -137,8 +138,8 @@ def recall_of(X: torch.Tensor, current: torch.Tensor, tokens: torch.Tensor, V: i
             if best[j] is None or ce < best[j][0]:
                 best[j] = (ce, beta, alpha, Z[half:, j].clone())
     scored = yr[half:]
-    freq = torch.bincount(scored[:, 0], minlength=V).double()   # the scored characters (every lag's, but
-    majority = (freq.max() / freq.sum()).item()                   # a few at the ends)
+    freq = torch.bincount(scored[:, 0], minlength=V).double()   # the scored characters (lag k's targets are
+    majority = (freq.max() / freq.sum()).item()                   # the same text k characters earlier)
     rows = []
     for j, k in enumerate(lags):
         _, beta, alpha, z = best[j]

@@ -155,7 +155,8 @@ def add_recall(sub) -> None:
     rec.add_argument("--fit", type=int_range(1_000, 10**9), default=FIT,
                      help=f"samples the decoders are solved on (default {FIT:,})")
     rec.add_argument("--score", type=int_range(1_000, 10**9), default=SCORE,
-                     help=f"samples after them: half pick the penalty, half are scored (default {SCORE:,})")
+                     help=f"at least this many samples after them: half pick the penalty, half are "
+                     f"scored (default {SCORE:,})")
     _add_outputs(rec, "the recall against the lag")
     shared(rec, "--root", "--device", "--threads")
     rec.set_defaults(func=cmd_recall)
