@@ -122,6 +122,7 @@ def test_the_command_reads_runs_and_a_plans_configurations(runs, iid, tmp_path, 
     (["--only", "x"], "--only names configurations of --plan"),
     (["{tf}"], "recall reads a reservoir's states"),
     (["{esn}", "--out", "r.txt"], "must end in .json"),
+    (["{esn}", "--out", "no/such/r.json"], "does not exist"),
     (["{esn}", "--fit", "10"], "--fit: 10 is out of range"),
     (["{esn}", "--fit", "100000"], "the first training shard has"),
 ])

@@ -189,9 +189,12 @@ def _add_outputs(parser, drawn: str) -> None:
 
 
 def _check_outputs(args):
+    """--out and --plot: the right suffix, in a folder that exists (checked before minutes of measuring)."""
     for path, suffix in ((args.out, ".json"), (args.plot, ".png")):
         if path is not None and not path.endswith(suffix):
             raise ReslmError(f"{path} must end in {suffix}")
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise ReslmError(f"{path}: its folder {Path(path).resolve().parent} does not exist")
 
 
 def _check_sampling(args):
