@@ -8,15 +8,22 @@ import re
 import statistics
 from pathlib import Path
 
-from reslm.core.files import atomic_write
+from reslm.core.files import atomic_write, read_json
+from reslm.core.metrics import TEST_LOSS, VAL_LOSS
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Plan, bundled_plans, load_plan
 from reslm.frontier.runner import Entry, estimate, figures, index_results, pending, plan_table, selection
 from reslm.core.metrics import LN2
 from reslm.models.identity import delta, describe, recipe
+from reslm.report.frontier import GAP_FIG, KN_FILE
+from reslm.report.plots import plot_gap
+from reslm.run import read_config, read_metrics
 
 PLANS_PAGE = "docs/frontier-plans.md"
 PAGES_WITH_BLOCKS = ("docs/frontier-routes.md",)   # hand-written pages with generated plan tables
+# docs/GAP_FIG.png draws these plans side by side: the trained ceilings and the reservoir's routes
+GAP_PLANS = (("trained ceiling", ("gru-ceiling", "lstm-ceiling")),
+             ("reservoir", ("esn-routes", "esn-substrates", "esn-memory")))
 
 
 def _hms(seconds: float | None) -> str:
@@ -239,10 +246,77 @@ def _ledger_lines(plan: Plan, results: Path) -> list[str]:
     return L
 
 
+def gap_figures(plans: dict[str, Plan], results: Path, index: dict) -> tuple[list[dict], list[dict]]:
+    """The rows and curves of `plot_gap` from the published runs of GAP_PLANS' plans (`plans`: name ->
+    Plan, those not given are loaded). A configuration in several plans (a shared base) is drawn once,
+    under the first. rows: each configuration with a finished run, its test CE on both metrics over the
+    seeds done. curves: each screen run (finished or published unfinished) against its plan's base at
+    the screen seed: validation CE minus the base's, interpolated at the same number of samples."""
+    rows, curves, seen = [], [], set()
+    for side, names in GAP_PLANS:
+        for name in names:
+            plan = plans.get(name) or load_plan(name)
+            table = plan_table(plan, results, None, index)
+            groups = selection(plan, table)["groups"]
+            base = next((e for e in table if e.config == plan.base and e.seed == plan.rule.screen_seed), None)
+            base_curve = _val_curve(base.folder) if base and base.folder else []
+            for c in plan.configs:
+                if c.fingerprint in seen:
+                    continue
+                seen.add(c.fingerprint)
+                label = c.label or "base"
+                g = groups[label]
+                if g["test_window"] or g["test_stream"]:
+                    rows.append(dict(side=side, plan=name, configuration=label, seeds=len(g["seeds"]),
+                                     **{f"{k}{sfx}": (g[k][i] if g[k] else None) for k in ("test_window", "test_stream")
+                                        for i, sfx in ((0, ""), (1, "_sd"))},
+                                     val_screen=next((e.val for e in table if e.config == c and e.state == "done"
+                                                       and e.seed == plan.rule.screen_seed), None)))
+                run = next((e for e in table if e.config == c and e.seed == plan.rule.screen_seed), None)
+                if c is plan.base or run is None or run.folder is None or run.state not in ("done", "unfinished"):
+                    continue
+                for step, samples, val in _val_curve(run.folder):
+                    at = _interpolate(base_curve, samples)
+                    if at is not None:
+                        curves.append({"side": side, "plan": name, "configuration": label, "seed": run.seed,
+                                       "step": step, "samples": samples, VAL_LOSS: val, f"base_{VAL_LOSS}": at,
+                                       "difference": val - at, "finished": run.state == "done"})
+    return rows, curves
+
+
+def _val_curve(folder: Path) -> list[tuple[int, int, float]]:
+    """(step, samples seen, validation CE) of each evaluation a run folder recorded."""
+    batch = read_config(folder)["train"].get("batch_size", 1)
+    return [(r["step"], r["step"] * batch, r[VAL_LOSS]) for r in read_metrics(folder)
+            if r.get("kind") == "eval" and r.get("step", 0) > 0 and isinstance(r.get(VAL_LOSS), (int, float))]
+
+
+def _interpolate(curve: list[tuple[int, int, float]], samples: int) -> float | None:
+    """The curve's validation CE at `samples`, linear between its evaluations; None outside them."""
+    for (_, s0, v0), (_, s1, v1) in zip(curve, curve[1:]):
+        if s0 <= samples <= s1:
+            return v0 + (v1 - v0) * (samples - s0) / (s1 - s0) if s1 > s0 else v0
+    return None
+
+
+def write_gap_figure(repo: Path, plans: dict[str, Plan] | None = None, index: dict | None = None) -> dict | None:
+    """docs/frontier-gap.png and its CSVs (plot_gap) from results/; None when no plan of GAP_PLANS has a
+    finished configuration."""
+    repo = Path(repo)
+    index = index_results(repo / "results") if index is None else index
+    rows, curves = gap_figures(plans or {}, repo / "results", index)
+    if not rows:
+        return None
+    kn = read_json(repo / KN_FILE)
+    refs = {f"Kneser-Ney {kn['order']}-gram": kn[TEST_LOSS]} if kn else {}
+    return plot_gap(rows, curves, repo / "docs", stem=GAP_FIG, references=refs)
+
+
 def write_plans_page(repo: Path, plans: list[Plan] | None = None, check: bool = False) -> list[str]:
     """docs/frontier-plans.md: one section per plan (default: every plan reslm ships), and the plan blocks
-    of PAGES_WITH_BLOCKS, from results/ alone (runs in progress elsewhere change nothing). Returns the
-    pages that changed (with check=True: would change, and nothing is written)."""
+    of PAGES_WITH_BLOCKS, from results/ alone (runs in progress elsewhere change nothing), and
+    docs/frontier-gap.png (write_gap_figure). Returns the pages that changed (with check=True: would
+    change, and nothing is written; the figure is not compared)."""
     repo = Path(repo)
     plans = plans if plans is not None else [load_plan(p) for p in bundled_plans()]
     index = index_results(repo / "results")
@@ -265,7 +339,12 @@ def write_plans_page(repo: Path, plans: list[Plan] | None = None, check: bool = 
         changed.append(rel)
         if not check:
             atomic_write(path, lambda p, t=text: p.write_text(t, encoding="utf-8"))
+    if not check and (repo / "docs").is_dir():
+        made = write_gap_figure(repo, {p.name: p for p in plans}, index)
+        if made and made.get("note"):
+            print(f"reslm: {made['note']}")
     return changed
 
 
-__all__ = ["PAGES_WITH_BLOCKS", "PLANS_PAGE", "fill_plan_blocks", "plan_markdown", "status_lines", "write_plans_page"]
+__all__ = ["GAP_PLANS", "PAGES_WITH_BLOCKS", "PLANS_PAGE", "fill_plan_blocks", "gap_figures", "plan_markdown",
+           "status_lines", "write_gap_figure", "write_plans_page"]

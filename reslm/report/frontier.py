@@ -17,6 +17,7 @@ from reslm.report.rows import NOT_PUBLISHED, PAPER_SAMPLING, _variant, whole_sha
 from reslm.run import CONFIG, SUMMARY, read_metrics
 
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
+GAP_FIG = "frontier-gap"   # the reservoir beside the tuned ceiling, drawn by reslm.frontier.report
 CEILING_BUDGET = 155_803   # the trained ceilings: at most tf-256-16-16's trainable count, the paper's largest
 VAL_FIELDS = ("val_fraction", "val_split", "keep_best_val")   # the validation split's training fields
 # the training fields of a lab route the frontier table lists where they differ from the paper's protocol
@@ -45,6 +46,14 @@ def _route(cfg: dict) -> list[str]:
     return out
 
 
+def _metric_words(point: dict) -> str:
+    """Which test metric a run's figure is on, in words (empty where its summary does not say)."""
+    metric = point.get("test_metric") or ""
+    if metric == "stream":
+        return " with the state carried through the test text"
+    return f" on {metric.split('-')[1]}-character windows (the paper's metric)" if metric.startswith("window-") else ""
+
+
 def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
     """Every character run scored on the whole test shard: the published ones (with the strict-rules
     verdict and what they changed) and the legacy rows (the paper's protocol)."""
@@ -65,7 +74,7 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
                         **{TEST_LOSS: summary.get(kept_of(TEST_LOSS), rows[-1][TEST_LOSS])},
                         **{VAL_LOSS: summary.get(kept_of(VAL_LOSS), rows[-1].get(VAL_LOSS))}, strict=verdict.ok,
-                        weights=summary.get("weights", "last"),
+                        weights=summary.get("weights", "last"), test_metric=summary.get("test_metric"),
                         config=fingerprint(cfg), base_config=fingerprint(cfg, ignore=VAL_FIELDS),
                         seed=cfg["train"].get("seed", 0), test_at_best_val=_test_at_best_val(summary, rows),
                         **{best_of(VAL_LOSS): summary.get(best_of(VAL_LOSS))},
@@ -199,7 +208,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
     if top:
         r0 = top["runs"][0]
         L += [f"**Best strict reservoir-family configuration on validation: [{r0['name']}](../{r0['folder']}) and its "
-              f"other seeds at {_mean_sd(top['test'])} nats test CE (mean ± sd over {len(top['runs'])} seeds; "
+              f"other seeds at {_mean_sd(top['test'])} nats test CE{_metric_words(r0)} (mean ± sd over {len(top['runs'])} seeds; "
               f"{_mean_sd(top['test_at_best_val'])} at each seed's best validation CE), "
               f"{top['trainable_params']:,} trainable parameters.**", ""]
         if refit:
@@ -227,8 +236,11 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
         c = ceilings[0]   # the ranking's order: on validation where the runs have a split
         how = "selected on validation" if c.get(VAL_LOSS) is not None else "no validation split"
         L += [f"**Best trained ceiling of the same size so far: [{c['name']}](../{c['folder']}) at "
-              f"{c[TEST_LOSS]:.4f} nats, {c['trainable_params']:,} trainable parameters, "
-              f"{_recipe(c['route'])} ({how}).**", ""]
+              f"{c[TEST_LOSS]:.4f} nats{_metric_words(c)}, {c['trainable_params']:,} trainable parameters, "
+              f"{_recipe(c['route'])} ({how}).**", "",
+              f"The reservoir's routes beside the ceiling tuned as hard, on both metrics, and each route's screen "
+              f"against its base: [{GAP_FIG}.png]({GAP_FIG}.png) (the plans of "
+              "[frontier-routes.md, section 6](frontier-routes.md#6-one-metric-for-both-sides-and-the-tuned-ceiling-issue-49)).", ""]
     if groups:
         L += ["## Over seeds", "",
               "Configurations within 10% of the budget published at several seeds (`--seed` changes the reservoir, "

@@ -4,13 +4,14 @@ helpers and conventions of reslm.report.figures: without matplotlib the CSV is s
     plot_substrates   test CE per substrate and family at the paper's largest reservoir budgets
     plot_physical     test CE under readout noise and b-bit ADCs
     plot_frontier     test CE against trainable parameters, every published and legacy run
+    plot_gap          the reservoir's routes beside the tuned trained ceiling (frontier plans)
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
-from reslm.core.metrics import TEST_BPC, TEST_LOSS
+from reslm.core.metrics import TEST_BPC, TEST_LOSS, VAL_LOSS
 from reslm.report.figures import FAMILY_COLORS, _families, _finish, _label, _log_params_axis, _need, _pyplot, _write_csv
 
 
@@ -146,3 +147,95 @@ def plot_frontier(points, out_dir, stem: str = "frontier", references=None, budg
         keep = dict(zip(labels, handles))
         ax.legend(keep.values(), keep.keys(), fontsize=7, loc="upper right")
     return _finish(plt, fig, out_dir, stem, csv_path)
+
+
+# --------------------------------------------------------------------------- the gap to the ceiling
+
+GAP_FIELDS = ("side", "plan", "configuration", "seeds", "test_window", "test_window_sd", "test_stream",
+              "test_stream_sd", "val_screen")
+GAP_CURVE_FIELDS = ("side", "plan", "configuration", "seed", "step", "samples", VAL_LOSS, f"base_{VAL_LOSS}",
+                    "difference", "finished")
+SIDE_COLORS = {"reservoir": "tab:green", "trained ceiling": "0.25"}
+
+
+def plot_gap(rows, curves, out_dir, stem: str = "frontier-gap", references=None) -> dict:
+    """A fixed reservoir's routes beside the tuned trained ceiling, from the frontier plans' runs.
+
+    Left: test CE per configuration with a finished run, filled on the paper's metric (each test
+    character from its 32 preceding characters), hollow with the state carried through the test text;
+    mean ± sd over the seeds done. references: {label: test CE}, dotted vertical lines.
+    Then one panel per side: each screen run's validation CE minus its plan base's at the same number
+    of training samples (the base's curve interpolated), against the samples seen; finished runs solid,
+    unfinished ones dashed, so a route shows how far it got before it finished.
+
+    rows: [{side, plan, configuration, seeds, test_window, test_window_sd, test_stream, test_stream_sd,
+    val_screen}]; curves: [{side, plan, configuration, seed, step, samples, VAL_LOSS, base_VAL_LOSS,
+    difference, finished}]. Writes {stem}.csv (rows) and {stem}-curves.csv (curves)."""
+    rows = _need(rows, "configurations with a finished run")
+    out_dir = Path(out_dir)
+    csv_path = _write_csv(out_dir / f"{stem}.csv", GAP_FIELDS, rows)
+    curves_csv = _write_csv(out_dir / f"{stem}-curves.csv", GAP_CURVE_FIELDS, curves)
+    plt = _pyplot()
+    fig = None
+    if plt is not None:
+        sides = list(dict.fromkeys(c["side"] for c in curves))
+        fig = plt.figure(figsize=(12, max(4.0, 0.3 * len(rows) + 2) + (4.5 if sides else 0)))
+        grid = fig.add_gridspec(2 if sides else 1, max(1, len(sides)), height_ratios=(max(4.0, 0.3 * len(rows) + 2), 4.5)
+                                if sides else None)
+        _gap_tests(fig.add_subplot(grid[0, :]), rows, references)
+        grouped = _grouped(curves)
+        for i, side in enumerate(sides):
+            _gap_curves(fig.add_subplot(grid[1, i]), side, {k: v for k, v in grouped.items() if k[0] == side})
+    return _finish(plt, fig, out_dir, stem, csv_path, curves_csv=curves_csv)
+
+
+def _gap_tests(ax, rows, references) -> None:
+    order = sorted(rows, key=lambda r: (r["side"] != "trained ceiling", -(r["test_window"] or r["test_stream"])))
+    for y, r in enumerate(order):
+        color = SIDE_COLORS.get(r["side"], "tab:blue")
+        for key, face in (("test_window", color), ("test_stream", "none")):
+            if r.get(key) is not None:
+                ax.errorbar(r[key], y, xerr=r.get(f"{key}_sd") or 0.0, fmt="o", ms=6, color=color, mfc=face,
+                            mec=color, capsize=2, zorder=3)
+    ax.set_yticks(range(len(order)), [f"{r['plan']}: {r['configuration']} ({r['seeds']} seed{'s' if r['seeds'] > 1 else ''})"
+                                      for r in order], fontsize=7)
+    ax.set_ylim(-0.7, len(order) - 0.3)
+    for label, ce in sorted((references or {}).items()):
+        ax.axvline(ce, color="0.35", ls=":", lw=1.2, zorder=1, label=f"{label}: {ce:.4f}")
+    ax.scatter([], [], color="0.5", label="32-char windows (the paper's metric)")
+    ax.scatter([], [], facecolors="none", edgecolors="0.5", label="state carried through the test text")
+    ax.set_xlabel("test CE (nats/char), mean ± sd over seeds")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title("every finished configuration (green: fixed reservoir; grey: trained ceiling)", fontsize=9)
+
+
+def _gap_curves(ax, side: str, grouped: dict, limit: float = 0.15) -> None:
+    """One side's screen curves; the y range fits the curves past their first fifth (the first
+    evaluations swing widely), at most ±limit: a curve beyond it says so in the legend."""
+    colors = _pyplot().get_cmap("tab20").colors
+    shown = []
+    for i, ((_, plan, conf, seed), pts) in enumerate(sorted(grouped.items())):
+        last = max(p["samples"] for p in pts)
+        late = [p["difference"] for p in pts if p["samples"] >= 0.2 * last]
+        off = f" (off the scale: {pts[-1]['difference']:+.2f} at the end)" if abs(pts[-1]["difference"]) > limit else ""
+        ax.plot([p["samples"] / 1e6 for p in pts], [p["difference"] for p in pts], color=colors[i % len(colors)],
+                lw=1.2, ls="-" if pts[-1]["finished"] else "--", label=f"{plan}: {conf}{off}")
+        shown += [d for d in late if abs(d) <= limit]
+    if shown:
+        lo, hi = min(min(shown), 0.0), max(max(shown), 0.0)
+        pad = 0.15 * (hi - lo) + 0.005
+        ax.set_ylim(lo - pad, hi + pad)
+    ax.axhline(0.0, color="k", lw=0.8)
+    ax.set_xlabel("training samples seen (millions)")
+    ax.set_ylabel("val CE minus its base's (nats)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, loc="best")
+    ax.set_title(f"{side}: each screen run against its plan's base\nat the same samples (dashed: unfinished)", fontsize=9)
+
+
+def _grouped(curves) -> dict:
+    out: dict = {}
+    for p in curves:
+        out.setdefault((p["side"], p["plan"], p["configuration"], p["seed"]), []).append(p)
+    return {k: sorted(v, key=lambda p: p["samples"]) for k, v in out.items()}

@@ -10,6 +10,7 @@ import pytest
 
 from reslm.cli import main
 from reslm.core.errors import ReslmError
+from reslm.core.metrics import VAL_LOSS
 from reslm.frontier import bundled_plans, load_plan, plan_table, run_plan, selection
 from reslm.frontier import ledger
 from reslm.frontier import runner as frunner
@@ -269,3 +270,26 @@ def test_an_unknown_device_is_refused_before_any_run_starts(where, capsys):
     assert main(["frontier", "run", str(path), "--device", "bogus", "--results", str(results), "--runs", str(runs),
                  "--root", str(root)]) == 2
     assert "unknown device 'bogus'" in capsys.readouterr().err and not runs.exists()
+
+
+def test_the_gap_figure_draws_each_configuration_and_each_screen_against_its_base(where, monkeypatch, tmp_path):
+    from reslm.frontier import report as freport
+    from reslm.frontier.runner import index_results
+    path, results, runs, root = where
+    plan = load_plan(path)
+    table = run(path, results, runs, root)
+    monkeypatch.setattr(freport, "GAP_PLANS", (("reservoir", (plan.name,)),))
+    rows, curves = freport.gap_figures({plan.name: plan}, results, index_results(results))
+    groups = selection(plan, table)["groups"]
+    assert {r["configuration"] for r in rows} == {k for k, g in groups.items() if g["seeds"]}
+    base = next(r for r in rows if r["configuration"] == "b")
+    assert base["seeds"] == 2 and base["test_stream"] == pytest.approx(groups["b"]["test_stream"][0])
+    # every candidate shares the base's schedule, so each evaluation meets one of the base's exactly
+    assert {c["configuration"] for c in curves} == {"lr3e-2", "lr1e-4"}
+    for c in curves:
+        assert c["difference"] == pytest.approx(c[VAL_LOSS] - c[f"base_{VAL_LOSS}"]) and c["finished"]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "results").mkdir(exist_ok=True)
+    made = freport.write_gap_figure(tmp_path, {plan.name: plan})
+    assert made["csv"].is_file() and made["curves_csv"].is_file()
+    assert made["png"] is None or made["png"].is_file()
