@@ -109,8 +109,10 @@ def add_parser(sub, argv: list[str]) -> None:
                         f"loses at most that much (default {CHECKPOINT_SECONDS / 60:g}; the result is the same)")
     t.add_argument("--cache-states", action="store_true",
                    help="character reservoir runs: keep the current shard's and the test reservoir states in "
-                        "RUN/states, so that --resume reads them back instead of computing them again "
-                        "(disk: states x N x 4 bytes per shard; removed when the run finishes)")
+                        "RUN/states, so that --resume reads them back instead of computing them again, and with "
+                        "--cycles above 1 every shard's while a tenth of the disk (at least 4 GiB) stays free, so "
+                        "that a later cycle reads them back too (disk: states x N x 4 bytes per shard; removed "
+                        "when the run finishes)")
     shared(t, "--root", "--device", "--no-progress")
     model_fields, train_fields = _family_flags(t, fam_name) if fam_name else ([], [])
     t.set_defaults(_model_fields=model_fields, _train_fields=train_fields, func=cmd_train)

@@ -14,6 +14,7 @@ to RESULTS/NAME when it finishes; a published unfinished run is continued in pla
 """
 from __future__ import annotations
 
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from reslm.run import CONFIG, SUMMARY, is_finished, lock_run, read_config, read_
 from reslm.run.lock import RunInUse, writer_of
 from reslm.run.registry import is_published, published_folders, read_manifest
 from reslm.train import ensure_run, resume_run, train
+from reslm.train.config import STATES as STATE_CACHE
 
 STATES = ("done", "running", "unfinished", "pending", "waiting", "not run")
 
@@ -260,7 +262,9 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
         if over and what != "starting":
             resume_run(run_dir, over)
         say(f"{entry.name}: {what}")
-        train(run_dir, progress=progress, until=until)
+        # its states kept on disk for this call (a later cycle reads a shard's back), removed once published
+        train(run_dir, progress=progress, until=until, cache_states="auto")
+        shutil.rmtree(run_dir / STATE_CACHE, ignore_errors=True)   # a later call continues the published run
         publish(run_dir, Path(results) / entry.name, check=score_check(run_dir) if is_finished(run_dir) else None)
         say(f"{entry.name}: published to {Path(results) / entry.name}"
             + ("" if is_finished(run_dir) else " unfinished (the deadline); run the plan again to continue it"))

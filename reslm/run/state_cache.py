@@ -4,6 +4,7 @@ reads and writes it)."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import sys
 from pathlib import Path
 
@@ -34,6 +35,17 @@ def _cached_tensors(inputs, targets, chars, table) -> list[torch.Tensor]:
     return [inputs, targets] + [t for t in (chars, table) if isinstance(t, torch.Tensor)]
 
 
+def reserve_bytes(folder: Path) -> int:
+    """The free disk that keeping more training shards' states must leave: a tenth of the disk, at
+    least 4 GiB."""
+    return max(4 << 30, shutil.disk_usage(folder).total // 10)
+
+
+def _nbytes(feats) -> int:
+    return sum(t.numel() * t.element_size() for t in (feats.inputs, feats.targets, feats.chars, feats.table)
+               if isinstance(t, torch.Tensor))
+
+
 class StateCache:
     """Computed features kept on disk in the run folder (RUN/states/NAME.pt) so that a resumed run
     reads them back instead of computing them again: window-mode states of a large reservoir take
@@ -45,9 +57,11 @@ class StateCache:
     written: an edit, bit rot) or that has none (written before checksums) is recomputed with a
     warning on stderr naming it, and replaced. Recomputing rather than refusing: the cache is derived
     data, and a recomputation gives bitwise what an intact file holds, so nothing is lost and no one
-    has to delete RUN/states by hand. Only the current training shard's and the test states are kept;
-    train() removes the folder when the run is finished. The features are a fixed function of the run's
-    config (reservoir, embedding, measurement and its noise seeds)."""
+    has to delete RUN/states by hand. The test states are kept, and either the current training shard's
+    only or, for a schedule that comes back to a shard (`store(..., keep_all=True)`), every training
+    shard's while the disk keeps `reserve_bytes` free besides; train() removes the folder when the run
+    is finished. The features are a fixed function of the run's config (reservoir, embedding,
+    measurement and its noise seeds)."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -79,9 +93,14 @@ class StateCache:
             return None
         return TensorFeatures(inputs, targets, chars, table)
 
-    def store(self, name: str, feats, keep_prefix: str | None = None) -> None:
+    def store(self, name: str, feats, keep_prefix: str | None = None, keep_all: bool = False) -> None:
+        """Write `feats` as NAME.pt. keep_prefix: first drop every other file whose name does not start
+        with it (the previous training shard's: disk), unless keep_all and the disk has room for this
+        file with reserve_bytes() to spare (then every file stays)."""
         self.folder.mkdir(exist_ok=True)
-        if keep_prefix is not None:   # drop the previous training shard's file first (disk)
+        if keep_all and shutil.disk_usage(self.folder).free - _nbytes(feats) < reserve_bytes(self.folder):
+            keep_all = False
+        if keep_prefix is not None and not keep_all:   # drop the previous training shard's file first (disk)
             for old in self.folder.glob("*.pt"):
                 if old.stem != name and not old.name.startswith(keep_prefix):
                     old.unlink(missing_ok=True)

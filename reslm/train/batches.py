@@ -227,14 +227,17 @@ class CharShards:
         state cache when an earlier process of this run left them there)."""
         t0 = time.perf_counter()
         a, _ = self.split.span(shard, part)   # noise rows are indexed by the position in the shard
-        name = f"{part}-shard{shard}-cycle{cycle}"
+        noise = noise_stream(self.model, train_key(cycle, shard), a - self.ds.shards[shard][0])
+        # without measurement noise a shard's states are the same in every cycle: one file serves them all
+        noisy = bool(noise) and self.model.physical.config.state_noise > 0
+        name = f"{part}-shard{shard}" + (f"-cycle{cycle}" if noisy else "")
         feats = self.cache.load(name, self.dtype) if self.cache else None
         if feats is None:
             feats = self.model.features(self.tokens(shard, part), position=a, progress=self.progress, **self.kw,
-                                        **noise_stream(self.model, train_key(cycle, shard),
-                                                       a - self.ds.shards[shard][0]))
-            if self.cache and part == "train":
-                self.cache.store(name, feats, keep_prefix="test-")   # this shard's and the test states
+                                        **noise)
+            if self.cache and part == "train":   # this shard's and the test states; every shard's when
+                # the schedule comes back to them in a later cycle (and the disk has room)
+                self.cache.store(name, feats, keep_prefix="test-", keep_all=not noisy and self.tc.cycles > 1)
             cached = False
         else:
             cached = True

@@ -136,7 +136,7 @@ def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: 
 
 
 def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
-          checkpoint_seconds: float = CHECKPOINT_SECONDS, cache_states: bool = False,
+          checkpoint_seconds: float = CHECKPOINT_SECONDS, cache_states: bool | str = False,
           until: float | None = None) -> dict:
     """Train (or continue training) the run in run_dir; returns the summary (also summary.json).
 
@@ -150,8 +150,9 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
     holds the lock (see the module doc).
 
     `cache_states` (character reservoir runs): keep the computed features in RUN/states (StateCache),
-    so that a resumed run does not compute the current shard's and the test states again; the folder
-    is removed once the run is finished."""
+    so that a resumed run does not compute the current shard's and the test states again, nor a later
+    cycle a shard's; the folder is removed once the run is finished. "auto": where the run has
+    reservoir states (True refuses a run without them)."""
     run_dir = Path(run_dir)
     with lock_run(run_dir) if dist_.env_world()[0] == 0 else contextlib.nullcontext():
         summary = _train(run_dir, progress, stop_at, checkpoint_seconds, cache_states, until)
@@ -206,7 +207,7 @@ class Meter:
 
 
 def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float,
-           cache_states: bool, until: float | None = None) -> dict:
+           cache_states: bool | str, until: float | None = None) -> dict:
     cfg = read_config(run_dir)
     tc = TrainConfig.of_run(cfg)
     rank, world, local_rank = dist_.init(tc.device)
@@ -222,6 +223,8 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     setup_cuda()
     model = load_model(cfg, device)
     sampler = sampler_for(cfg["family"])
+    if cache_states == "auto":
+        cache_states = sampler.caches(model)
     if cache_states and not sampler.caches(model):
         raise ReslmError(f"--cache-states keeps a character reservoir run's states; a {cfg['family']} run has none")
     log = MetricsLog(run_dir) if main else None

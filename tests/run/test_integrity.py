@@ -206,7 +206,7 @@ def test_a_changed_state_cache_is_recomputed_with_a_warning(chars, tmp_path, mon
     full = tt.create_run(tmp_path / "full", "rc", dict(size=32), CACHE_TRAIN, chars)
     tt.train(full, progress=False)
     cut = _cut_run(chars, tmp_path / "cut", monkeypatch)
-    f = cut / tt.STATES / "train-shard1-cycle0.pt"
+    f = cut / tt.STATES / "train-shard1.pt"
     d = torch.load(f, weights_only=True)
     assert d["sha256"] == rs.tensors_sha256(d["inputs"], d["targets"])
     d["inputs"] = d["inputs"] + 1e-3 * torch.randn(d["inputs"].shape, generator=torch.Generator().manual_seed(0))
@@ -222,7 +222,7 @@ def test_a_changed_state_cache_is_recomputed_with_a_warning(chars, tmp_path, mon
     rows = read_metrics(cut)
     states = [(r["shard"], r.get("cached", False)) for r in rows if r["kind"] == "states"]
     assert states[:3] == [(0, False), (1, False), (2, False)]   # one row per shard, resumed or not
-    assert ("train-shard1-cycle0", False) in hits                 # shard 1 computed again
+    assert ("train-shard1", False) in hits                 # shard 1 computed again
     a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(cut / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -234,7 +234,7 @@ def test_an_intact_state_cache_is_read_back(chars, tmp_path, monkeypatch, capsys
     hits = _count_cache_reads(monkeypatch)
     tt.train(cut, progress=False, cache_states=True)
     assert "warning" not in capsys.readouterr().err
-    assert ("train-shard1-cycle0", True) in hits                  # read back, not computed again
+    assert ("train-shard1", True) in hits                  # read back, not computed again
     bf = torch.randn(3, 4).to(torch.bfloat16)
     assert rs.tensors_sha256(bf, torch.arange(3)) != rs.tensors_sha256(bf.float(), torch.arange(3))
 

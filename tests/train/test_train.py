@@ -245,7 +245,7 @@ def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp
         tt.train(cut, progress=False, checkpoint_seconds=0, cache_states=True)
     monkeypatch.setattr(tt.loop, "save_checkpoint", real_save)
     cached = sorted(p.name for p in (cut / tt.STATES).glob("*.pt"))
-    assert cached == ["test-0.pt", "train-shard1-cycle0.pt"]       # shard 0's file went with shard 0
+    assert cached == ["test-0.pt", "train-shard1.pt"]       # one cycle: shard 0's file went with shard 0
     torn = cut / tt.STATES / "test-0.pt"
     torn.write_bytes(torn.read_bytes()[:100])
     real_load, hits = rs.StateCache.load, []
@@ -257,7 +257,7 @@ def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp
 
     monkeypatch.setattr(rs.StateCache, "load", load)
     tt.train(cut, progress=False, cache_states=True)
-    assert hits[:2] == [("train-shard1-cycle0", True), ("test-0", False)]   # shard 1 read back; the torn file not
+    assert hits[:2] == [("train-shard1", True), ("test-0", False)]   # shard 1 read back; the torn file not
     rows = read_metrics(cut)
     states = [(r["shard"], r.get("cached", False)) for r in rows if r["kind"] == "states"]
     assert states[:3] == [(0, False), (1, False), (2, False)]   # the resume logs no second row for shard 1
@@ -268,6 +268,36 @@ def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp
     b = torch.load(cut / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not (cut / tt.STATES).exists()
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_a_later_cycle_reads_every_shard_back_while_the_disk_has_room(chars, tmp_path, monkeypatch, room):
+    """With cycles > 1, cache_states keeps every training shard's states (the disk permitting): the
+    second cycle reads them back instead of computing them, and the run ends bitwise as one without a
+    cache. Without room (the reserve above the free disk) only the current shard's file is kept."""
+    model, train = dict(size=32), {**CHAR_TRAIN, "epoch_samples": 256, "epochs_per_shard": 1, "cycles": 2}
+    plain = tt.create_run(tmp_path / "plain", "rc", model, train, chars)
+    tt.train(plain, progress=False)
+    if not room:
+        monkeypatch.setattr(rs, "reserve_bytes", lambda folder: 1 << 62)
+    kept = []
+    real_store = rs.StateCache.store
+
+    def store(self, name, feats, **kw):
+        real_store(self, name, feats, **kw)
+        kept.append(sorted(p.stem for p in self.folder.glob("train-*.pt")))
+
+    monkeypatch.setattr(rs.StateCache, "store", store)
+    cached = tt.create_run(tmp_path / "cached", "rc", model, train, chars)
+    tt.train(cached, progress=False, cache_states=True)
+    shards = len(chars.train_shards)
+    rows = [r for r in read_metrics(cached) if r["kind"] == "states"]
+    assert [r.get("cached", False) for r in rows if r["cycle"] == 1] == [room] * shards
+    assert kept[-1] == ([f"train-shard{s}" for s in sorted(chars.train_shards)] if room else [kept[-1][0]])
+    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
+    assert key(read_metrics(plain)) == key(read_metrics(cached))
+    assert not (cached / tt.STATES).exists()
 
 
 def test_non_finite_loss_stops_with_the_last_checkpoint_kept(chars, tmp_path):
