@@ -250,7 +250,10 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
             if over:
                 resume_run(folder, over)
             with unpacked(folder):   # published again, in place, when training stops
-                train(folder, progress=progress, until=until)
+                try:   # its states kept for this call only (results/*/states/ is never committed)
+                    train(folder, progress=progress, until=until, cache_states="auto")
+                finally:
+                    shutil.rmtree(folder / STATE_CACHE, ignore_errors=True)
             if is_finished(folder):
                 record_check(folder)   # the check of the weights it now holds (reslm verify)
             return "trained" if is_finished(folder) else "stopped"
@@ -263,8 +266,10 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
             resume_run(run_dir, over)
         say(f"{entry.name}: {what}")
         # its states kept on disk for this call (a later cycle reads a shard's back), removed once published
-        train(run_dir, progress=progress, until=until, cache_states="auto")
-        shutil.rmtree(run_dir / STATE_CACHE, ignore_errors=True)   # a later call continues the published run
+        try:
+            train(run_dir, progress=progress, until=until, cache_states="auto")
+        finally:   # a later call continues the published run, or this one from its checkpoint
+            shutil.rmtree(run_dir / STATE_CACHE, ignore_errors=True)
         publish(run_dir, Path(results) / entry.name, check=score_check(run_dir) if is_finished(run_dir) else None)
         say(f"{entry.name}: published to {Path(results) / entry.name}"
             + ("" if is_finished(run_dir) else " unfinished (the deadline); run the plan again to continue it"))

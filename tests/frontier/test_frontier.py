@@ -180,13 +180,22 @@ def test_a_deadline_stops_a_run_and_publishes_it_unfinished_until_a_later_call(t
     path = write_plan(tmp_path, BASE.replace("seeds = [0, 1]", "seeds = [0]\nselect = \"none\""))
     results, runs, root = tmp_path / "results", tmp_path / "runs", chars.path.parent
     plan = load_plan(path)
+    real_train, cached = frunner.train, []
+
+    def train(folder, **kw):   # the states are kept while it trains, and gone once it stops
+        cached.append(kw["cache_states"])
+        return real_train(folder, **kw)
+
+    monkeypatch.setattr(frunner, "train", train)
     entry = plan_table(plan, results, runs)[0]
     assert frunner.run_one(plan, entry, results, runs, until=0.0, data_root=root, progress=False,
                            say=lambda m: None) == "stopped"
     entry = plan_table(plan, results, runs)[0]
     assert entry.state == "unfinished" and entry.folder == results / entry.name
+    assert not (runs / entry.name / "states").exists() and not (entry.folder / "states").exists()
     assert run(path, results, runs, root, minutes=0.5)[0].state == "unfinished"   # under a minute: nothing starts
     assert run(path, results, runs, root, minutes=30)[0].state == "done"          # continued in place
+    assert cached == ["auto", "auto"] and not (entry.folder / "states").exists()
 
 
 @pytest.mark.parametrize("change, message", [
