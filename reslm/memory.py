@@ -4,8 +4,11 @@ CE against k shows how much context a model turns into prediction, and where it 
 Several runs are scored on the same positions, so their difference at each k is paired: its standard
 error is that of the per-position differences, far below either curve's own.
 
-    P positions     evenly spread over the test text (chars: the test shard; tokens: the val split),
-                    each at least max(lengths) symbols from its start, the same for every k and run
+    P positions     evenly spread over one text, each at least max(lengths) symbols from the start of its
+                    stretch of that text, the same for every k and run: `text` "test" (chars: the test shard; tokens: the val
+                    split), "val" (chars: the runs' validation split) or "train" (the text the runs
+                    trained on, their validation split left out), so that CE on the training text beside
+                    CE on the test text tells fit from generalisation
     k symbols       a model with a state (rc / aerc in either context mode, rnn, laerc, gpt) steps
                     through the k symbols from init_state; a window model (tf) reads them with
                     forward, for k up to its context (longer k: no figure)
@@ -27,14 +30,17 @@ from reslm.core.files import atomic_write, write_json
 from reslm.core.metrics import MEMORY_LOSS, bits
 from reslm.core.progress import bar
 from reslm.data.datasets import check_dataset, data_kind, open_dataset
+from reslm.data.splits import ShardSplit
 from reslm.models.base import count_params
 from reslm.models.load import load_run
 from reslm.run import read_config
 from reslm.run.registry import is_published
+from reslm.settings import TrainConfig
 
 LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 POSITIONS = 16_384
 BATCH = 4_096
+TEXTS = ("test", "val", "train")
 
 
 def check_lengths(lengths) -> tuple[int, ...]:
@@ -44,14 +50,22 @@ def check_lengths(lengths) -> tuple[int, ...]:
     return tuple(sorted(set(lengths)))
 
 
-def memory_positions(n_symbols: int, longest: int, positions: int) -> torch.Tensor:
-    """(P,) long: P target indices evenly spread over [longest, n_symbols), each with `longest`
-    symbols before it; fewer when the text has fewer such targets."""
-    room = n_symbols - longest
+def memory_positions(spans, longest: int, positions: int) -> torch.Tensor:
+    """(P,) long: P target indices evenly spread over the spans [a, b) of a text (in order; an int n:
+    the whole text [0, n)), each with at least `longest` symbols of its own span before it; fewer when
+    the spans hold fewer such targets."""
+    if isinstance(spans, int):
+        spans = [(0, spans)]
+    spans = [(a + longest, b) for a, b in spans if b > a + longest]
+    room = sum(b - a for a, b in spans)
     if room < 1:
-        raise ReslmError(f"the test text has {n_symbols:,} symbols: too short for a length of {longest}")
+        raise ReslmError(f"the text is too short for a length of {longest}")
     P = min(positions, room)
-    return longest + torch.arange(P, dtype=torch.long) * room // P
+    ranks = torch.arange(P, dtype=torch.long) * room // P              # evenly over the spans laid end to end
+    sizes = torch.tensor([b - a for a, b in spans], dtype=torch.long)
+    ends = sizes.cumsum(0)
+    i = torch.searchsorted(ends, ranks, right=True)
+    return torch.tensor([a for a, _ in spans], dtype=torch.long)[i] + ranks - (ends - sizes)[i]
 
 
 def _stepper(model):
@@ -85,13 +99,28 @@ def window_losses(model, tokens: torch.Tensor, targets: torch.Tensor, k: int, ba
     return torch.cat(out)
 
 
-def _test_text(cfg: dict) -> tuple[np.ndarray, str]:
+def _text(cfg: dict, which: str) -> tuple[np.ndarray, list[tuple[int, int]], str]:
+    """The run's dataset as one token array (a memory map: only the windows scored are read), the spans
+    of it that are `which` text, and their name."""
     ds = open_dataset(cfg["data"])
     check_dataset(cfg, ds)
     if data_kind(cfg["data"]) == "tokens":
-        return np.asarray(ds.val, dtype=np.int64), "the val split"
-    a, b = ds.shards[ds.test_shard]
-    return np.asarray(ds.tokens[a:b], dtype=np.int64), "the test shard"
+        tokens = ds.train if which == "train" else ds.val
+        return tokens, [(0, len(tokens))], "the train split" if which == "train" else "the val split"
+    tokens = ds.tokens
+    if which == "test":
+        return tokens, [ds.shards[ds.test_shard]], "the test shard"
+    tc = TrainConfig.of_run(cfg)
+    if which == "val" and not tc.heldout:
+        raise ReslmError(f"{cfg.get('preset') or 'this run'} kept no text out of training: --text test or train")
+    groups = bool(tc.heldout and tc.val_split == "groups" and tc.heldout == tc.val_fraction)
+    split = ShardSplit(ds, cfg["model"]["context"], tc.heldout, tc.shard_chars, groups)
+    if which == "train":
+        spans = [split.span(s) for s in ds.train_shards]
+        return tokens, spans, "the training text" + (" (the held-out text left out)" if tc.heldout else "")
+    spans = [(a + split.context, b) for a, b in (split.span(s, "heldout") for s in split.heldout_shards())]  # from the cut
+    return tokens, spans, "the held-out text (the validation split)" if tc.heldout == tc.val_fraction else \
+        "the held-out tails"
 
 
 def _stats(x: torch.Tensor) -> tuple[float, float]:
@@ -101,10 +130,12 @@ def _stats(x: torch.Tensor) -> tuple[float, float]:
 
 
 def memory_profile(run_dirs, lengths=LENGTHS, positions: int = POSITIONS, device: str | torch.device = "cpu",
-                   batch: int = BATCH, progress: bool = True) -> dict:
-    """The test CE of each run at each length on one set of positions, and each run's paired difference
-    from the first (module doc)."""
+                   batch: int = BATCH, progress: bool = True, text: str = "test") -> dict:
+    """The CE of each run at each length on one set of positions of `text` (TEXTS), and each run's paired
+    difference from the first (module doc)."""
     lengths = check_lengths(lengths)
+    if text not in TEXTS:
+        raise ReslmError(f"text must be one of {', '.join(TEXTS)}, got {text!r}")
     if not run_dirs:
         raise ReslmError("name at least one run")
     if positions < 1 or batch < 1:
@@ -115,10 +146,18 @@ def memory_profile(run_dirs, lengths=LENGTHS, positions: int = POSITIONS, device
         if cfg["data"].get("fingerprint") != first.get("fingerprint"):
             raise ReslmError(f"{r} was trained on {cfg['data'].get('name')}, {run_dirs[0]} on {first.get('name')} "
                              "(another fingerprint): runs are compared on one text")
-    text, where = _test_text(cfgs[0])
+    symbols, spans, where = _text(cfgs[0], text)
+    for r, cfg in zip(run_dirs[1:], cfgs[1:]):
+        if _text(cfg, text)[1] != spans:
+            raise ReslmError(f"{r} and {run_dirs[0]} trained on different parts of the text (another validation "
+                             f"split): their {text} text differs")
     dev = torch.device(device)
-    tokens = torch.from_numpy(text).to(dev)
-    targets = memory_positions(tokens.numel(), max(lengths), positions)
+    longest = max(lengths)
+    at = memory_positions(spans, longest, positions).numpy()
+    # the scored windows laid end to end, each its target and the `longest` symbols before it
+    windows = np.asarray(symbols[(at[:, None] + np.arange(-longest, 1)).ravel()], dtype=np.int64)
+    tokens = torch.from_numpy(windows).to(dev)
+    targets = longest + torch.arange(len(at), dtype=torch.long) * (longest + 1)
     runs, per_position = [], []
     for run_dir in run_dirs:
         model, _, cfg = load_run(Path(run_dir), dev)
@@ -141,7 +180,8 @@ def memory_profile(run_dirs, lengths=LENGTHS, positions: int = POSITIONS, device
         paired.append(dict(run=row["run"], against=runs[0]["run"],
                            difference={str(k): diffs[k][0] if k in diffs else None for k in lengths},
                            se={str(k): diffs[k][1] if k in diffs else None for k in lengths}))
-    return dict(data=first.get("name"), text=where, text_symbols=int(tokens.numel()), positions=int(targets.numel()),
+    return dict(data=first.get("name"), split=text, text=where, text_symbols=sum(b - a for a, b in spans),
+                positions=int(targets.numel()),
                 lengths=list(lengths), unit="nats/symbol", runs=runs, paired=paired)
 
 
@@ -149,7 +189,7 @@ def memory_text(result: dict) -> str:
     """The profile as a table: one row per length, each run's CE (± its standard error) and, for a second
     run on, its paired difference from the first."""
     runs, paired = result["runs"], result["paired"]
-    lines = [f"test CE (nats per symbol, ± standard error) of each of {result['positions']:,} positions of "
+    lines = [f"{result.get('split', 'test')} CE (nats per symbol, ± standard error) of each of {result['positions']:,} positions of "
              f"{result['text']} ({result['text_symbols']:,} symbols) predicted from exactly k symbols before it:"]
     for i, r in enumerate(runs):
         lines.append(f"  [{i}] {r['run']} ({r['family']}, {r['trainable_params']:,} trainable)")
@@ -203,7 +243,7 @@ def _draw_memory(result: dict, ax) -> None:
                     capsize=2, label=f"{r['run']} ({r['trainable_params']:,})")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("symbols read before the target (k)")
-    ax.set_ylabel("test CE (nats per symbol)")
+    ax.set_ylabel(f"{result.get('split', 'test')} CE (nats per symbol)")
     ax.set_title(f"{result['positions']:,} positions of {result['text']}")
 
 

@@ -90,6 +90,12 @@ class TrainConfig:
             raise ReslmError(f"the run config has unknown training field(s): {', '.join(unknown)}")
         return cls(**cfg["train"]).validate()
 
+    @property
+    def heldout(self) -> float:
+        """The share of the training text a character run keeps out of training: its held-out tails
+        (`holdout`) for a solver or with heldout_eval, else its validation split (`val_fraction`; 0: none)."""
+        return self.holdout if self.optimizer in SOLVERS or self.heldout_eval else self.val_fraction
+
     def validate(self) -> "TrainConfig":
         for f in fields(self):
             v = getattr(self, f.name)

@@ -3,6 +3,7 @@ of positions for every run; the stepped and the windowed read agree; pairing; th
 its one-line errors. Tiny runs on the tiny character corpus."""
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,7 @@ from reslm import train as tt
 from reslm.cli import main
 from reslm.core.errors import ReslmError
 from reslm.core.metrics import MEMORY_LOSS
+from reslm.data.splits import ShardSplit
 from reslm.memory import memory_positions, memory_profile, window_losses
 from reslm.models.load import load_run
 
@@ -21,6 +23,9 @@ TINY = dict(batch_size=64, epochs_per_shard=1, epoch_samples=256, lr=3e-3, log_e
 def runs(chars, tmp_path_factory):
     root = tmp_path_factory.mktemp("memory")
     made = {}
+    out = tt.create_run(root / "rc-val", "rc", dict(size=24, context=8), {**TINY, "val_fraction": 0.2}, chars)
+    tt.train(out, progress=False)
+    made["rc-val"] = out
     for name, family, model in (("rc", "rc", dict(size=24, context=8)),
                                 ("rnn", "rnn", dict(cell="gru", embed_dim=8, hidden=16, context=8, context_mode="stream")),
                                 ("tf", "tf", dict(ff_dim=16, n_heads=2, n_layers=1, context=8))):
@@ -36,6 +41,33 @@ def test_positions_are_spread_and_leave_room_for_the_longest_length():
     assert memory_positions(70, 64, 100).tolist() == [64, 65, 66, 67, 68, 69]   # fewer targets than asked
     with pytest.raises(ReslmError, match="too short for a length of 64"):
         memory_positions(64, 64, 10)
+    spans = [(0, 100), (300, 310), (500, 600)]        # each target 64 symbols into its own span: none in the second
+    t = memory_positions(spans, 64, 50)
+    assert t.numel() == 50 and bool((t[1:] > t[:-1]).all())
+    assert all(any(a + 64 <= int(i) < b for a, b in spans) for i in t)
+    assert memory_positions(spans, 64, 10**6).tolist() == [*range(64, 100), *range(564, 600)]   # every target once
+
+
+def test_the_training_text_and_the_validation_split_are_the_runs_own(runs, chars):
+    """--text train scores the run's training part of each training shard, --text val its held-out part
+    (ShardSplit's spans, from the run's val_fraction), each figure the mean of the windows read there."""
+    run = runs["rc-val"]
+    model, _, _ = load_run(run)
+    ds = chars
+    split = ShardSplit(ds, 8, 0.2)
+    for text, spans in (("train", [split.span(s) for s in ds.train_shards]),
+                        ("val", [(a + 8, b) for a, b in (split.span(s, "heldout") for s in ds.train_shards)])):
+        r = memory_profile([run], lengths=(4, 8), positions=120, progress=False, text=text)
+        assert r["split"] == text and r["text_symbols"] == sum(b - a for a, b in spans)
+        targets = memory_positions(spans, 8, 120)
+        tokens = torch.from_numpy(np.array(ds.tokens, dtype=np.int64))
+        for k in (4, 8):
+            assert r["runs"][0][MEMORY_LOSS][str(k)] == pytest.approx(
+                float(window_losses(model, tokens, targets, k).mean()), abs=1e-9)
+    with pytest.raises(ReslmError, match="kept no text out of training"):
+        memory_profile([runs["rc"]], lengths=(4,), positions=10, progress=False, text="val")
+    with pytest.raises(ReslmError, match="their train text differs"):
+        memory_profile([run, runs["rc"]], lengths=(4,), positions=10, progress=False, text="train")
 
 
 @pytest.mark.parametrize("name", ["rc", "rnn"])
@@ -83,7 +115,8 @@ def test_the_command_prints_writes_and_draws(runs, tmp_path, capsys):
     (["--lengths", "1,x"], "--lengths must be comma-separated integers"),
     (["--lengths", "0,4"], "lengths must be integers >= 1"),
     (["--out", "m.txt"], "must end in .json"),
-    (["--plot", "m.jpg"], "must end in .png")])
+    (["--plot", "m.jpg"], "must end in .png"),
+    (["--text", "val"], "kept no text out of training: --text test or train")])
 def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, capsys, monkeypatch, argv, msg):
     monkeypatch.chdir(tmp_path)
     assert main(["memory", str(runs["rc"]), "--no-progress", *argv]) == 2

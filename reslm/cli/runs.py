@@ -14,7 +14,7 @@ from reslm.data.datasets import data_kind, ensure_dataset
 from reslm.evaluate import GRID_FILE, check_grid, eval_file_name, eval_text, evaluate_run, grid_text, physical_grid
 from reslm.frontier.plan import load_plan
 from reslm.generate import MAX_LENGTH, check_length, sample
-from reslm.memory import BATCH, LENGTHS, POSITIONS, memory_profile, memory_text, plot_memory, write_memory
+from reslm.memory import BATCH, LENGTHS, POSITIONS, TEXTS, memory_profile, memory_text, plot_memory, write_memory
 from reslm.models.load import load_run
 from reslm.recall import FIT, MAX_LAG, SCORE, plan_items, plot_recall, recall_profile, recall_text, run_item, write_recall
 from reslm.run import read_config
@@ -87,9 +87,10 @@ def add_eval(sub) -> None:
 
 
 MEMORY_DESCRIPTION = (
-    "How far back trained runs read: each of --positions test symbols (evenly spread over the test "
-    "shard; a token run's val split) is predicted from exactly its k preceding symbols, read from a zero "
-    "state, for each k of --lengths. Prints test CE (nats, bits, standard error) by k for every run and, "
+    "How far back trained runs read: each of --positions symbols (evenly spread over the test shard, a "
+    "token run's val split; --text val: the runs' validation split; --text train: the text they trained "
+    "on) is predicted from exactly its k preceding symbols, read from a zero "
+    "state, for each k of --lengths. Prints CE (nats, bits, standard error) by k for every run and, "
     "from the second run on, its paired difference from the first on the same positions. A stateful "
     "model (rc, aerc, rnn, laerc, gpt) steps through the k symbols; a transformer reads them as one "
     "window, up to its context. These are not the runs' test CE (the whole text at their own protocol).")
@@ -103,10 +104,13 @@ def add_memory(sub) -> None:
     mem.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
                      help=f"comma-separated k (default {','.join(map(str, LENGTHS))})")
     mem.add_argument("--positions", type=int_range(1, 10**9), default=POSITIONS,
-                     help=f"test symbols scored at every k (default {POSITIONS:,})")
+                     help=f"symbols scored at every k (default {POSITIONS:,})")
+    mem.add_argument("--text", choices=TEXTS, default="test",
+                     help="the text scored: test (default), val (the runs' validation split) or train (the "
+                     "text they trained on: CE there beside CE on test tells fit from generalisation)")
     mem.add_argument("--batch", type=int_range(1, 10**7), default=BATCH,
                      help=f"positions read at once (default {BATCH:,}; lower it to use less memory)")
-    _add_outputs(mem, "test CE against k")
+    _add_outputs(mem, "CE against k")
     shared(mem, "--device", "--threads")
     mem.set_defaults(func=cmd_memory)
 
@@ -120,7 +124,7 @@ def cmd_memory(args):
     for run in args.run_dirs:
         ensure_dataset(read_config(Path(run)))
     r = memory_profile(args.run_dirs, lengths, args.positions, pick_device(args.device), args.batch,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, text=args.text)
     if args.out:
         write_memory(r, Path(args.out))
     if args.plot:

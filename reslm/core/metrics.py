@@ -57,8 +57,9 @@ VAL_BPC = _figure("val_bpc", "bits/char", "the validation cross-entropy in bits 
 VAL_BITS_PER_TOKEN = _figure("val_bits_per_token", "bits/token", "the validation cross-entropy in bits per token")
 HELDOUT_LOSS = _figure("heldout_loss", "nats/target", "cross-entropy on held-out tails of the training shards")
 HELDOUT_BPC = _figure("heldout_bpc", "bits/char", "the held-out tails' cross-entropy in bits per character")
-MEMORY_LOSS = _figure("memory_loss", "nats/target", "test cross-entropy of targets each predicted from exactly k "
-                      "symbols before it, read from a zero state, by k (reslm memory)")
+MEMORY_LOSS = _figure("memory_loss", "nats/target", "cross-entropy of targets (of the text `split` names: test, val "
+                      "or train) each predicted from exactly k symbols before it, read from a zero state, by k "
+                      "(reslm memory)")
 CHECK_LOSS = _figure("loss", "nats/target", "a manifest check's test cross-entropy on its recorded positions")
 
 # A held-out text's loss and bits per character, by its name (a batch sampler's eval_kind, HeldoutLoss's

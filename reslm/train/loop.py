@@ -230,7 +230,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     log = MetricsLog(run_dir) if main else None
     source = sampler(model, dataset, tc, device, log, progress and main, world=world, rank=rank,
                      cache=run_dir / STATES if cache_states else None,
-                     holdout=(tc.holdout if tc.optimizer in SOLVERS or tc.heldout_eval else tc.val_fraction))
+                     holdout=tc.heldout)
     if tc.optimizer in SOLVERS:
         return _train_ridge(run_dir, cfg, model, source, log, precision, progress)
     evaluate = (HeldoutLoss(source) if tc.heldout_eval else
