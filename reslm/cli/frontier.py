@@ -151,7 +151,8 @@ def _add_run(acts) -> None:
     run.add_argument("--jobs", type=int_range(1, max(1, usable_cores())), default=1,
                      help="runs at once, each in its own process (default 1)")
     run.add_argument("--only", action="append", metavar="NAME", help="only this run (repeatable; names from "
-                     "`reslm frontier status`)")
+                     "`reslm frontier status`); a candidate's seed that waits on the screen trains ahead of it "
+                     "when named, and the rule still chooses at the screen seed")
     run.add_argument("--commands", action="store_true", help="train nothing: print one self-contained command per "
                      "run to run now, for a cluster's scheduler (SLURM job array, GNU parallel) on machines that "
                      "share --results and --runs; the run lock keeps two claimants of one run apart")

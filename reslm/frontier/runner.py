@@ -201,9 +201,11 @@ def selection(plan: Plan, table: list[Entry]) -> dict:
     return out
 
 
-def pending(plan: Plan, table: list[Entry]) -> list[Entry]:
-    """The runs to train now, not done and not held by another process: the screen seed's first."""
-    todo = [e for e in table if e.state in ("pending", "unfinished")]
+def pending(plan: Plan, table: list[Entry], ahead: tuple[str, ...] = ()) -> list[Entry]:
+    """The runs to train now, not done and not held by another process: the screen seed's first. `ahead`:
+    run names to train although the rule does not need them now (waiting on the screen, or not run)."""
+    todo = [e for e in table if e.state in ("pending", "unfinished")
+            or (e.name in ahead and e.state in ("waiting", "not run"))]
     return sorted(todo, key=lambda e: e.seed != plan.rule.screen_seed)
 
 
@@ -283,8 +285,11 @@ def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: i
              data_root: Path | None = None, progress: bool = True, say=print, poll: float = 5.0) -> list[Entry]:
     """Train every run the rule needs now and publish each as it finishes, `jobs` at a time (more than
     one: each in its own `reslm frontier run PLAN --only NAME` process, with `threads` threads), until
-    nothing is left: the screen first, then the finalists' other seeds. `only`: just these run names.
-    A run held by another process is left to it. Returns the final table.
+    nothing is left: the screen first, then the finalists' other seeds. `only`: just these run names,
+    including a candidate's other seeds that wait on the screen (or did not go on), trained ahead of
+    the rule when named: the rule still chooses at the screen seed, so such a run is reported beside
+    its candidate, never chosen for it. A run held by another process is left to it. Returns the final
+    table.
 
     `minutes` (one job at a time): a time budget for the whole call. The runs go in order of their
     estimated time left (`estimate`, the shortest first), each stopped at the deadline and published
@@ -300,11 +305,14 @@ def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: i
     for e in first:
         if e.state == "running" and (not only or e.name in only):
             say(f"{e.name}: being trained by {e.holder}; left to it")
+        if e.state in ("waiting", "not run") and e.name in only:
+            say(f"{e.name}: {'waits on the screen' if e.state == 'waiting' else 'its candidate did not go on'}; "
+                "trained as named, ahead of the rule, which still chooses at the screen seed")
     skipped: set[str] = set()
     running: dict[str, subprocess.Popen] = {}
     while True:
         table = plan_table(plan, results, runs)
-        todo = [e for e in pending(plan, table) if e.name not in skipped and e.name not in running
+        todo = [e for e in pending(plan, table, ahead=only) if e.name not in skipped and e.name not in running
                 and (not only or e.name in only)]
         if jobs <= 1:
             if until is not None:

@@ -96,6 +96,23 @@ def test_runs_are_found_by_configuration_not_by_name(where):
     assert fingerprint(read_config(e.folder)) == plan.base.fingerprint
 
 
+def test_a_seed_waiting_on_the_screen_trains_ahead_when_named_and_is_never_chosen_for_it(where):
+    """--only NAME of a candidate's other seed trains it before the screen is done; the rule still screens
+    at the screen seed alone, so that run is reported with its candidate, which goes on only on merit."""
+    path, results, runs, root = where
+    plan = load_plan(path)
+    ahead = plan.candidates[0].name(1)
+    assert next(e for e in plan_table(plan, results, runs) if e.name == ahead).state == "waiting"
+    said = []
+    run_plan(plan, results, runs, data_root=root, progress=False, say=said.append, only=(ahead,))
+    assert any(ahead in m and "ahead of the rule" in m for m in said)
+    table = plan_table(plan, results, runs)
+    assert [e.name for e in table if e.state == "done"] == [ahead]
+    sel = selection(plan, table)
+    assert not sel["screened"] and sel["finalists"] == [] and sel["chosen"] is None
+    assert sel["groups"][plan.candidates[0].label]["seeds"] == [1]
+
+
 def test_a_run_held_by_another_process_is_left_to_it(where):
     path, results, runs, root = where
     plan = load_plan(path)
