@@ -4,11 +4,11 @@ CE against k shows how much context a model turns into prediction, and where it 
 Several runs are scored on the same positions, so their difference at each k is paired: its standard
 error is that of the per-position differences, far below either curve's own.
 
-    P positions     evenly spread over one text, each at least max(lengths) symbols from the start of its
-                    stretch of that text, the same for every k and run: `text` "test" (chars: the test shard; tokens: the val
-                    split), "val" (chars: the runs' validation split) or "train" (the text the runs
-                    trained on, their validation split left out), so that CE on the training text beside
-                    CE on the test text tells fit from generalisation
+    P positions     evenly spread over one text, each at least max(lengths) symbols from the start of
+                    its stretch of that text, the same for every k and run: `text` "test" (chars: the
+                    test shard; tokens: the val split), "val" (chars: the runs' validation split) or
+                    "train" (the text the runs trained on, their validation split left out), so that CE
+                    on the training text beside CE on the test text tells fit from generalisation
     k symbols       a model with a state (rc / aerc in either context mode, rnn, laerc, gpt) steps
                     through the k symbols from init_state; a window model (tf) reads them with
                     forward, for k up to its context (longer k: no figure)
@@ -112,13 +112,13 @@ def _text(cfg: dict, which: str) -> tuple[np.ndarray, list[tuple[int, int]], str
         return tokens, [ds.shards[ds.test_shard]], "the test shard"
     tc = TrainConfig.of_run(cfg)
     if which == "val" and not tc.heldout:
-        raise ReslmError(f"{cfg.get('preset') or 'this run'} kept no text out of training: --text test or train")
-    groups = bool(tc.heldout and tc.val_split == "groups" and tc.heldout == tc.val_fraction)
-    split = ShardSplit(ds, cfg["model"]["context"], tc.heldout, tc.shard_chars, groups)
+        raise ReslmError(f"{cfg.get('preset') or 'this run'} kept no text out of training: "
+                         "--text test or train")
+    split = ShardSplit.of_run(ds, cfg["model"]["context"], tc, tc.heldout)
     if which == "train":
         spans = [split.span(s) for s in ds.train_shards]
         return tokens, spans, "the training text" + (" (the held-out text left out)" if tc.heldout else "")
-    spans = [(a + split.context, b) for a, b in (split.span(s, "heldout") for s in split.heldout_shards())]  # from the cut
+    spans = [split.heldout_span(s) for s in split.heldout_shards()]
     return tokens, spans, "the held-out text (the validation split)" if tc.heldout == tc.val_fraction else \
         "the held-out tails"
 
@@ -189,8 +189,9 @@ def memory_text(result: dict) -> str:
     """The profile as a table: one row per length, each run's CE (± its standard error) and, for a second
     run on, its paired difference from the first."""
     runs, paired = result["runs"], result["paired"]
-    lines = [f"{result.get('split', 'test')} CE (nats per symbol, ± standard error) of each of {result['positions']:,} positions of "
-             f"{result['text']} ({result['text_symbols']:,} symbols) predicted from exactly k symbols before it:"]
+    lines = [f"{result['split']} CE (nats per symbol, ± standard error) of each of {result['positions']:,} "
+             f"positions of {result['text']} ({result['text_symbols']:,} symbols) predicted from exactly k "
+             "symbols before it:"]
     for i, r in enumerate(runs):
         lines.append(f"  [{i}] {r['run']} ({r['family']}, {r['trainable_params']:,} trainable)")
     head = ["k"] + [f"[{i}]" for i in range(len(runs))] + [f"[{i}] - [0]" for i in range(1, len(runs))]
@@ -243,7 +244,7 @@ def _draw_memory(result: dict, ax) -> None:
                     capsize=2, label=f"{r['run']} ({r['trainable_params']:,})")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("symbols read before the target (k)")
-    ax.set_ylabel(f"{result.get('split', 'test')} CE (nats per symbol)")
+    ax.set_ylabel(f"{result['split']} CE (nats per symbol)")
     ax.set_title(f"{result['positions']:,} positions of {result['text']}")
 
 

@@ -191,6 +191,19 @@ class ShardSplit:
         self.ds, self.context, self.holdout, self.shard_chars = dataset, context, holdout, shard_chars
         self.val_cut = val_groups_cut(dataset, holdout, context) if groups else None
 
+    @classmethod
+    def of_run(cls, dataset, context: int, tc, holdout: float) -> "ShardSplit":
+        """A run's split, `holdout` of its training text held out (tc: its TrainConfig): as whole file
+        groups when that is its validation split and its val_split is "groups", else as tails."""
+        groups = bool(holdout and tc.val_split == "groups" and holdout == tc.val_fraction)
+        return cls(dataset, context, holdout, tc.shard_chars, groups)
+
+    def heldout_span(self, shard: int) -> tuple[int, int]:
+        """Token span of a shard's held-out text itself (`span(shard, "heldout")` without the context
+        before it)."""
+        a, b = self.span(shard, "heldout")
+        return a + self.context, b
+
     def span(self, shard: int, part: str = "train") -> tuple[int, int]:
         """Token span of a shard's training part or ("heldout") of its held-out part, which starts
         `context` tokens early so that its first sample predicts the first held-out character."""

@@ -97,9 +97,7 @@ class CharShards:
             raise ReslmError("multi-process training (torchrun) is for the token families (laerc, gpt)")
         self.model, self.ds, self.tc, self.device, self.log, self.progress = model, dataset, tc, device, log, progress
         self.holdout = holdout
-        # the validation split as whole file groups: the held-out text is [val_cut, end of the training text)
-        groups = bool(holdout and tc.val_split == "groups" and holdout == tc.val_fraction)
-        self.split = ShardSplit(dataset, model.config.context, holdout, tc.shard_chars, groups)
+        self.split = ShardSplit.of_run(dataset, model.config.context, tc, holdout)
         self.cache = StateCache(cache) if cache is not None and has_reservoir(model) else None
         self.context = model.config.context
         # all-position training ("chunks" | "streams"): a sample is a chunk of `context` characters
