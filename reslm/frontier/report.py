@@ -65,7 +65,7 @@ def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
     out.append(f"{sum(e.state == 'done' for e in table)} done, {sum(e.state == 'running' for e in table)} running, "
                f"{len(todo)} to run now, {sum(e.state == 'waiting' for e in table)} waiting on the screen; "
                + (f"about {_hms(left)}{' or more' if unknown else ''} of one run's threads left (estimated from each "
-                  "run's own pace so far, else from the plan's finished runs)" if left or not unknown else "time left unknown (no run of the plan has "
+                  "run's own pace so far, else from the plan's finished runs, on this CPU where any)" if left or not unknown else "time left unknown (no run of the plan has "
                   "finished yet)"))
     out += ["  " + line for line in _verdict(plan, sel)]
     return out

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from reslm.core.device import cpu_name
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
 from reslm.core.metrics import TEST_LOSS, TEST_STREAM_LOSS, VAL_LOSS, final_of, kept_of
@@ -33,7 +34,7 @@ from reslm.models.identity import fingerprint, seed_of
 from reslm.publish import publish, unpacked
 from reslm.run import CONFIG, SUMMARY, is_finished, lock_run, read_config, read_metrics
 from reslm.run.lock import RunInUse, writer_of
-from reslm.run.registry import is_published, published_folders, read_manifest
+from reslm.run.registry import PROVENANCE, is_published, published_folders, read_manifest
 from reslm.train import ensure_run, resume_run, train
 from reslm.train.config import STATES as STATE_CACHE
 
@@ -53,6 +54,7 @@ class Entry:
     test_window: float | None = None    # the 32-character metric, where the run's summary has it
     test_stream: float | None = None    # the state carried through the test text, where it has it
     train_seconds: float | None = None
+    cpu: str | None = None              # where train_seconds was measured (cpu_name), where recorded
     progress: float = 0.0               # shard-epochs done / shard-epochs in all
     holder: str | None = None
 
@@ -77,7 +79,8 @@ def index_results(results: Path) -> dict[tuple[str, int], Path]:
 
 def figures(folder: Path) -> dict:
     """A run's figures from its summary: validation and test CE of the weights it keeps (both metrics
-    where the summary has them), training time, and progress (evaluations / shard-epochs in all)."""
+    where the summary has them), training time and the CPU it was measured on (a published run's
+    provenance; a run training here: this machine's), and progress (evaluations / shard-epochs in all)."""
     summary = read_json(folder / SUMMARY) or {}
     cfg = read_config(folder)
     tc = cfg["train"]
@@ -90,6 +93,7 @@ def figures(folder: Path) -> dict:
                 test_window=test if metric == "window-32" else _window_eval(folder),
                 test_stream=test if metric == "stream" else stream,
                 train_seconds=summary.get("train_seconds") or (evals[-1].get("wall") if evals else None),
+                cpu=(read_json(folder / PROVENANCE) or {}).get("cpu") if is_published(folder) else cpu_name(),
                 progress=min(1.0, len(evals) / total))
 
 
@@ -214,16 +218,21 @@ def _length(e: Entry) -> int:
     return t.get("cycles", 1) * t.get("epochs_per_shard", 5)
 
 
-def estimate(e: Entry, table: list[Entry]) -> float | None:
-    """Seconds of training left for a run: from its own pace when it has begun, else from the finished
-    runs of the plan (those of its configuration first), scaled by its number of shard-epochs."""
+def estimate(e: Entry, table: list[Entry], cpu: str | None = None) -> float | None:
+    """Seconds of training left for a run on `cpu` (default: this machine's): from its own pace when it
+    has begun, else from the plan's finished runs, scaled by its number of shard-epochs. Of those, the
+    first group that has any: its configuration on `cpu`, any configuration on `cpu`, its configuration
+    anywhere, any: one CPU's pace says little of another's."""
     if e.state == "done":
         return 0.0
     if e.progress > 0 and e.train_seconds:
         return e.train_seconds * (1 - e.progress) / e.progress
+    cpu = cpu or cpu_name()
     done = [d for d in table if d.state == "done" and d.train_seconds]
-    same = [d for d in done if d.config == e.config] or done
-    if not same:
+    groups = ([d for d in done if d.config == e.config and d.cpu == cpu], [d for d in done if d.cpu == cpu],
+              [d for d in done if d.config == e.config], done)
+    same = next((g for g in groups if g), None)
+    if same is None:
         return None
     return statistics.median(d.train_seconds / _length(d) for d in same) * _length(e)
 

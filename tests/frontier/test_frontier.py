@@ -113,6 +113,23 @@ def test_a_seed_waiting_on_the_screen_trains_ahead_when_named_and_is_never_chose
     assert sel["groups"][plan.candidates[0].label]["seeds"] == [1]
 
 
+def test_time_left_is_paced_by_runs_on_this_cpu_before_runs_on_others(where):
+    """A run not begun is estimated from the plan's finished runs on the same CPU first (its configuration,
+    then any), and only without any from other CPUs' runs; a begun run from its own pace."""
+    plan = load_plan(where[0])
+    base, cand = plan.base, plan.candidates[0]
+    done = lambda c, s, secs, cpu: frunner.Entry(c, s, c.name(s), None, "done", train_seconds=secs, cpu=cpu)
+    todo = frunner.Entry(cand, 0, cand.name(0), None, "pending")
+    far, here = done(cand, 1, 100.0, "fast (AVX512)"), done(base, 0, 300.0, "slow (AVX2)")
+    assert frunner.estimate(todo, [far], cpu="slow (AVX2)") == 100.0
+    assert frunner.estimate(todo, [far, here], cpu="slow (AVX2)") == 300.0
+    assert frunner.estimate(todo, [far, here, done(cand, 1, 400.0, "slow (AVX2)")], cpu="slow (AVX2)") == 400.0
+    assert frunner.estimate(todo, [far, here], cpu="fast (AVX512)") == 100.0
+    begun = frunner.Entry(cand, 0, cand.name(0), None, "unfinished", train_seconds=50.0, progress=0.25)
+    assert frunner.estimate(begun, [far, here], cpu="slow (AVX2)") == 150.0
+    assert frunner.estimate(todo, [], cpu="slow (AVX2)") is None
+
+
 def test_a_run_held_by_another_process_is_left_to_it(where):
     path, results, runs, root = where
     plan = load_plan(path)
