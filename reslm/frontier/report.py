@@ -229,7 +229,8 @@ def _shown(path: Path) -> str:
 def _ledger_lines(plan: Plan, results: Path) -> list[str]:
     events = ledger.read_ledger(results, plan.name)
     if not events:
-        return ["Ledger: none yet (every run of this plan predates `reslm frontier run`)."]
+        return ["Ledger: none yet (`reslm frontier run` has started no run of this plan; its finished runs were "
+                "trained before plans existed, or by another plan with the same configurations)."]
     joined = ledger.added_after(events)
     versions = [e for e in events if e.get("event") == "plan"]
     L = [f"Ledger (`results/plans/{plan.name}.jsonl`): {len(versions)} plan text(s) seen, the current one "
