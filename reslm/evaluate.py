@@ -227,7 +227,7 @@ def evaluate_run(run_dir: Path, *, write: bool = True, **kw) -> dict:
 def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 65536, temperature: float = 1.0,
                   top_k: int | None = None, top_p: float | None = None, seed: int = 0, device: str = "cpu",
                   reference=None, write: bool = True, physical: dict | None = None,
-                  context_mode: str | None = None) -> dict:
+                  context_mode: str | None = None, root: Path | None = None) -> dict:
     for name, v in (("length", length), ("score", score)):
         if not isinstance(v, int) or v < 0 or (name == "length" and v < 1):
             raise ReslmError(f"{name} must be a {'positive' if name == 'length' else 'non-negative'} integer, got {v!r}")
@@ -242,7 +242,7 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
         model.set_physical(measured)
     context = model.config.context
     token_run = data_kind(cfg["data"]) == "tokens"
-    ds = open_dataset(cfg["data"])
+    ds = open_dataset(cfg["data"], root)
     check_dataset(cfg, ds)
     ns = check_ngrams(ns, length)   # after the run and its dataset are checked, before any scoring
     if token_run:
@@ -315,21 +315,24 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
 CHECK_POSITIONS = 16_384   # test positions (tokens: val tokens) of a published run's check (score_check)
 
 
-def score_check(run_dir: Path, positions: int = CHECK_POSITIONS, device: str = "cpu") -> dict:
+def score_check(run_dir: Path, positions: int = CHECK_POSITIONS, device: str = "cpu", root: Path | None = None) -> dict:
     """The run's CE on the first `positions` positions of its held-out text (the test shard; the val split
     of a token run), scored as `reslm eval` scores it, and the digest of the weights scored: what a
-    published run's manifest keeps as its check and `reslm verify` re-scores. Reads the run only."""
-    r = _evaluate_run(Path(run_dir), length=1, ns=(1,), score=positions, seed=0, device=device, write=False)
+    published run's manifest keeps as its check and `reslm verify` re-scores. Reads the run only (`root`:
+    where a published run's dataset is, as open_dataset)."""
+    r = _evaluate_run(Path(run_dir), length=1, ns=(1,), score=positions, seed=0, device=device, write=False,
+                      root=root)
     return {"positions": r["score_positions"], CHECK_LOSS: r[TEST_LOSS], "weights_digest": r["weights_sha256"]}
 
 
-def record_check(folder: Path, positions: int = CHECK_POSITIONS, device: str = "cpu") -> dict | None:
+def record_check(folder: Path, positions: int = CHECK_POSITIONS, device: str = "cpu",
+                 root: Path | None = None) -> dict | None:
     """Write a check into the manifest of a published run that has none (or one of other weights), after
     its files verify; returns the check written, or None when it had a current one."""
     with lock_run(folder):   # nobody trains in it or publishes into it meanwhile
         manifest = verify_published(folder)
-        ensure_dataset(read_config(folder))
-        got = score_check(folder, positions, device=device)
+        ensure_dataset(read_config(folder), root)
+        got = score_check(folder, positions, device=device, root=root)
         have = manifest.get("check")
         if have and have.get("weights_digest") == got["weights_digest"] and have.get("positions") == got["positions"]:
             return None

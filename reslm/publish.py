@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -350,18 +351,49 @@ def unpack(folder: Path) -> None:
 @contextlib.contextmanager
 def unpacked(folder: Path):
     """unpack(folder), run the block (train()), then publish the folder in place: after a normal end,
-    and also after an error or an interrupt (then a failure to publish is only a warning)."""
-    unpack(folder)
+    and also after an error or an interrupt (then a failure to publish is only a warning). A block that
+    trained no step (a missing dataset, a deadline already past) leaves the published files as they were."""
+    folder = Path(folder)
+    saved = Path(tempfile.mkdtemp(prefix="reslm-published-"))   # a copy of the published files (a few MB)
     try:
-        yield folder
-    except BaseException:
+        for f in folder.iterdir():
+            if f.is_file() and not f.is_symlink():
+                shutil.copy2(f, saved / f.name)
+        step = _checkpoint_step(folder)
+        unpack(folder)
         try:
+            yield folder
+        except BaseException:
+            if _checkpoint_step(folder) == step:
+                _restore(saved, folder)
+                raise
+            try:
+                publish(folder, folder)
+            except ReslmError as e:
+                print(f"reslm: warning: {folder} was not published again ({e}); run `reslm publish {folder} "
+                      f"{folder}`", file=sys.stderr)
+            raise
+        if _checkpoint_step(folder) == step:
+            _restore(saved, folder)
+        else:
             publish(folder, folder)
-        except ReslmError as e:
-            print(f"reslm: warning: {folder} was not published again ({e}); run `reslm publish {folder} "
-                  f"{folder}`", file=sys.stderr)
-        raise
-    publish(folder, folder)
+    finally:
+        shutil.rmtree(saved, ignore_errors=True)
+
+
+def _checkpoint_step(folder: Path) -> int | None:
+    try:
+        ck = load_checkpoint(folder)
+    except ReslmError:
+        return None
+    return None if ck is None else int(ck.get("step", -1))
+
+
+def _restore(saved: Path, folder: Path) -> None:
+    """Put the published files copied to `saved` back into `folder`, each by an atomic rename."""
+    for f in saved.iterdir():
+        shutil.copy2(f, folder / f".{f.name}.restore")
+        os.replace(folder / f".{f.name}.restore", folder / f.name)
 
 
 __all__ = ["publish", "published_config", "unpack", "unpacked", "train_command", "git_commit", "TIMING"]

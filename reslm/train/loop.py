@@ -43,7 +43,7 @@ from reslm.core.progress import bar as progress_bar
 from reslm.core.progress import say
 from reslm.models.base import count_params
 from reslm.models.budget import check_frontier
-from reslm.data.datasets import check_dataset, open_dataset
+from reslm.data.datasets import check_dataset, ensure_dataset, open_dataset
 from reslm.models.load import load_model
 from reslm.run import (SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_run, read_config, read_metrics,
                        save_checkpoint, schedule_key)
@@ -137,8 +137,11 @@ def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: 
 
 def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
           checkpoint_seconds: float = CHECKPOINT_SECONDS, cache_states: bool | str = False,
-          until: float | None = None) -> dict:
+          until: float | None = None, data_root: Path | None = None) -> dict:
     """Train (or continue training) the run in run_dir; returns the summary (also summary.json).
+
+    The run's dataset is looked up as open_dataset does (`data_root`: where a published run's dataset
+    is, default $RESLM_DATA or ./data) and built first when missing and buildable (ensure_dataset).
 
     `stop_at`: stop (after an evaluation and a checkpoint) once this many steps are done; a later call
     resumes. `until`: a wall-clock deadline (time.time()): the first step that ends past it stops the
@@ -155,7 +158,7 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
     reservoir states (True refuses a run without them)."""
     run_dir = Path(run_dir)
     with lock_run(run_dir) if dist_.env_world()[0] == 0 else contextlib.nullcontext():
-        summary = _train(run_dir, progress, stop_at, checkpoint_seconds, cache_states, until)
+        summary = _train(run_dir, progress, stop_at, checkpoint_seconds, cache_states, until, data_root)
         if is_finished(run_dir):
             shutil.rmtree(run_dir / STATES, ignore_errors=True)
         return summary
@@ -207,12 +210,13 @@ class Meter:
 
 
 def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float,
-           cache_states: bool | str, until: float | None = None) -> dict:
+           cache_states: bool | str, until: float | None = None, data_root: Path | None = None) -> dict:
     cfg = read_config(run_dir)
     tc = TrainConfig.of_run(cfg)
     rank, world, local_rank = dist_.init(tc.device)
     main = rank == 0
-    dataset = open_dataset(cfg["data"])
+    ensure_dataset(cfg, data_root)
+    dataset = open_dataset(cfg["data"], data_root)
     check_dataset(cfg, dataset)
     if tc.threads:
         use_threads(tc.threads)   # a saved count above this machine's cores: its cores, with a note

@@ -403,3 +403,25 @@ def test_real_shakespeare(tmp_path: Path) -> None:
     assert 0.14 < ds.meta["split"]["test_fraction"] < 0.18
     # Concatenating in (play_key, name) order is the same as plain sorted order here.
     assert [f["name"] for f in ds.meta["source"]["files"]] == [p.name for p in files]
+
+
+def test_a_dataset_built_meanwhile_by_another_process_is_used_not_an_error(tmp_path: Path, one_file: Path,
+                                                                            monkeypatch) -> None:
+    from reslm.data import datasets
+
+    root = tmp_path / "data"
+
+    def lose_the_race(where, name, **kw):   # the other process commits first; ours finds the name taken
+        prepare_text([one_file], where, name=name, verbose=False)
+        raise ReslmError(f"dataset {where / name} already exists (use overwrite to replace it)")
+
+    monkeypatch.setattr(datasets, "prepare_shakespeare", lose_the_race)
+    ds = datasets.find_dataset("shakespeare", "chars", root, prepare=True)
+    assert ds.path == root / "shakespeare" and ds.n_chars > 0
+
+    def fail(where, name, **kw):
+        raise ReslmError("no network")
+
+    monkeypatch.setattr(datasets, "prepare_shakespeare", fail)
+    with pytest.raises(ReslmError, match="no network"):   # a real failure still fails
+        datasets.find_dataset("shakespeare", "chars", tmp_path / "empty", prepare=True)

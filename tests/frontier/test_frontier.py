@@ -232,6 +232,32 @@ def test_a_deadline_stops_a_run_and_publishes_it_unfinished_until_a_later_call(t
     assert cached == ["auto", "auto"] and not (entry.folder / "states").exists()
 
 
+def test_a_published_run_continues_from_the_data_root_and_a_failed_start_leaves_it_as_published(
+        tmp_path, chars, monkeypatch):
+    monkeypatch.delenv("RESLM_DATA", raising=False)   # the data is only where --root says
+    monkeypatch.chdir(tmp_path)
+    path = write_plan(tmp_path, BASE.replace("seeds = [0, 1]", "seeds = [0]\nselect = \"none\""))
+    results, runs, root = tmp_path / "results", tmp_path / "runs", chars.path.parent
+    plan = load_plan(path)
+    entry = plan_table(plan, results, runs)[0]
+    assert frunner.run_one(plan, entry, results, runs, until=0.0, data_root=root, progress=False,
+                           say=lambda m: None) == "stopped"
+    folder = plan_table(plan, results, runs)[0].folder
+    published = {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()}
+    real_train = frunner.train
+
+    def failing(folder, **kw):
+        raise ReslmError("the dataset is gone")
+
+    monkeypatch.setattr(frunner, "train", failing)
+    with pytest.raises(ReslmError, match="gone"):
+        frunner.run_one(plan, plan_table(plan, results, runs)[0], results, runs, data_root=root, progress=False,
+                        say=lambda m: None)
+    assert {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()} == published   # not re-signed
+    monkeypatch.setattr(frunner, "train", real_train)
+    assert run(path, results, runs, root, minutes=30)[0].state == "done"   # found under root, not ./data
+
+
 @pytest.mark.parametrize("change, message", [
     ("[base]\nlabel = 'x'\nfamily = 'rc'\ncolour = 1\n", "unknown key(s) colour"),
     ("[base]\nfamily = 'rc'\nmodel = { sise = 3 }\n", "unknown rc option(s): sise"),
