@@ -269,7 +269,7 @@ def token_outputs(repo: Path, readme: str | None) -> tuple[dict[str, str], list[
     """({relative path: text}, rows, fits): the page, its CSV and JSON and the README (when given) with its
     token-level block; nothing when no token run is published and the README has no block."""
     rows = token_rows(repo)
-    fits = fits_by_group(rows)
+    fits = _rounded(fits_by_group(rows))
     out = {}
     if rows:
         out[PAGE] = token_md(rows, fits, fig=bool(fits))
@@ -279,6 +279,18 @@ def token_outputs(repo: Path, readme: str | None) -> tuple[dict[str, str], list[
     if readme is not None and TOKENS_BEGIN in readme:
         out["README.md"] = replace_block(readme, readme_block(rows, fits))
     return out, rows, fits
+
+
+def _rounded(value, digits: int = 10):
+    """`value` with every float rounded to `digits` significant digits: the fits' last bits differ between
+    CPUs (vectorised sums), and the report writes the same JSON, pages and figure on every machine."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rounded(v, digits) for v in value)
+    return value
 
 
 def plot_tokens(plt, repo: Path, rows: list[dict], fits: dict) -> None:
