@@ -352,7 +352,7 @@ def unpack(folder: Path) -> None:
 def unpacked(folder: Path):
     """unpack(folder), run the block (train()), then publish the folder in place: after a normal end,
     and also after an error or an interrupt (then a failure to publish is only a warning). A block that
-    trained no step (a missing dataset, a deadline already past) leaves the published files as they were."""
+    trained no step (a missing dataset, an interrupt before the first step) leaves the published files as they were."""
     folder = Path(folder)
     saved = Path(tempfile.mkdtemp(prefix="reslm-published-"))   # a copy of the published files (a few MB)
     try:
