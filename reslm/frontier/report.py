@@ -23,7 +23,7 @@ PLANS_PAGE = "docs/frontier-plans.md"
 PAGES_WITH_BLOCKS = ("docs/frontier-routes.md",)   # hand-written pages with generated plan tables
 # docs/GAP_FIG.png draws these plans side by side: the trained ceilings and the reservoir's routes
 GAP_PLANS = (("trained ceiling", ("gru-ceiling", "lstm-ceiling")),
-             ("reservoir", ("esn-routes", "esn-substrates", "esn-timescales", "esn-memory", "esn-head-capacity")))
+             ("reservoir", ("esn-routes", "esn-substrates", "esn-timescales", "esn-readout-rank", "esn-memory", "esn-head-capacity")))
 
 
 def _hms(seconds: float | None) -> str:
