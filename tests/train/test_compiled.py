@@ -52,11 +52,14 @@ def _losses(compile_, backend, steps=4):
 
 def test_a_compiled_step_computes_what_the_plain_step_does():
     """Traced and differentiated by torch.compile (backend aot_eager: no kernels generated), with
-    dropout on and a shorter last batch: the same losses and weights, bitwise."""
+    dropout on and a shorter last batch: the same losses and weights up to float rounding. The traced
+    backward may sum a gradient in another order than eager autograd: on some CPUs a weight then
+    differs in its last bits, never by more."""
     plain, w_plain = _losses("off", None)
     compiled, w_compiled = _losses("on", "aot_eager")
-    assert compiled == plain
-    assert all(torch.equal(a, b) for a, b in zip(w_plain, w_compiled))
+    assert compiled == pytest.approx(plain, rel=1e-6)
+    for a, b in zip(w_plain, w_compiled):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.slow
