@@ -50,7 +50,7 @@ from reslm.run import (CHECKPOINT, CONFIG, LOCK, METRICS, SUMMARY, is_finished, 
                        run_identity, save_checkpoint)
 from reslm.models.load import load_run_model
 
-TIMING = ("wall", "samples_per_s", "seconds", "tokens_per_s")   # metrics fields that differ run to run
+TIMING = ("wall", "samples_per_s", "seconds", "tokens_per_s", "eval_seconds")   # metrics fields that differ run to run
 
 
 def git_commit() -> str:

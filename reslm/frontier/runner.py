@@ -54,6 +54,7 @@ class Entry:
     test_window: float | None = None    # the 32-character metric, where the run's summary has it
     test_stream: float | None = None    # the state carried through the test text, where it has it
     train_seconds: float | None = None
+    eval_seconds: float | None = None   # its evaluations' time (runs made before it was logged: None)
     cpu: str | None = None              # where train_seconds was measured (cpu_name), where recorded
     progress: float = 0.0               # shard-epochs done / shard-epochs in all
     holder: str | None = None
@@ -84,7 +85,9 @@ def figures(folder: Path) -> dict:
     summary = read_json(folder / SUMMARY) or {}
     cfg = read_config(folder)
     tc = cfg["train"]
-    evals = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("step", 0) > 0]
+    rows = read_metrics(folder)
+    evals = [r for r in rows if r.get("kind") == "eval" and r.get("step", 0) > 0]
+    timed = [r["eval_seconds"] for r in rows if r.get("kind") in ("eval", "weights") and "eval_seconds" in r]
     total = max(1, len(cfg["data"].get("train_shards", [0] * 5)) * tc.get("epochs_per_shard", 1) * tc.get("cycles", 1))
     metric = summary.get("test_metric")
     test = summary.get(kept_of(TEST_LOSS), summary.get(final_of(TEST_LOSS)))
@@ -93,6 +96,7 @@ def figures(folder: Path) -> dict:
                 test_window=test if metric == "window-32" else _window_eval(folder),
                 test_stream=test if metric == "stream" else stream,
                 train_seconds=summary.get("train_seconds") or (evals[-1].get("wall") if evals else None),
+                eval_seconds=sum(timed) if timed else None,
                 cpu=(read_json(folder / PROVENANCE) or {}).get("cpu") if is_published(folder) else cpu_name(),
                 progress=min(1.0, len(evals) / total))
 
@@ -219,14 +223,15 @@ def _length(e: Entry) -> int:
 
 
 def estimate(e: Entry, table: list[Entry], cpu: str | None = None) -> float | None:
-    """Seconds of training left for a run on `cpu` (default: this machine's): from its own pace when it
-    has begun, else from the plan's finished runs, scaled by its number of shard-epochs. Of those, the
-    first group that has any: its configuration on `cpu`, any configuration on `cpu`, its configuration
-    anywhere, any: one CPU's pace says little of another's."""
+    """Seconds left for a run on `cpu` (default: this machine's), its training and its evaluations (where
+    a run logged their time; runs made before that count their training only): from its own pace when
+    it has begun, else from the plan's finished runs, scaled by its number of shard-epochs. Of those,
+    the first group that has any: its configuration on `cpu`, any configuration on `cpu`, its
+    configuration anywhere, any: one CPU's pace says little of another's."""
     if e.state == "done":
         return 0.0
     if e.progress > 0 and e.train_seconds:
-        return e.train_seconds * (1 - e.progress) / e.progress
+        return _seconds(e) * (1 - e.progress) / e.progress
     cpu = cpu or cpu_name()
     done = [d for d in table if d.state == "done" and d.train_seconds]
     groups = ([d for d in done if d.config == e.config and d.cpu == cpu], [d for d in done if d.cpu == cpu],
@@ -234,7 +239,11 @@ def estimate(e: Entry, table: list[Entry], cpu: str | None = None) -> float | No
     same = next((g for g in groups if g), None)
     if same is None:
         return None
-    return statistics.median(d.train_seconds / _length(d) for d in same) * _length(e)
+    return statistics.median(_seconds(d) / _length(d) for d in same) * _length(e)
+
+
+def _seconds(e: Entry) -> float:
+    return (e.train_seconds or 0.0) + (e.eval_seconds or 0.0)
 
 
 def finished_names(table: list[Entry]) -> list[str]:

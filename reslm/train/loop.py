@@ -299,8 +299,10 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             synchronize(device)
             seconds = time.perf_counter() - meter.t_seg
             train_seconds += seconds
+            t_eval = time.perf_counter()
             with ema.applied() if ema is not None else contextlib.nullcontext():
                 row = evaluate(model, precision, final=step == source.total)  # every rank evaluates; rank 0 logs
+            eval_seconds = time.perf_counter() - t_eval
             weights = checkpoint_weights(model, ema)
             if tc.keep_best_val and (best is None or row[VAL_LOSS] < best[VAL_LOSS]):
                 best = dict(step=step, **{VAL_LOSS: row[VAL_LOSS]},   # the trainable tensors; the fixed are the model's
@@ -309,14 +311,17 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                 seg = source.segment(step - 1)
                 log.write(dict(kind="eval", step=step, **seg, **{TRAIN_LOSS: meter.train_loss}, **row,
                                samples_per_s=round((step - meter.start) * samples_per_step / max(seconds, 1e-9), 1),
-                               seconds=round(seconds, 3), wall=round(train_seconds, 3)))
+                               seconds=round(seconds, 3), wall=round(train_seconds, 3),
+                               eval_seconds=round(eval_seconds, 3)))
                 first = next(iter(row))
                 say(f"step {step}/{source.total}" + "".join(f" {k} {v}" for k, v in seg.items())
                     + f": train {meter.train_loss:.4f}  {first} {row[first]:.4f} nats "
                     f"({bits(row[first]):.3f} bits)", enabled=progress)
                 if best is not None and step == source.total:   # the finished run's model: the best weights
-                    log.write(dict(kind="weights", step=best["step"],
-                                   **(row if best["step"] == step else _score(model, best["model"], evaluate, precision))))
+                    t_eval = time.perf_counter()
+                    kept = row if best["step"] == step else _score(model, best["model"], evaluate, precision)
+                    log.write(dict(kind="weights", step=best["step"], **kept,
+                                   eval_seconds=round(time.perf_counter() - t_eval, 3)))
                     weights = dict(weights, model={**weights["model"], **best["model"]}, last=weights["model"])
                 save(weights)
             dist_.barrier()
@@ -427,6 +432,8 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
         summary.update(weights="best-val", weights_step=kept["step"],
                        **{kept_of(k): v for k, v in kept.items() if k.startswith(("test_", "val_"))})
     summary["train_seconds"] = last.get("wall")
+    timed = [r["eval_seconds"] for r in rows if r["kind"] in ("eval", "weights") and "eval_seconds" in r]
+    summary["eval_seconds"] = round(sum(timed), 3) if timed else None   # every evaluation's time, the kept weights' scoring included
     summary["reservoir_seconds"] = round(sum(r["seconds"] for r in rows if r["kind"] == "states"), 3)
     summary.update(source.summary_fields(cfg, summary["steps"]))
     summary.update(extra or {})

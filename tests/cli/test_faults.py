@@ -30,7 +30,7 @@ RC = ["--family", "rc", "--size", "16", "--epoch-samples", "64", "--epochs-per-s
 GPT = ["--family", "gpt", "--dim", "16", "--n-layers", "1", "--n-heads", "2", "--context", "16", "--batch-size", "4",
        "--grad-accum", "1", "--max-steps", "6", "--eval-every", "3", "--eval-batches", "1", "--log-every", "1",
        "--no-progress"]
-TIMING = {"wall", "seconds", "samples_per_s", "tokens_per_s", "train_seconds", "reservoir_seconds"}
+TIMING = {"wall", "seconds", "samples_per_s", "tokens_per_s", "eval_seconds", "train_seconds", "reservoir_seconds"}
 
 
 def words_text(seed: int, vocab: str, lines: int = 200) -> str:

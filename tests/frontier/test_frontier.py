@@ -128,6 +128,20 @@ def test_time_left_is_paced_by_runs_on_this_cpu_before_runs_on_others(where):
     begun = frunner.Entry(cand, 0, cand.name(0), None, "unfinished", train_seconds=50.0, progress=0.25)
     assert frunner.estimate(begun, [far, here], cpu="slow (AVX2)") == 150.0
     assert frunner.estimate(todo, [], cpu="slow (AVX2)") is None
+    # the evaluations' time counts where a run logged it (a trained network's windows take as long as its training)
+    here.eval_seconds, begun.eval_seconds = 200.0, 30.0
+    assert frunner.estimate(todo, [far, here], cpu="slow (AVX2)") == 500.0
+    assert frunner.estimate(begun, [far, here], cpu="slow (AVX2)") == 240.0
+
+
+def test_a_finished_run_logs_the_time_of_its_evaluations(where):
+    path, results, runs, root = where
+    plan = load_plan(path)
+    run(path, results, runs, root)
+    e = next(e for e in plan_table(plan, results, runs) if e.state == "done")
+    summary = json.loads((e.folder / "summary.json").read_text())
+    assert e.eval_seconds is not None and e.eval_seconds > 0
+    assert summary["eval_seconds"] == pytest.approx(e.eval_seconds, abs=1e-2)
 
 
 def test_a_run_held_by_another_process_is_left_to_it(where):

@@ -12,6 +12,7 @@ from reslm.models.budget import FRONTIER_BUDGET, check_frontier
 from reslm.models.rc import RC
 import reslm.train.batches as rb
 import reslm.run.state_cache as rs
+from reslm.publish import TIMING
 
 
 def test_presets_frontier_verdicts():
@@ -271,7 +272,7 @@ def test_ema_run_evaluates_the_shadow_and_resumes_bitwise(chars, tmp_path, monke
     monkeypatch.setattr(tt.loop, "save_checkpoint", real_save)
     tt.train(cut, progress=False, stop_at=6)
     tt.train(cut, progress=False)
-    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    timing = TIMING
     key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
     assert key(read_metrics(full)) == key(read_metrics(cut))
     b = torch.load(cut / "checkpoint.pt", weights_only=True)
@@ -329,7 +330,7 @@ def test_rnn_trains_resumes_and_generates_through_the_cli(chars, tmp_path, capsy
     cut = tt.create_run(tmp_path / "cut", "rnn", model, {**CHAR_TRAIN, "ema": 0.5}, chars)
     tt.train(cut, progress=False, stop_at=4)
     tt.train(cut, progress=False)
-    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    timing = TIMING
     key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
     assert key(read_metrics(full)) == key(read_metrics(cut))
     out = tmp_path / "cli"

@@ -12,6 +12,7 @@ from reslm.core.metrics import bits
 from reslm.models.base import decay_groups
 from reslm.core.errors import ReslmError
 from reslm.run import read_config, read_metrics, save_checkpoint
+from reslm.publish import TIMING
 
 MODELS = {"laerc": dict(dim=16, n_layers=2, context=32, r_mult=2),
           "gpt": dict(dim=32, n_layers=2, n_heads=2, context=32)}
@@ -65,7 +66,7 @@ def test_resume_equals_uninterrupted(dataset, tmp_path, monkeypatch):
     with open(cut / "metrics.jsonl", "a") as f:  # rows written after the checkpoint are dropped on resume
         f.write('{"kind": "step", "step": 6, "lr": 0, "train_loss": 9, "tokens_per_s": 1, "wall": 1}\n')
     tt.train(cut, progress=False)
-    timing = ("wall", "tokens_per_s", "samples_per_s", "seconds")
+    timing = TIMING
     key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows]
     assert key(read_metrics(full)) == key(read_metrics(cut))
     a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
@@ -164,7 +165,7 @@ def test_char_resume_is_bitwise(chars, tmp_path, monkeypatch, family, model):
     mid = tt.create_run(tmp_path / "mid", family, model, train, chars)
     tt.train(mid, progress=False, stop_at=5)            # mid shard-epoch: an extra evaluation, same weights
     tt.train(mid, progress=False)
-    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    timing = TIMING
     key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
     assert key(read_metrics(full)) == key(read_metrics(cut))
     a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
@@ -216,7 +217,7 @@ def test_killed_between_evaluations_resumes_from_the_timed_checkpoint(request, t
     assert "segment" in saves[-1] and saves[-1]["segment"]["n"] > 0     # died between two evaluations
     monkeypatch.setattr(tt.loop, "save_checkpoint", real_save)
     tt.train(cut, progress=False)
-    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    timing = TIMING
     key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
     assert key(read_metrics(full)) == key(read_metrics(cut))
     a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
@@ -261,7 +262,7 @@ def test_cached_states_are_read_back_on_resume_and_removed_at_the_end(chars, tmp
     rows = read_metrics(cut)
     states = [(r["shard"], r.get("cached", False)) for r in rows if r["kind"] == "states"]
     assert states[:3] == [(0, False), (1, False), (2, False)]   # the resume logs no second row for shard 1
-    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    timing = TIMING
     key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
     assert key(read_metrics(full)) == key(rows)
     a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
@@ -294,7 +295,7 @@ def test_a_later_cycle_reads_every_shard_back_while_the_disk_has_room(chars, tmp
     rows = [r for r in read_metrics(cached) if r["kind"] == "states"]
     assert [r.get("cached", False) for r in rows if r["cycle"] == 1] == [room] * shards
     assert kept[-1] == ([f"train-shard{s}" for s in sorted(chars.train_shards)] if room else [kept[-1][0]])
-    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    timing = TIMING
     key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
     assert key(read_metrics(plain)) == key(read_metrics(cached))
     assert not (cached / tt.STATES).exists()
@@ -329,7 +330,7 @@ def test_more_cycles_grow_a_finished_run_into_the_longer_one(chars, tmp_path):
     assert tt.ensure_run(grown, "aerc", model, {**train, "cycles": 2}, chars) == "resuming to 2 cycles"
     tt.train(grown, progress=False)
     assert tt.ensure_run(grown, "aerc", model, {**train, "cycles": 2}, chars) == "done"
-    timing = ("wall", "samples_per_s", "seconds", "tokens_per_s")
+    timing = TIMING
     key = lambda rows: [tuple((k, v) for k, v in r.items() if k not in timing) for r in rows if r["kind"] != "states"]
     assert key(read_metrics(fresh)) == key(read_metrics(grown))
     a = torch.load(fresh / "checkpoint.pt", weights_only=True)["model"]
@@ -342,7 +343,6 @@ def test_more_cycles_grow_a_finished_run_into_the_longer_one(chars, tmp_path):
         tt.grow_cycles(cosine, 2)
 
 
-TIMING = ("wall", "samples_per_s", "seconds", "tokens_per_s")
 
 
 def test_resumed_run_logs_exactly_what_an_uninterrupted_one_does(chars, tmp_path, monkeypatch):
@@ -375,7 +375,7 @@ def test_resumed_run_logs_exactly_what_an_uninterrupted_one_does(chars, tmp_path
     ck_b = torch.load(cut / "checkpoint.pt", weights_only=True)
     assert ck_a["metrics_rows"] == ck_b["metrics_rows"] == len(a)
     assert all(torch.equal(ck_a["model"][k], ck_b["model"][k]) for k in ck_a["model"])
-    per_attempt = ("train_seconds", "reservoir_seconds")
+    per_attempt = ("train_seconds", "reservoir_seconds", "eval_seconds")
     assert {k: v for k, v in s_full.items() if k not in per_attempt} == \
            {k: v for k, v in s_cut.items() if k not in per_attempt}
 
