@@ -267,9 +267,9 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
     over = {k: v for k, v in (("threads", threads), ("device", device)) if v}
     try:
         if folder is not None and is_published(folder):    # published unfinished: continue it in place
-            if over:
-                resume_run(folder, over)
             with unpacked(folder):   # published again, in place, when training stops
+                if over:
+                    resume_run(folder, over)
                 try:   # its states kept for this call only (results/*/states/ is never committed)
                     train(folder, progress=progress, until=until, cache_states="auto", data_root=data_root)
                 finally:

@@ -18,7 +18,7 @@ from reslm.frontier.bench import bench
 from reslm.frontier.report import plan_markdown, status_lines
 from reslm.models.identity import fingerprint, name_problem
 from reslm.reservoir import RESERVOIRS
-from reslm.run import read_config
+from reslm.run import LOCK, read_config
 
 BASE = """
 [plan]
@@ -257,17 +257,18 @@ def test_a_published_run_continues_from_the_data_root_and_a_failed_start_leaves_
     assert frunner.run_one(plan, entry, results, runs, until=0.0, data_root=root, progress=False,
                            say=lambda m: None) == "stopped"
     folder = plan_table(plan, results, runs)[0].folder
-    published = {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()}
+    files = lambda: {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file() and f.name != LOCK}  # noqa: E731
+    published = files()
     real_train = frunner.train
 
     def failing(folder, **kw):
         raise ReslmError("the dataset is gone")
 
     monkeypatch.setattr(frunner, "train", failing)
-    with pytest.raises(ReslmError, match="gone"):
-        frunner.run_one(plan, plan_table(plan, results, runs)[0], results, runs, data_root=root, progress=False,
-                        say=lambda m: None)
-    assert {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()} == published   # not re-signed
+    with pytest.raises(ReslmError, match="gone"):   # threads given: its config is restored too
+        frunner.run_one(plan, plan_table(plan, results, runs)[0], results, runs, threads=2, data_root=root,
+                        progress=False, say=lambda m: None)
+    assert files() == published   # not re-signed
     monkeypatch.setattr(frunner, "train", real_train)
     assert run(path, results, runs, root, minutes=30)[0].state == "done"   # found under root, not ./data
 
