@@ -166,7 +166,7 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     t0 = time.perf_counter()
     todo = [s for s, d in runs.items() if not is_finished(d)]
     if jobs > 1 and len(todo) > 1:
-        _parallel(todo, runs, jobs, progress)
+        _parallel(todo, runs, jobs, [src["path"] for src in sources])
     else:
         for s in todo:
             train(runs[s], progress=progress)
@@ -190,21 +190,36 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
                 wall_seconds=time.perf_counter() - t0)
 
 
-def _parallel(todo: list[int], runs: dict, jobs: int, progress: bool) -> None:
-    """Train the seeds' runs `jobs` at a time, each in its own `reslm train --resume` process."""
+def _parallel(todo: list[int], runs: dict, jobs: int, imports: list[str]) -> None:
+    """Train the seeds' runs `jobs` at a time, each in its own process that first runs the --import files
+    (so that it knows the user's reservoir) and then continues the run from its folder."""
     procs: list[subprocess.Popen] = []
     queue = list(todo)
     while queue or procs:
         while queue and len(procs) < jobs:
             s = queue.pop(0)
-            procs.append(subprocess.Popen([sys.executable, "-m", "reslm.cli", "train", "--out", str(runs[s]), "--resume",
-                                           "--no-progress"], stdout=subprocess.DEVNULL))
+            procs.append(subprocess.Popen([sys.executable, "-c", _CHILD, str(runs[s]), *imports],
+                                          stdout=subprocess.DEVNULL))
         time.sleep(2)
         for p in [p for p in procs if p.poll() is not None]:
             procs.remove(p)
             if p.returncode:
                 raise ReslmError(f"a seed's training process exited with status {p.returncode} (its run folder "
                                  "keeps its checkpoint: run the bench again to continue)")
+
+
+_CHILD = "import sys; from reslm.frontier.bench import _train_one; sys.exit(_train_one(sys.argv[1:]))"
+
+
+def _train_one(argv: list[str]) -> int:
+    """One seed of a parallel bench, in its own process: argv is RUN_DIR [FILE.py ...]."""
+    try:
+        _import(argv[1:])
+        train(Path(argv[0]), progress=False)
+    except ReslmError as e:
+        print(f"reslm: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, summaries, table, threads) -> str:

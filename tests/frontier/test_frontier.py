@@ -329,6 +329,10 @@ def test_bench_runs_a_reservoir_from_a_user_file_in_the_recipe(where, tmp_path, 
     assert r["mine"]["test"][2] == 2 and "**ring-test** (this bench)" in r["table"]
     card = (out / "card.md").read_text()
     assert "ring-test" in card and str(user) in card and "Strict reservoir rules" in card
+    # the seeds at once, each in its own process: it must register the user's reservoir too, and train the same
+    again = bench("ring-test", imports=[str(user)], seeds=(0, 1), out=tmp_path / "jobs", results=results,
+                  data_root=root, progress=False, recipe_plan=str(path), jobs=2)
+    assert again["mine"]["test"] == r["mine"]["test"]
     with pytest.raises(ReslmError, match="unknown reservoir"):
         bench("no-such-reservoir", out=out, results=results, recipe_plan=str(path))
     assert main(["frontier", "bench", "--reservoir", "nope", "--out", str(out), "--results", str(results)]) == 2
