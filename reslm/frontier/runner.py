@@ -25,7 +25,7 @@ from pathlib import Path
 from reslm.core.device import cpu_name
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
-from reslm.core.metrics import TEST_LOSS, TEST_STREAM_LOSS, VAL_LOSS, final_of, kept_of
+from reslm.core.metrics import TEST_LOSS, VAL_LOSS, final_of, kept_of
 from reslm.data.datasets import find_dataset
 from reslm.evaluate import record_check, score_check
 from reslm.frontier import ledger
@@ -34,7 +34,7 @@ from reslm.models.identity import fingerprint, seed_of
 from reslm.publish import publish, unpacked
 from reslm.run import CONFIG, SUMMARY, is_finished, lock_run, read_config, read_metrics
 from reslm.run.lock import RunInUse, writer_of
-from reslm.run.registry import PROVENANCE, is_published, published_folders, read_manifest
+from reslm.run.registry import PROVENANCE, is_published, published_folders, read_manifest, test_on_both
 from reslm.train import ensure_run, resume_run, train
 from reslm.train.config import STATES as STATE_CACHE
 
@@ -89,26 +89,14 @@ def figures(folder: Path) -> dict:
     evals = [r for r in rows if r.get("kind") == "eval" and r.get("step", 0) > 0]
     timed = [r["eval_seconds"] for r in rows if r.get("kind") in ("eval", "weights") and "eval_seconds" in r]
     total = max(1, len(cfg["data"].get("train_shards", [0] * 5)) * tc.get("epochs_per_shard", 1) * tc.get("cycles", 1))
-    metric = summary.get("test_metric")
     test = summary.get(kept_of(TEST_LOSS), summary.get(final_of(TEST_LOSS)))
-    stream = summary.get(kept_of(TEST_STREAM_LOSS), summary.get(final_of(TEST_STREAM_LOSS)))
+    window, stream = test_on_both(folder, summary)
     return dict(val=summary.get(kept_of(VAL_LOSS), summary.get(final_of(VAL_LOSS))), test=test,
-                test_window=test if metric == "window-32" else _window_eval(folder),
-                test_stream=test if metric == "stream" else stream,
+                test_window=window, test_stream=stream,
                 train_seconds=summary.get("train_seconds") or (evals[-1].get("wall") if evals else None),
                 eval_seconds=sum(timed) if timed else None,
                 cpu=(read_json(folder / PROVENANCE) or {}).get("cpu") if is_published(folder) else cpu_name(),
                 progress=min(1.0, len(evals) / total))
-
-
-def _window_eval(folder: Path) -> float | None:
-    """A stream-trained reservoir's CE on the paper's metric, over the whole test shard: its
-    eval-window.json (`reslm eval RUN --context-mode window --score 0 --write`), where a published
-    folder's manifest records it."""
-    ev = read_json(folder / "eval-window.json")
-    if not ev or not is_published(folder) or "eval-window.json" not in read_manifest(folder).get("files", {}):
-        return None
-    return ev[TEST_LOSS] if ev.get("settings", {}).get("score") == 0 else None
 
 
 def _finished(folder: Path) -> bool:

@@ -12,7 +12,7 @@ from reslm.models import PRESETS, check_frontier_config, make_config
 from reslm.models.budget import FRONTIER_BUDGET
 from reslm.models.identity import delta, fingerprint
 from reslm.paper import LARGEST, TEST_CE
-from reslm.run.registry import published_folders, read_manifest
+from reslm.run.registry import published_folders, read_manifest, test_on_both
 from reslm.report.rows import NOT_PUBLISHED, PAPER_SAMPLING, _variant, whole_shard_final
 from reslm.run import CONFIG, SUMMARY, read_metrics
 
@@ -54,6 +54,14 @@ def _metric_words(point: dict) -> str:
     return f" on {metric.split('-')[1]}-character windows (the paper's metric)" if metric.startswith("window-") else ""
 
 
+def _scored_on(point: dict) -> str:
+    """The metric of a row's test CE, in a word: the run's summary's, else (a legacy row) its context's."""
+    metric = point.get("test_metric") or ""
+    if metric == "stream" or (not metric and point.get("test_stream") is not None):
+        return "state carried"
+    return "windows" if metric.startswith("window-") or point.get("test_window") is not None else "-"
+
+
 def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
     """Every character run scored on the whole test shard: the published ones (with the strict-rules
     verdict and what they changed) and the legacy rows (the paper's protocol)."""
@@ -71,10 +79,12 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         # a configuration (reslm.models.identity): seeds and where it ran aside; the same without the
         # validation split, so that a run on the whole training text matches the configuration it refits
         summary = read_json(folder / SUMMARY) or {}
+        window, stream = test_on_both(folder, summary)
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
                         **{TEST_LOSS: summary.get(kept_of(TEST_LOSS), rows[-1][TEST_LOSS])},
                         **{VAL_LOSS: summary.get(kept_of(VAL_LOSS), rows[-1].get(VAL_LOSS))}, strict=verdict.ok,
                         weights=summary.get("weights", "last"), test_metric=summary.get("test_metric"),
+                        test_window=window, test_stream=stream,
                         config=fingerprint(cfg), base_config=fingerprint(cfg, ignore=VAL_FIELDS),
                         seed=cfg["train"].get("seed", 0), test_at_best_val=_test_at_best_val(summary, rows),
                         **{best_of(VAL_LOSS): summary.get(best_of(VAL_LOSS))},
@@ -87,7 +97,9 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         if r["weights"] or not done or r["partial"]:
             continue
         pts.append(dict(family=r["family"], name=f"{r['name']} ({r['context']}, cycle {r['cycle']})",
-                        trainable_params=r["trainable"], **{TEST_LOSS: done[-1]}, strict=r["family"] in ("rc", "aerc"),
+                        trainable_params=r["trainable"], **{TEST_LOSS: done[-1]},
+                        test_window=done[-1] if r["context"] == "window" else None,
+                        test_stream=done[-1] if r["context"] == "stream" else None, strict=r["family"] in ("rc", "aerc"),
                         published=False, source="paper", route=[f"{r['context']} context"] if r["context"] != "window"
                         else [], finished=True, cycle=r["cycle"], folder=None))
     # ranked by validation CE where the run has a validation split (within a split: whole file groups first,
@@ -101,7 +113,8 @@ SPLIT_RANK = {"groups": 0, "tails": 1}   # validation splits, the one without a 
 
 def seed_groups(points: list[dict]) -> list[dict]:
     """Finished published runs of one configuration at several seeds: their number, and the mean and
-    sample standard deviation of the validation CE, the final test CE and (with a validation split) the
+    sample standard deviation of the validation CE, the final test CE, the test CE on each metric (on the
+    paper's windows, with the state carried: where every seed has it) and (with a validation split) the
     test CE at the best-validation evaluation. Ranked by mean validation CE (within a validation split,
     SPLIT_RANK), then mean test CE."""
     by: dict[str, list[dict]] = {}
@@ -109,11 +122,11 @@ def seed_groups(points: list[dict]) -> list[dict]:
         if p.get("folder") and p["finished"] and p.get("config"):
             by.setdefault(p["config"], []).append(p)
 
-    def stats(values):
-        values = [v for v in values if isinstance(v, (int, float))]
-        if len(values) < 2:
+    def stats(values, every=False):
+        got = [v for v in values if isinstance(v, (int, float))]
+        if len(got) < 2 or (every and len(got) < len(values)):
             return None
-        return statistics.mean(values), statistics.stdev(values), min(values), max(values)
+        return statistics.mean(got), statistics.stdev(got), min(got), max(got)
 
     groups = []
     for runs in by.values():
@@ -125,6 +138,8 @@ def seed_groups(points: list[dict]) -> list[dict]:
                            trainable_params=runs[0]["trainable_params"], route=runs[0]["route"],
                            val_split=runs[0].get("val_split"),
                            val=stats([r.get(VAL_LOSS) for r in runs]), test=stats([r[TEST_LOSS] for r in runs]),
+                           # a metric's mean only where every seed was scored on it
+                           **{k: stats([r.get(k) for r in runs], every=True) for k in ("test_window", "test_stream")},
                            test_at_best_val=stats([r.get("test_at_best_val") for r in runs])))
     return sorted(groups, key=lambda g: (g["val"] is None, SPLIT_RANK.get(g["val_split"], 2), (g["val"] or g["test"])[0]))
 
@@ -160,6 +175,16 @@ def _refit_of(top: dict | None, groups: list[dict]) -> dict | None:
 
 def _mean_sd(st) -> str:
     return "-" if st is None else f"{st[0]:.4f} ± {st[1]:.4f}"
+
+
+METRICS = (("test_window", "on the paper's 32-character windows"), ("test_stream", "with the state carried through the "
+                                                                                  "test text"))
+
+
+def _on_both(group: dict) -> str:
+    """A seed group's mean ± sd test CE on each metric, in words; a metric not scored at every seed says so."""
+    return ", ".join(f"{_mean_sd(group[k])} nats test CE {words}" if group.get(k) else f"{words}: not scored at "
+                     "every seed" for k, words in METRICS)
 
 
 def _recipe(route: list[str]) -> str:
@@ -208,9 +233,8 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
     if top:
         r0 = top["runs"][0]
         L += [f"**Best strict reservoir-family configuration on validation: [{r0['name']}](../{r0['folder']}) and its "
-              f"other seeds at {_mean_sd(top['test'])} nats test CE{_metric_words(r0)} (mean ± sd over {len(top['runs'])} seeds; "
-              f"{_mean_sd(top['test_at_best_val'])} at each seed's best validation CE), "
-              f"{top['trainable_params']:,} trainable parameters.**", ""]
+              f"other seeds, {top['trainable_params']:,} trainable parameters: {_on_both(top)} (mean ± sd over "
+              f"{len(top['runs'])} seeds).**", ""]
         if refit:
             r0 = refit["runs"][0]
             L += [f"Trained again on the whole training text (the validation split folded back in, the final "
@@ -221,42 +245,52 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
         how = (f"the lowest validation CE, {best[VAL_LOSS]:.4f} on the {best['val_split']} split"
                if best.get(VAL_LOSS) is not None else f"the best test CE of {configs} configurations, chosen on test")
         L += [f"**Best single strict reservoir-family run: [{best['name']}](../{best['folder']}) at "
-              f"{best[TEST_LOSS]:.4f} nats ({best[TEST_LOSS] / LN2:.3f} bits/char), {best['trainable_params']:,} "
+              f"{best[TEST_LOSS]:.4f} nats{_metric_words(best)} ({best[TEST_LOSS] / LN2:.3f} bits/char), "
+              f"{best['trainable_params']:,} "
               f"trainable parameters ({how}).** Targets: {TEST_CE['tf']} (the paper's transformer), moonshot 1.60."
               if best.get("folder")
               else f"**Best strict reservoir-family run so far: {best['name']} at {best[TEST_LOSS]:.4f} nats.**", ""]
         if lowest is not best and lowest.get("folder"):
             L += [f"The lowest test CE of the {len(strict)} strict runs, [{lowest['name']}](../{lowest['folder']}) at "
-                  f"{lowest[TEST_LOSS]:.4f} nats, is the best of many figures read off the test shard, not a "
+                  f"{lowest[TEST_LOSS]:.4f} nats{_metric_words(lowest)}, is the best of many figures read off the test shard, not a "
                   "selection.", ""]
-    # the trained networks of the same size (the ceilings: tf-256-16-16's count is the largest the paper has)
-    ceilings = [p for p in points if not p["strict"] and p["trainable_params"] <= CEILING_BUDGET
-                and p.get("folder") and p["finished"] and p["trainable_params"] >= 0.9 * FRONTIER_BUDGET]
-    if ceilings:
-        c = ceilings[0]   # the ranking's order: on validation where the runs have a split
-        how = "selected on validation" if c.get(VAL_LOSS) is not None else "no validation split"
-        L += [f"**Best trained ceiling of the same size so far: [{c['name']}](../{c['folder']}) at "
-              f"{c[TEST_LOSS]:.4f} nats{_metric_words(c)}, {c['trainable_params']:,} trainable parameters, "
-              f"{_recipe(c['route'])} ({how}).**", "",
-              f"The reservoir's routes beside the ceiling tuned as hard, on both metrics, and each route's screen "
+    # the trained networks of the same size (the ceilings: tf-256-16-16's count is the largest the paper has),
+    # chosen like the reservoir: the lowest mean validation CE over seeds, read on both metrics
+    ceiling = next((g for g in groups if not g["strict"] and g["val"] and g["trainable_params"] <= CEILING_BUDGET), None)
+    if ceiling:
+        c = ceiling["runs"][0]
+        L += [f"**Best trained ceiling of the same size on validation: [{c['name']}](../{c['folder']}) and its other "
+              f"seeds, {ceiling['trainable_params']:,} trainable parameters, {_recipe(c['route'])}: "
+              f"{_on_both(ceiling)} (mean ± sd over {len(ceiling['runs'])} seeds).**", ""]
+        if top:
+            gaps = [f"{top[k][0] - ceiling[k][0]:.4f} nats {words}" for k, words in METRICS
+                    if top[k] and ceiling[k]]
+            L += [f"The reservoir's gap to it: {' and '.join(gaps)}." if gaps else
+                  "The two are not yet scored on a common metric at every seed.", ""]
+        L += [f"The reservoir's routes beside the ceiling tuned as hard, on both metrics, and each route's screen "
               f"against its base: [{GAP_FIG}.png]({GAP_FIG}.png) (the plans of "
               "[frontier-routes.md, section 6](frontier-routes.md#6-one-metric-for-both-sides-and-the-tuned-ceiling-issue-49)).", ""]
     if groups:
         L += ["## Over seeds", "",
               "Configurations within 10% of the budget published at several seeds (`--seed` changes the reservoir, "
               "the weights and the shuffling): mean ± sample standard deviation over the seeds, ranked by mean "
-              "validation CE, then mean test CE. *Test CE at best val*: each seed's test CE at its lowest validation "
-              "CE, what selecting the evaluation on validation gives.", "",
-              "| configuration | family | trainable | strict | seeds | val CE | test CE | test CE range | "
-              "test CE at best val |", "|---|---|---|---|---|---|---|---|---|"]
+              "validation CE, then mean test CE. Test CE on the two metrics: each character from its 32 preceding "
+              "ones read from a zero state (the paper's), and with the state carried through the test text; a dash "
+              "where not every seed was scored on it. *Test CE at best val*: each seed's test CE on its own metric "
+              "at its lowest validation CE, what selecting the evaluation on validation gives.", "",
+              "| configuration | family | trainable | strict | seeds | val CE | test CE, 32-char windows | "
+              "test CE, state carried | test CE at best val |", "|---|---|---|---|---|---|---|---|---|"]
         for g in groups:
             links = ", ".join(f"[{r['seed']}](../{r['folder']})" for r in g["runs"])
             L.append(f"| {g['runs'][0]['name']} | {g['family']} | {g['trainable_params']:,} | "
-                     f"{'yes' if g['strict'] else 'no'} | {links} | {_mean_sd(g['val'])} | {_mean_sd(g['test'])} | "
-                     f"{g['test'][2]:.4f}-{g['test'][3]:.4f} | {_mean_sd(g['test_at_best_val'])} |")
+                     f"{'yes' if g['strict'] else 'no'} | {links} | {_mean_sd(g['val'])} | "
+                     f"{_mean_sd(g.get('test_window'))} | {_mean_sd(g.get('test_stream'))} | "
+                     f"{_mean_sd(g['test_at_best_val'])} |")
         L += ["", "## Every run", ""]
-    L += ["| run | family | trainable | strict | val CE | test CE (nats) | bits/char | selection | cycle | what differs "
-          "from the paper's protocol | weights |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    L += ["*Scored on*: the test metric of the row's test CE, each character from its 32 preceding ones read from "
+          "a zero state (*windows*, the paper's) or with the state carried through the test text (*state carried*).", "",
+          "| run | family | trainable | strict | val CE | test CE (nats) | bits/char | scored on | selection | cycle | "
+          "what differs from the paper's protocol | weights |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     # a configuration compared on whole held-out plays at several seeds, trained again without the split
     refits = {g["base_config"] for g in groups if g["val_split"] == "groups"}
     for p in points:
@@ -270,7 +304,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
                      "refit of validation (groups)" if p.get("base_config") in refits else "*test*" if chose else "-")
         L.append(f"| {p['name']} | {p['family']} | {p['trainable_params']:,} | {'yes' if p['strict'] else 'no'} | "
                  f"{'-' if val is None else f'{val:.4f}'} | {p[TEST_LOSS]:.4f} | {p[TEST_LOSS] / LN2:.3f} | "
-                 f"{selection} | {p['cycle']} | {'; '.join(p['route']) or '-'} | "
+                 f"{_scored_on(p)} | {selection} | {p['cycle']} | {'; '.join(p['route']) or '-'} | "
                  f"{link} |")
     L += ["", f"References: the paper's largest models (RC {TEST_CE['rc']}, AERC {TEST_CE['aerc']}, transformer "
                   f"{TEST_CE['tf']} nats)"]

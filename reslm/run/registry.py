@@ -42,12 +42,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 
 from reslm.core.errors import ReslmError
-from reslm.core.files import plain_name, read_plain, sha256_file, write_json
+from reslm.core.files import plain_name, read_json, read_plain, sha256_file, write_json
+from reslm.core.metrics import TEST_LOSS, TEST_STREAM_LOSS, final_of, kept_of
 from reslm.run.folder import CONFIG, read_config
 
 FORMAT = 1                       # manifest.json "format"; a folder with a larger one is refused
 MANIFEST, WEIGHTS, PROVENANCE = "manifest.json", "weights.safetensors", "provenance.json"
 EVAL = "eval.json"
+EVAL_WINDOW = "eval-window.json"   # a stream-trained reservoir scored on the paper's windows (reslm.evaluate)
 ROUNDING = 1e-5                  # relative tolerance of a fixed tensor's sum / sum of squares
 
 
@@ -206,6 +208,25 @@ def _manifest_problem(m: dict, path: Path) -> str | None:
     if "run" in m and not isinstance(m["run"], str):
         return "run must be a string"
     return None
+
+
+def test_on_both(folder: Path, summary: dict) -> tuple[float | None, float | None]:
+    """A run's whole-test-shard CE on the two metrics, (windows, state carried), None where it was not
+    measured: each character from a zero state over its 32 preceding ones (the paper's metric), and with
+    the state carried through the test text. The run's own metric (summary's test_metric) gives one, of the
+    weights it keeps; a stream-mode rnn's summary has the other; a stream-trained reservoir's window
+    figure is its eval-window.json scored on every position (`reslm eval RUN --context-mode window
+    --score 0 --write`), counted only in a published folder whose manifest records it."""
+    metric = summary.get("test_metric")
+    test = summary.get(kept_of(TEST_LOSS), summary.get(final_of(TEST_LOSS)))
+    stream = summary.get(kept_of(TEST_STREAM_LOSS), summary.get(final_of(TEST_STREAM_LOSS)))
+    window = None
+    if metric == "window-32":
+        window = test
+    elif is_published(folder) and EVAL_WINDOW in read_manifest(folder).get("files", {}):
+        ev = read_json(Path(folder) / EVAL_WINDOW) or {}
+        window = ev.get(TEST_LOSS) if ev.get("settings", {}).get("score") == 0 else None
+    return window, test if metric == "stream" else stream
 
 
 def read_provenance(folder: Path) -> dict | None:

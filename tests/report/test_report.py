@@ -181,6 +181,34 @@ def test_seed_groups_give_mean_and_spread_of_one_configuration_over_seeds():
     assert [g["runs"][0]["name"] for g in seed_groups(tails + plays)] == ["g", "t"]
 
 
+def test_the_reservoir_and_the_ceiling_are_read_on_both_metrics():
+    """Each seed group carries its test CE on the paper's windows and with the state carried, a mean only
+    where every seed was scored on it; the page names the strict configuration and the trained ceiling that
+    validation chooses on both metrics, and the gap between them on each."""
+    from reslm.report.frontier import frontier_md, seed_groups
+
+    def runs(config, family, vals, window, stream):
+        return [dict(name=f"{config}-s{s}", config=config, base_config=config, seed=s, test_loss=stream[s],
+                     val_loss=v, test_at_best_val=None, test_window=window[s], test_stream=stream[s],
+                     folder=f"results/{config}-s{s}", finished=True, family=family, strict=family == "rc",
+                     trainable_params=155_000, route=["stream context"], val_split="groups", cycle=2)
+                for s, v in enumerate(vals)]
+
+    points = (runs("esn", "rc", [1.60, 1.62], [1.59, 1.61], [1.58, 1.60])
+              + runs("half", "rc", [1.63, 1.64], [1.57, None], [1.57, 1.59])
+              + runs("gru", "rnn", [1.53, 1.55], [1.49, 1.51], [1.46, 1.48]))
+    groups = {g["runs"][0]["config"]: g for g in seed_groups(points)}
+    assert groups["esn"]["test_window"][0] == pytest.approx(1.60) and groups["half"]["test_window"] is None
+    page = frontier_md(points, None, None)
+    assert ("[esn-s0](../results/esn-s0) and its other seeds, 155,000 trainable parameters: 1.6000 ± 0.0141 nats "
+            "test CE on the paper's 32-character windows, 1.5900 ± 0.0141 nats test CE with the state carried") in page
+    assert "ceiling of the same size on validation: [gru-s0](../results/gru-s0) and its other seeds" in page
+    assert "gap to it: 0.1000 nats on the paper's 32-character windows and 0.1200 nats with the state" in page
+    row = next(line for line in page.splitlines() if line.startswith("| half-s0 |") and "[1](" in line)
+    assert "| - | 1.5800 ± 0.0141 |" in row   # windows: one seed of two scored
+    assert "| state carried |" in next(line for line in page.splitlines() if line.startswith("| esn-s1 |"))
+
+
 def test_a_configuration_level_on_validation_with_the_best_is_named_beside_it():
     """The best configuration on validation names each other configuration of its split whose mean
     validation CE is within one standard error of the mean of its own, with that one's test CE."""
