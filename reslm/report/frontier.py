@@ -181,6 +181,14 @@ METRICS = (("test_window", "on the paper's 32-character windows"), ("test_stream
                                                                                   "test text"))
 
 
+def _chosen(what: str, group: dict, recipe: str = "") -> str:
+    """The headline of a seed group that validation chose: its runs, its size and its test CE on both metrics."""
+    r0 = group["runs"][0]
+    return (f"**{what} on validation: [{r0['name']}](../{r0['folder']}) and its other seeds, "
+            f"{group['trainable_params']:,} trainable parameters{recipe}: {_on_both(group)} (mean ± sd over "
+            f"{len(group['runs'])} seeds).**")
+
+
 def _on_both(group: dict) -> str:
     """A seed group's mean ± sd test CE on each metric, in words; a metric not scored at every seed says so."""
     return ", ".join(f"{_mean_sd(group[k])} nats test CE {words}" if group.get(k) else f"{words}: not scored at "
@@ -231,10 +239,7 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
     top = next((g for g in groups if g["strict"] and g["val"] and g["trainable_params"] <= FRONTIER_BUDGET), None)
     refit = _refit_of(top, groups)
     if top:
-        r0 = top["runs"][0]
-        L += [f"**Best strict reservoir-family configuration on validation: [{r0['name']}](../{r0['folder']}) and its "
-              f"other seeds, {top['trainable_params']:,} trainable parameters: {_on_both(top)} (mean ± sd over "
-              f"{len(top['runs'])} seeds).**", ""]
+        L += [_chosen("Best strict reservoir-family configuration", top), ""]
         if refit:
             r0 = refit["runs"][0]
             L += [f"Trained again on the whole training text (the validation split folded back in, the final "
@@ -246,22 +251,18 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
                if best.get(VAL_LOSS) is not None else f"the best test CE of {configs} configurations, chosen on test")
         L += [f"**Best single strict reservoir-family run: [{best['name']}](../{best['folder']}) at "
               f"{best[TEST_LOSS]:.4f} nats{_metric_words(best)} ({best[TEST_LOSS] / LN2:.3f} bits/char), "
-              f"{best['trainable_params']:,} "
-              f"trainable parameters ({how}).** Targets: {TEST_CE['tf']} (the paper's transformer), moonshot 1.60."
+              f"{best['trainable_params']:,} trainable parameters ({how}).** Targets: {TEST_CE['tf']} (the paper's transformer), moonshot 1.60."
               if best.get("folder")
               else f"**Best strict reservoir-family run so far: {best['name']} at {best[TEST_LOSS]:.4f} nats.**", ""]
         if lowest is not best and lowest.get("folder"):
             L += [f"The lowest test CE of the {len(strict)} strict runs, [{lowest['name']}](../{lowest['folder']}) at "
-                  f"{lowest[TEST_LOSS]:.4f} nats{_metric_words(lowest)}, is the best of many figures read off the test shard, not a "
-                  "selection.", ""]
+                  f"{lowest[TEST_LOSS]:.4f} nats{_metric_words(lowest)}, is the best of many figures read off the test "
+                  "shard, not a selection.", ""]
     # the trained networks of the same size (the ceilings: tf-256-16-16's count is the largest the paper has),
     # chosen like the reservoir: the lowest mean validation CE over seeds, read on both metrics
     ceiling = next((g for g in groups if not g["strict"] and g["val"] and g["trainable_params"] <= CEILING_BUDGET), None)
     if ceiling:
-        c = ceiling["runs"][0]
-        L += [f"**Best trained ceiling of the same size on validation: [{c['name']}](../{c['folder']}) and its other "
-              f"seeds, {ceiling['trainable_params']:,} trainable parameters, {_recipe(c['route'])}: "
-              f"{_on_both(ceiling)} (mean ± sd over {len(ceiling['runs'])} seeds).**", ""]
+        L += [_chosen("Best trained ceiling of the same size", ceiling, f", {_recipe(ceiling['route'])}"), ""]
         if top:
             gaps = [f"{top[k][0] - ceiling[k][0]:.4f} nats {words}" for k, words in METRICS
                     if top[k] and ceiling[k]]
