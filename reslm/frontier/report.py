@@ -43,12 +43,12 @@ def _ms(st, digits: int = 4, seeds: int | None = None) -> str:
 
 
 def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
-    """One line per run (state, progress, validation and test CE, time left), then the rule's verdict
-    and the time left in all."""
+    """One line per run (state, progress, validation CE, test CE on the paper's 32-character windows and
+    with the state carried, time left), then the rule's verdict and the time left in all."""
     sel = selection(plan, table)
     out = [f"plan {plan.name} ({plan.path}, sha {plan.sha[:12]}): rule {plan.rule.select}, seeds "
            f"{list(plan.rule.seeds)}" + (f", screen seed {plan.rule.screen_seed}" if plan.rule.select == "screen" else "")]
-    out.append(f"  {'run':<44}{'state':<15}{'done':>6}{'val CE':>9}{'test CE':>9}{'left':>9}")
+    out.append(f"  {'run':<44}{'state':<15}{'done':>6}{'val CE':>9}{'windows':>9}{'carried':>9}{'left':>9}")
     left = 0.0
     unknown = False
     for e in table:
@@ -57,11 +57,14 @@ def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
             left += t or 0.0
             unknown |= t is None
         val = f"{e.val:.4f}" if e.val is not None else "-"
-        test = f"{e.test:.4f}" if e.test is not None and e.state == "done" else "-"
+        window, stream = (f"{v:.4f}" if v is not None and e.state == "done" else "-"
+                          for v in (e.test_window, e.test_stream))
         state = e.state + (f" ({e.holder.split(' ')[1]})" if e.state == "running" and e.holder else "")
-        out.append(f"  {e.name:<44}{state:<15}{e.progress:>6.0%}{val:>9}{test:>9}"
+        out.append(f"  {e.name:<44}{state:<15}{e.progress:>6.0%}{val:>9}{window:>9}{stream:>9}"
                    f"{_hms(t) if e.state not in ('done', 'not run') else '':>9}")
     todo = pending(plan, table)
+    out.append("  (test CE: windows, each character from its 32 preceding ones, the paper's metric; carried, with "
+               "the state carried through the test text)")
     out.append(f"{sum(e.state == 'done' for e in table)} done, {sum(e.state == 'running' for e in table)} running, "
                f"{len(todo)} to run now, {sum(e.state == 'waiting' for e in table)} waiting on the screen; "
                + (f"about {_hms(left)}{' or more' if unknown else ''} of one run's threads left (estimated from each "

@@ -83,6 +83,9 @@ def test_a_plan_is_screened_then_its_finalist_finishes_and_the_rule_chooses(wher
     assert [e.state for e in again] == [e.state for e in table]
     text = "\n".join(status_lines(plan, again))
     assert f"chosen: {sel['chosen']}" in text and "0 to run now" in text
+    for e in (e for e in again if e.state == "done"):   # test CE on both metrics, each in its own column
+        cols = next(line.split() for line in text.splitlines() if line.split()[:1] == [e.name])
+        assert cols[4:6] == ["-" if v is None else f"{v:.4f}" for v in (e.test_window, e.test_stream)] != ["-", "-"]
 
 
 def test_runs_are_found_by_configuration_not_by_name(where):
