@@ -13,7 +13,6 @@ from reslm.core.metrics import TEST_LOSS, VAL_LOSS
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Plan, bundled_plans, load_plan
 from reslm.frontier.runner import Entry, estimate, figures, index_results, pending, plan_table, selection
-from reslm.core.metrics import LN2
 from reslm.models.identity import delta, describe, recipe
 from reslm.report.frontier import GAP_FIG, KN_FILE
 from reslm.report.plots import plot_gap
@@ -111,18 +110,17 @@ def plan_markdown(plan: Plan, results: Path, runs: Path | None, *, heading: bool
     screen = plan.rule.select == "screen"
     L += ["| configuration | change over the base | seeds done |"
           + (f" val CE at seed {plan.rule.screen_seed} (the screen) |" if screen else "")
-          + " val CE | test CE (nats) | bits/char | test CE, 32-char windows | test CE, state carried | verdict |",
-          "|---|---|---|" + ("---|" if screen else "") + "---|---|---|---|---|---|"]
+          + " val CE | test CE, 32-char windows (nats) | test CE, state carried (nats) | verdict |",
+          "|---|---|---|" + ("---|" if screen else "") + "---|---|---|---|"]
     base_key = base.label or "base"
     for c in plan.configs:
         label = c.label or "base"
         g = sel["groups"][label]
         change = ", ".join(describe(delta(c.run_config(0), base.run_config(0)))) or "-"
-        bits = f"{g['test'][0] / LN2:.3f}" if g["test"] else "-"
         at = sel["screen"].get(label)
         L.append(f"| {label} | {change} | {', '.join(map(str, g['seeds'])) or '-'} |"
                  + (f" {'-' if at is None else f'{at:.4f}'} |" if screen else "")
-                 + f" {_ms(g['val'])} | {_ms(g['test'])} | {bits} | {_ms(g['test_window'], seeds=len(g['seeds']))} | "
+                 + f" {_ms(g['val'])} | {_ms(g['test_window'], seeds=len(g['seeds']))} | "
                  f"{_ms(g['test_stream'], seeds=len(g['seeds']))} | "
                  f"{_verdict_of(label, base_key, sel) if screen else ''} |")
     L += _against_full(plan, table, index)

@@ -34,7 +34,7 @@ from reslm.models.identity import fingerprint, seed_of
 from reslm.publish import publish, unpacked
 from reslm.run import CONFIG, SUMMARY, is_finished, lock_run, read_config, read_metrics
 from reslm.run.lock import RunInUse, writer_of
-from reslm.run.registry import PROVENANCE, is_published, published_folders, read_manifest, test_on_both
+from reslm.run.registry import PROVENANCE, both_metrics, is_published, published_folders, read_manifest
 from reslm.train import ensure_run, resume_run, train
 from reslm.train.config import STATES as STATE_CACHE
 
@@ -90,7 +90,7 @@ def figures(folder: Path) -> dict:
     timed = [r["eval_seconds"] for r in rows if r.get("kind") in ("eval", "weights") and "eval_seconds" in r]
     total = max(1, len(cfg["data"].get("train_shards", [0] * 5)) * tc.get("epochs_per_shard", 1) * tc.get("cycles", 1))
     test = summary.get(kept_of(TEST_LOSS), summary.get(final_of(TEST_LOSS)))
-    window, stream = test_on_both(folder, summary)
+    window, stream = both_metrics(folder, summary)
     return dict(val=summary.get(kept_of(VAL_LOSS), summary.get(final_of(VAL_LOSS))), test=test,
                 test_window=window, test_stream=stream,
                 train_seconds=summary.get("train_seconds") or (evals[-1].get("wall") if evals else None),

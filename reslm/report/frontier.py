@@ -12,7 +12,7 @@ from reslm.models import PRESETS, check_frontier_config, make_config
 from reslm.models.budget import FRONTIER_BUDGET
 from reslm.models.identity import delta, fingerprint
 from reslm.paper import LARGEST, TEST_CE
-from reslm.run.registry import published_folders, read_manifest, test_on_both
+from reslm.run.registry import both_metrics, published_folders, read_manifest, run_metric
 from reslm.report.rows import NOT_PUBLISHED, PAPER_SAMPLING, _variant, whole_shard_final
 from reslm.run import CONFIG, SUMMARY, read_metrics
 
@@ -55,11 +55,11 @@ def _metric_words(point: dict) -> str:
 
 
 def _scored_on(point: dict) -> str:
-    """The metric of a row's test CE, in a word: the run's summary's, else (a legacy row) its context's."""
+    """The metric of a row's test CE, in a word: the run's (test_metric), else (a legacy row) its context's."""
     metric = point.get("test_metric") or ""
     if metric == "stream" or (not metric and point.get("test_stream") is not None):
         return "state carried"
-    return "windows" if metric.startswith("window-") or point.get("test_window") is not None else "-"
+    return "windows" if metric == "window-32" or point.get("test_window") is not None else "-"
 
 
 def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
@@ -79,11 +79,11 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         # a configuration (reslm.models.identity): seeds and where it ran aside; the same without the
         # validation split, so that a run on the whole training text matches the configuration it refits
         summary = read_json(folder / SUMMARY) or {}
-        window, stream = test_on_both(folder, summary)
+        window, stream = both_metrics(folder, summary)
         pts.append(dict(family=cfg["family"], name=folder.name, trainable_params=verdict.trainable_params,
                         **{TEST_LOSS: summary.get(kept_of(TEST_LOSS), rows[-1][TEST_LOSS])},
                         **{VAL_LOSS: summary.get(kept_of(VAL_LOSS), rows[-1].get(VAL_LOSS))}, strict=verdict.ok,
-                        weights=summary.get("weights", "last"), test_metric=summary.get("test_metric"),
+                        weights=summary.get("weights", "last"), test_metric=run_metric(folder, summary),
                         test_window=window, test_stream=stream,
                         config=fingerprint(cfg), base_config=fingerprint(cfg, ignore=VAL_FIELDS),
                         seed=cfg["train"].get("seed", 0), test_at_best_val=_test_at_best_val(summary, rows),

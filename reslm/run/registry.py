@@ -210,14 +210,14 @@ def _manifest_problem(m: dict, path: Path) -> str | None:
     return None
 
 
-def test_on_both(folder: Path, summary: dict) -> tuple[float | None, float | None]:
+def both_metrics(folder: Path, summary: dict) -> tuple[float | None, float | None]:
     """A run's whole-test-shard CE on the two metrics, (windows, state carried), None where it was not
     measured: each character from a zero state over its 32 preceding ones (the paper's metric), and with
     the state carried through the test text. The run's own metric (summary's test_metric) gives one, of the
     weights it keeps; a stream-mode rnn's summary has the other; a stream-trained reservoir's window
     figure is its eval-window.json scored on every position (`reslm eval RUN --context-mode window
     --score 0 --write`), counted only in a published folder whose manifest records it."""
-    metric = summary.get("test_metric")
+    metric = run_metric(folder, summary)
     test = summary.get(kept_of(TEST_LOSS), summary.get(final_of(TEST_LOSS)))
     stream = summary.get(kept_of(TEST_STREAM_LOSS), summary.get(final_of(TEST_STREAM_LOSS)))
     window = None
@@ -227,6 +227,21 @@ def test_on_both(folder: Path, summary: dict) -> tuple[float | None, float | Non
         ev = read_json(Path(folder) / EVAL_WINDOW) or {}
         window = ev.get(TEST_LOSS) if ev.get("settings", {}).get("score") == 0 else None
     return window, test if metric == "stream" else stream
+
+
+def run_metric(folder: Path, summary: dict) -> str | None:
+    """The metric of a run's test CE: its summary's test_metric ("stream" or "window-<context>"); for a
+    character run whose summary does not name it (older, or not yet written), the one training's
+    summary_fields gives (reslm.train.batches): a reservoir in stream context carries its state, every
+    other reads windows. None for a token run."""
+    if summary.get("test_metric"):
+        return summary["test_metric"]
+    cfg = read_config(folder)
+    if cfg.get("data", {}).get("kind", "chars") != "chars":
+        return None
+    model = cfg.get("model", {})
+    return "stream" if "reservoir" in model and model.get("context_mode") == "stream" else \
+        f"window-{model.get('context', 32)}"
 
 
 def read_provenance(folder: Path) -> dict | None:

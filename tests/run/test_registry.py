@@ -217,3 +217,29 @@ def test_resume_a_moved_published_run_equals_the_uninterrupted_one(chars, tmp_pa
     assert [p["step"] for p in prov["publishes"]] == [4, m["step"]] and prov["publishes"][-1]["finished"]
     assert main(["train", "--out", str(moved), "--resume", "--no-progress"]) == 2    # finished: nothing to resume
     assert "nothing to resume" in err_line(capsys)
+
+
+def test_a_stream_run_is_read_on_both_metrics_once_scored_on_windows(chars, tmp_path, monkeypatch):
+    """A stream-mode reservoir's test CE is the state-carried one; its CE on the paper's windows counts
+    once `reslm eval --context-mode window --score 0 --write` has scored every test position into its
+    published folder (a sampled score does not). A summary that does not name its metric (an older run)
+    gets the one training gives its config."""
+    from reslm.core.metrics import TEST_LOSS
+    from reslm.run.registry import both_metrics, run_metric
+    run = tt.create_run(tmp_path / "runs" / "s", "rc", dict(MODEL, context_mode="stream"), TRAIN, chars)
+    tt.train(run, progress=False)
+    folder = tmp_path / "results" / "s"
+    publish(run, folder, date="2026-01-01T00:00:00+00:00")
+    monkeypatch.setenv("RESLM_DATA", str(chars.path.parent))   # the folder finds its dataset by name
+    summary = json.loads((folder / "summary.json").read_text())
+    assert run_metric(folder, summary) == "stream" == run_metric(folder, {})
+    window, stream = both_metrics(folder, summary)
+    assert window is None and stream == summary["final_test_loss"]
+    window_eval = ["eval", str(folder), "--context-mode", "window", "--length", "20", "--write"]
+    assert main([*window_eval, "--score", "100"]) == 0
+    assert both_metrics(folder, summary)[0] is None                 # 100 positions: not the whole shard
+    assert main([*window_eval, "--score", "0"]) == 0
+    scored = json.loads((folder / "eval-window.json").read_text())[TEST_LOSS]
+    assert both_metrics(folder, summary) == (scored, stream)
+    window_run = tt.create_run(tmp_path / "runs" / "w", "rc", dict(MODEL, context_mode="window"), TRAIN, chars)
+    assert run_metric(window_run, {}) == "window-32"
