@@ -101,7 +101,8 @@ class HeldoutLoss:
     With `name` "val" (a run with a validation split, TrainConfig.val_fraction) the row is val_loss /
     val_bpc, scored on eval_samples evenly spaced positions of the split (0: all of them) at every
     evaluation, the last one included: keep_best_val compares like with like (final_eval_samples
-    sizes only the test shard's last evaluation). The test CE follows it (`with_test`)."""
+    sizes only the test shard's last evaluation). The test CE follows it (`with_test`), unless the call
+    says `test=False` (TrainConfig.test_every shard, at an evaluation that is not a shard's last)."""
 
     def __init__(self, source, name: str = "heldout", with_test: bool = False):
         self.source, self.feats, self.name, self.with_test = source, None, name, with_test
@@ -114,7 +115,7 @@ class HeldoutLoss:
         index = torch.linspace(0, len(feats) - 1, samples, device=feats.targets.device).long()
         return ((feats.batch(i), feats.targets[i]) for i in index.split(batch))
 
-    def __call__(self, model, precision: str, final: bool = False) -> dict:
+    def __call__(self, model, precision: str, final: bool = False, test: bool = True) -> dict:
         if self.feats is None:
             self.feats = [self.source.heldout_features(s) for s in self.source.heldout_shards()]
         tc = self.source.tc
@@ -125,6 +126,6 @@ class HeldoutLoss:
             loss, n = estimate_loss(model, self._batches(model, feats, per), precision=precision)
             total, count = total + loss * n, count + n
         loss = total / max(count, 1)
-        row = self.source.evaluate(model, precision, final) if self.with_test else {}
+        row = self.source.evaluate(model, precision, final) if self.with_test and test else {}
         loss_name, bpc_name = SPLIT_FIGURES[self.name]
         return {**row, loss_name: loss, bpc_name: bits(loss)}

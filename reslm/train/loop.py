@@ -300,8 +300,12 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
             seconds = time.perf_counter() - meter.t_seg
             train_seconds += seconds
             t_eval = time.perf_counter()
+            final = step == source.total
+            # test_every shard: the test CE at each shard's last evaluation and the final one (validation at all)
+            test = {} if tc.test_every == "evaluation" else \
+                dict(test=final or source.segment(step - 1)["epoch"] == tc.epochs_per_shard - 1)
             with ema.applied() if ema is not None else contextlib.nullcontext():
-                row = evaluate(model, precision, final=step == source.total)  # every rank evaluates; rank 0 logs
+                row = evaluate(model, precision, final=final, **test)  # every rank evaluates; rank 0 logs
             eval_seconds = time.perf_counter() - t_eval
             weights = checkpoint_weights(model, ema)
             if tc.keep_best_val and (best is None or row[VAL_LOSS] < best[VAL_LOSS]):
@@ -418,7 +422,7 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
     for k, v in last.items():
         if k.startswith(kind):
             summary[final_of(k)] = v
-    summary[best_of(key)] = min((r[key] for r in evals), default=None)
+    summary[best_of(key)] = min((r[key] for r in evals if key in r), default=None)   # test_every shard: not every row
     scored = [r for r in evals if isinstance(r.get(VAL_LOSS), (int, float))]
     if kind == "test" and scored:   # a validation split: what selection on it gives
         best = min(scored, key=lambda r: r[VAL_LOSS])

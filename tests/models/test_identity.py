@@ -20,7 +20,8 @@ def cfg(model=None, train=None, preset="rc-750", seed=0, data="shakespeare"):
 def test_every_training_field_has_a_role():
     roles = field_roles()
     assert set(roles.values()) <= set(ROLES)
-    assert {k for k, v in roles.items() if v != "identity"} == {"seed", "threads", "device", "precision", "compile", "log_every"}
+    assert {k for k, v in roles.items() if v != "identity"} == {"seed", "threads", "device", "precision", "compile",
+                                                                   "log_every", "test_every"}
 
 
 def test_where_and_how_often_a_run_logs_do_not_make_it_another_configuration():

@@ -138,7 +138,9 @@ def test_the_last_evaluation_can_score_the_whole_test_shard(chars, tmp_path):
 @pytest.mark.parametrize("train,msg", [(dict(val_fraction=0.2, heldout_eval=True), "val_fraction is a validation"),
                                        (dict(val_fraction=1.0), "val_fraction must be in"),
                                        (dict(final_eval_samples=-2), "final_eval_samples must be"),
-                                       (dict(keep_best_val=True), "keep_best_val keeps")])
+                                       (dict(keep_best_val=True), "keep_best_val keeps"),
+                                       (dict(test_every="shard"), "test_every shard leaves"),
+                                       (dict(val_fraction=0.2, test_every="epoch"), "test_every must be one of")])
 def test_bad_split_settings_are_refused(chars, tmp_path, train, msg):
     with pytest.raises(ReslmError, match=msg):
         tt.create_run(tmp_path / "r", "tf", {}, {**TINY, **train}, chars)
@@ -188,3 +190,24 @@ def test_keep_best_val_makes_the_best_evaluation_the_runs_model(chars, tmp_path,
         {k: v for k, v in summary.items() if "seconds" not in k}
     ck2 = load_checkpoint(again)
     assert all(torch.equal(ck2["model"][k], ck["model"][k]) for k in ck["model"])
+
+
+def test_test_every_shard_scores_test_at_shard_ends_and_trains_the_same(chars, tmp_path):
+    """test_every shard: validation at every evaluation, the test CE only at each shard's last one and the
+    final one; the weights, the validation CEs and the run's configuration are those of test_every
+    evaluation (a record field: it changes what is logged, not what is trained)."""
+    from reslm.models.identity import fingerprint
+    from reslm.run import load_checkpoint, read_config
+    train = {**TINY, "epochs_per_shard": 2, "val_fraction": 0.2, "eval_samples": 64, "keep_best_val": True}
+    runs = {every: tt.create_run(tmp_path / every, "rc", dict(size=32), {**train, "test_every": every}, chars)
+            for every in ("evaluation", "shard")}
+    summaries = {every: tt.train(out, progress=False) for every, out in runs.items()}
+    rows = {every: [r for r in read_metrics(out) if r["kind"] == "eval"] for every, out in runs.items()}
+    assert [r["val_loss"] for r in rows["shard"]] == [r["val_loss"] for r in rows["evaluation"]]
+    assert [r["epoch"] for r in rows["shard"] if "test_loss" in r] == [1] * 5 and len(rows["shard"]) == 10
+    assert [r["test_loss"] for r in rows["shard"] if "test_loss" in r] == \
+        [r["test_loss"] for r in rows["evaluation"] if r["epoch"] == 1]
+    a, b = (load_checkpoint(out)["model"] for out in runs.values())
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert summaries["shard"]["weights_test_loss"] == summaries["evaluation"]["weights_test_loss"]
+    assert fingerprint(read_config(runs["shard"])) == fingerprint(read_config(runs["evaluation"]))
