@@ -99,7 +99,8 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         pts.append(dict(family=r["family"], name=f"{r['name']} ({r['context']}, cycle {r['cycle']})",
                         trainable_params=r["trainable"], **{TEST_LOSS: done[-1]},
                         test_window=done[-1] if r["context"] == "window" else None,
-                        test_stream=done[-1] if r["context"] == "stream" else None, strict=r["family"] in ("rc", "aerc"),
+                        test_stream=done[-1] if r["context"] == "stream" else None,
+                        strict=r["family"] in ("rc", "aerc"),
                         published=False, source="paper", route=[f"{r['context']} context"] if r["context"] != "window"
                         else [], finished=True, cycle=r["cycle"], folder=None))
     # ranked by validation CE where the run has a validation split (within a split: whole file groups first,
@@ -139,7 +140,7 @@ def seed_groups(points: list[dict]) -> list[dict]:
                            val_split=runs[0].get("val_split"),
                            val=stats([r.get(VAL_LOSS) for r in runs]), test=stats([r[TEST_LOSS] for r in runs]),
                            # a metric's mean only where every seed was scored on it
-                           **{k: stats([r.get(k) for r in runs], every=True) for k in ("test_window", "test_stream")},
+                           **{k: stats([r.get(k) for r in runs], every=True) for k, _ in METRICS},
                            test_at_best_val=stats([r.get("test_at_best_val") for r in runs])))
     return sorted(groups, key=lambda g: (g["val"] is None, SPLIT_RANK.get(g["val_split"], 2), (g["val"] or g["test"])[0]))
 
@@ -177,8 +178,8 @@ def _mean_sd(st) -> str:
     return "-" if st is None else f"{st[0]:.4f} ± {st[1]:.4f}"
 
 
-METRICS = (("test_window", "on the paper's 32-character windows"), ("test_stream", "with the state carried through the "
-                                                                                  "test text"))
+METRICS = (("test_window", "on the paper's 32-character windows"),
+           ("test_stream", "with the state carried through the test text"))   # a point's test CE on each metric
 
 
 def _chosen(what: str, group: dict, recipe: str = "") -> str:
@@ -251,7 +252,8 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
                if best.get(VAL_LOSS) is not None else f"the best test CE of {configs} configurations, chosen on test")
         L += [f"**Best single strict reservoir-family run: [{best['name']}](../{best['folder']}) at "
               f"{best[TEST_LOSS]:.4f} nats{_metric_words(best)} ({best[TEST_LOSS] / LN2:.3f} bits/char), "
-              f"{best['trainable_params']:,} trainable parameters ({how}).** Targets: {TEST_CE['tf']} (the paper's transformer), moonshot 1.60."
+              f"{best['trainable_params']:,} trainable parameters ({how}).** Targets: {TEST_CE['tf']} (the paper's "
+              "transformer), moonshot 1.60."
               if best.get("folder")
               else f"**Best strict reservoir-family run so far: {best['name']} at {best[TEST_LOSS]:.4f} nats.**", ""]
         if lowest is not best and lowest.get("folder"):
@@ -260,7 +262,8 @@ def frontier_md(points: list[dict], kn: dict | None, fig: str | None) -> str:
                   "shard, not a selection.", ""]
     # the trained networks of the same size (the ceilings: tf-256-16-16's count is the largest the paper has),
     # chosen like the reservoir: the lowest mean validation CE over seeds, read on both metrics
-    ceiling = next((g for g in groups if not g["strict"] and g["val"] and g["trainable_params"] <= CEILING_BUDGET), None)
+    ceiling = next((g for g in groups if not g["strict"] and g["val"] and g["trainable_params"] <= CEILING_BUDGET),
+                   None)
     if ceiling:
         L += [_chosen("Best trained ceiling of the same size", ceiling, f", {_recipe(ceiling['route'])}"), ""]
         if top:
