@@ -11,12 +11,13 @@ from reslm.cli.flags import data_root, int_range, shared
 from reslm.core.device import pick_device, usable_cores
 from reslm.core.errors import ReslmError
 from reslm.frontier import bench as fbench
-from reslm.frontier import bundled_plans, load_plan, plan_table, run_plan, status_lines, write_plans_page
-from reslm.frontier.runner import command_args, pending
+from reslm.frontier import bundled_plans, load_plan, plan_table, status_lines, write_plans_page
+from reslm.frontier.runner import command_args, pending, run_plans
 from reslm.models.identity import command as train_command
-RUN_DESCRIPTION = ("Train the plan's runs that are not done (the screen first, then the "
-                   "finalists' other seeds), resuming interrupted ones and skipping those another process "
-                   "holds; publish each into --results as it finishes. Re-run to continue.")
+RUN_DESCRIPTION = ("Train the plans' runs that are not done (plan by plan in the order given, each its screen "
+                   "first, then its finalists' other seeds), resuming interrupted ones and skipping those another "
+                   "process holds; publish each into --results as it finishes. Re-run to continue: with --jobs and "
+                   "--minutes, one call keeps the cores busy until a deadline.")
 REPORT_DESCRIPTION = ("Write docs/frontier-plans.md under --repo from its results/: one section per "
                       "plan (every plan reslm ships, or the ones given), each configuration's mean ± sd over its "
                       "seeds, the rule's verdict and the ledger's account of when each candidate joined.")
@@ -39,27 +40,31 @@ def cmd_list(args):
 
 
 def cmd_run(args):
-    plan = load_plan(args.plan)
+    plans = [load_plan(p) for p in args.plans]
     results, runs = _paths(args)
     if args.commands:
-        table = plan_table(plan, results, runs)
-        todo = pending(plan, table)
-        for e in todo:
-            line = "reslm " + " ".join(command_args(plan, e.name, results, runs, args.threads,
-                                                    data_root(args), args.device))
-            equivalent = train_command(e.config.run_config(e.seed), out=str(runs / e.name))
-            print(f"{line}   # = {equivalent} && reslm publish {runs / e.name} {results / e.name}")
-        waiting = sum(e.state == "waiting" for e in table)
-        print(f"# {len(todo)} runs to run now" + (f"; {waiting} wait on the screen (print again when it is done)"
-                                                   if waiting else ""), file=sys.stderr)
+        waiting, seen = 0, set()
+        for plan in plans:
+            table = plan_table(plan, results, runs)
+            for e in pending(plan, table):
+                if (e.config.fingerprint, e.seed) in seen:   # a configuration two plans share: once
+                    continue
+                seen.add((e.config.fingerprint, e.seed))
+                line = "reslm " + " ".join(command_args(plan, e.name, results, runs, args.threads,
+                                                        data_root(args), args.device))
+                equivalent = train_command(e.config.run_config(e.seed), out=str(runs / e.name))
+                print(f"{line}   # = {equivalent} && reslm publish {runs / e.name} {results / e.name}")
+            waiting += sum(e.state == "waiting" for e in table)
+        print(f"# {len(seen)} runs to run now" + (f"; {waiting} wait on the screen (print again when it is done)"
+                                              if waiting else ""), file=sys.stderr)
         return
     say = (lambda msg: print(f"reslm frontier: {msg}", file=sys.stderr, flush=True))
     if args.device:
         pick_device(args.device)   # an unknown device, or CUDA where there is none: refused before any run starts
-    table = run_plan(plan, results, runs, jobs=args.jobs, threads=args.threads, device=args.device,
-                     minutes=args.minutes, only=tuple(args.only or ()), data_root=data_root(args),
-                     progress=not args.no_progress, say=say)
-    print("\n".join(status_lines(plan, table)))
+    tables = run_plans(plans, results, runs, jobs=args.jobs, threads=args.threads, device=args.device,
+                       minutes=args.minutes, only=tuple(args.only or ()), data_root=data_root(args),
+                       progress=not args.no_progress, say=say)
+    print("\n\n".join("\n".join(status_lines(plan, tables[plan.name])) for plan in plans))
 
 
 def cmd_status(args):
@@ -145,9 +150,10 @@ def add_parser(sub) -> None:
 
 
 def _add_run(acts) -> None:
-    run = acts.add_parser("run", help="train every run the plan's rule needs now, publishing each as it finishes",
+    run = acts.add_parser("run", help="train every run the plans' rules need now, publishing each as it finishes",
                           description=RUN_DESCRIPTION)
-    run.add_argument("plan", help="a plan file (.toml) or the name of a plan reslm ships")
+    run.add_argument("plans", nargs="+", metavar="plan", help="plan files (.toml) or names of plans reslm ships, "
+                     "in the order their runs go (a configuration two plans share trains once)")
     run.add_argument("--jobs", type=int_range(1, max(1, usable_cores())), default=1,
                      help="runs at once, each in its own process (default 1)")
     run.add_argument("--only", action="append", metavar="NAME", help="only this run (repeatable; names from "
@@ -156,9 +162,10 @@ def _add_run(acts) -> None:
     run.add_argument("--commands", action="store_true", help="train nothing: print one self-contained command per "
                      "run to run now, for a cluster's scheduler (SLURM job array, GNU parallel) on machines that "
                      "share --results and --runs; the run lock keeps two claimants of one run apart")
-    run.add_argument("--minutes", type=_minutes, metavar="M", help="a time budget for this call (one run at a "
-                     "time): the runs go shortest-left first, each is stopped at the deadline and published "
-                     "unfinished, and a later call continues them (a lent GPU's time, a cluster slot)")
+    run.add_argument("--minutes", type=_minutes, metavar="M", help="a time budget for this call: within a plan the "
+                     "runs go shortest-left first, none starts with under a minute left, each is stopped at the "
+                     "deadline and published unfinished, and a later call continues them (a session, a lent GPU's "
+                     "time, a cluster slot)")
     run.add_argument("--device", help="where the runs train: auto, cpu, cuda or cuda:N (default: each run's own, "
                      "auto for a new one); where a run runs, never part of what it is")
     _where(run)

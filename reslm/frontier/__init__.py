@@ -5,7 +5,7 @@ report (report.py) and benchmarking your own reservoir against the published fro
 The plans reslm ships are plans/*.toml."""
 from reslm.frontier.plan import Plan, bundled_plans, load_plan
 from reslm.frontier.report import status_lines, write_plans_page
-from reslm.frontier.runner import plan_table, run_plan, selection
+from reslm.frontier.runner import plan_table, run_plan, run_plans, selection
 
-__all__ = ["Plan", "bundled_plans", "load_plan", "plan_table", "run_plan", "selection", "status_lines",
+__all__ = ["Plan", "bundled_plans", "load_plan", "plan_table", "run_plan", "run_plans", "selection", "status_lines",
            "write_plans_page"]

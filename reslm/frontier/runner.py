@@ -286,60 +286,78 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
         return f"skipped: {e}"
 
 
-def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: int | None = None,
-             device: str | None = None, minutes: float | None = None, only: tuple[str, ...] = (),
-             data_root: Path | None = None, progress: bool = True, say=print, poll: float = 5.0) -> list[Entry]:
-    """Train every run the rule needs now and publish each as it finishes, `jobs` at a time (more than
-    one: each in its own `reslm frontier run PLAN --only NAME` process, with `threads` threads), until
-    nothing is left: the screen first, then the finalists' other seeds. `only`: just these run names,
-    including a candidate's other seeds that wait on the screen (or did not go on), trained ahead of
-    the rule when named: the rule still chooses at the screen seed, so such a run is reported beside
-    its candidate, never chosen for it. A run held by another process is left to it. Returns the final
-    table.
+def run_plan(plan: Plan, results: Path, runs: Path, **kw) -> list[Entry]:
+    """`run_plans` for one plan: its final table."""
+    return run_plans([plan], results, runs, **kw)[plan.name]
 
-    `minutes` (one job at a time): a time budget for the whole call. The runs go in order of their
-    estimated time left (`estimate`, the shortest first), each stopped at the deadline and published
-    unfinished; no run starts with under a minute left. A later call continues them."""
-    if minutes is not None and jobs > 1:
-        raise ReslmError("--minutes runs one run at a time: leave --jobs at 1")
+
+def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, threads: int | None = None,
+              device: str | None = None, minutes: float | None = None, only: tuple[str, ...] = (),
+              data_root: Path | None = None, progress: bool = True, say=print,
+              poll: float = 5.0) -> dict[str, list[Entry]]:
+    """Train every run the plans' rules need now and publish each as it finishes, `jobs` at a time (more
+    than one: each in its own `reslm frontier run PLAN --only NAME` process, with `threads` threads), until
+    nothing is left: the plans in the order given, each its screen first, then its finalists' other seeds
+    (a screen that completes while others train puts its finalists' seeds in the queue). A configuration
+    in two plans trains once. `only`: just these run names, including a candidate's other seeds that wait
+    on the screen (or did not go on), trained ahead of the rule when named: the rule still chooses at the
+    screen seed, so such a run is reported beside its candidate, never chosen for it. A run held by another
+    process is left to it. Returns each plan's final table, by plan name.
+
+    `minutes`: a time budget for the whole call. Within each plan the runs go in order of their estimated
+    time left (`estimate`, the shortest first); every run is stopped at the deadline and published
+    unfinished, and no run starts with under a minute left. A later call continues them."""
     until = None if minutes is None else time.time() + 60 * minutes
-    first = plan_table(plan, results, runs)
-    unknown = sorted(set(only) - {e.name for e in first})
+    first = {p.name: plan_table(p, results, runs) for p in plans}
+    unknown = sorted(set(only) - {e.name for table in first.values() for e in table})
     if unknown:
-        raise ReslmError(f"no run of plan {plan.name} is named {', '.join(unknown)} (see `reslm frontier status`)")
-    ledger.note_plan(results, plan, finished_names(first))
-    for e in first:
-        if e.state == "running" and (not only or e.name in only):
-            say(f"{e.name}: being trained by {e.holder}; left to it")
-        if e.state in ("waiting", "not run") and e.name in only:
-            say(f"{e.name}: {'waits on the screen' if e.state == 'waiting' else 'its candidate did not go on'}; "
-                "trained as named, ahead of the rule, which still chooses at the screen seed")
+        raise ReslmError(f"no run of plan {', '.join(p.name for p in plans)} is named {', '.join(unknown)} "
+                         "(see `reslm frontier status`)")
+    for p in plans:
+        ledger.note_plan(results, p, finished_names(first[p.name]))
+        for e in first[p.name]:
+            if e.state == "running" and (not only or e.name in only):
+                say(f"{e.name}: being trained by {e.holder}; left to it")
+            if e.state in ("waiting", "not run") and e.name in only:
+                say(f"{e.name}: {'waits on the screen' if e.state == 'waiting' else 'its candidate did not go on'}; "
+                    "trained as named, ahead of the rule, which still chooses at the screen seed")
     skipped: set[str] = set()
     running: dict[str, subprocess.Popen] = {}
+    told = False
     while True:
-        table = plan_table(plan, results, runs)
-        todo = [e for e in pending(plan, table, ahead=only) if e.name not in skipped and e.name not in running
-                and (not only or e.name in only)]
-        if jobs <= 1:
+        tables = {p.name: plan_table(p, results, runs) for p in plans}
+        todo, seen = [], {(e.config.fingerprint, e.seed) for p in plans for e in tables[p.name] if e.name in running}
+        for p in plans:
+            mine = [e for e in pending(p, tables[p.name], ahead=only) if e.name not in skipped
+                    and e.name not in running and (not only or e.name in only)]
             if until is not None:
-                left = {e.name: estimate(e, table) for e in todo}
-                todo.sort(key=lambda e: (left[e.name] is None, left[e.name] or 0.0))
-                if todo and until - time.time() < 60:
-                    say(f"the time budget is spent: {len(todo)} run(s) left for the next call")
-                    return table
-            if not todo:
-                return table
-            what = run_one(plan, todo[0], results, runs, threads=threads, device=device, until=until,
+                left = {e.name: estimate(e, tables[p.name]) for e in mine}
+                mine.sort(key=lambda e: (left[e.name] is None, left[e.name] or 0.0))
+            for e in mine:   # a configuration two plans share: once, under the first
+                if (e.config.fingerprint, e.seed) not in seen:
+                    seen.add((e.config.fingerprint, e.seed))
+                    todo.append((p, e))
+        spent = until is not None and until - time.time() < 60
+        if todo and spent and not told:
+            say(f"the time budget is spent: {len(todo)} run(s) left for the next call")
+            told = True
+        if jobs <= 1:
+            if not todo or spent:
+                return tables
+            p, e = todo[0]
+            what = run_one(p, e, results, runs, threads=threads, device=device, until=until,
                            data_root=data_root, progress=progress, say=say)
             if what.startswith("skipped") or what == "stopped":
-                say(f"{todo[0].name}: {what}")
-                skipped.add(todo[0].name)
+                say(f"{e.name}: {what}")
+                skipped.add(e.name)
             continue
-        for e in todo[:max(0, jobs - len(running))]:
+        for p, e in ([] if spent else todo[:max(0, jobs - len(running))]):
             say(f"{e.name}: started in its own process ({threads or 'default'} threads)")
-            running[e.name] = subprocess.Popen(_self_command(plan, e.name, results, runs, threads, data_root, device))
+            left = None if until is None else (until - time.time()) / 60
+            running[e.name] = subprocess.Popen(_self_command(p, e.name, results, runs, threads, data_root, device,
+                                                             minutes=left))
         if not running:
-            return table
+            return tables
         time.sleep(poll)
         for name, proc in list(running.items()):
             if proc.poll() is not None:
@@ -350,8 +368,9 @@ def run_plan(plan: Plan, results: Path, runs: Path, *, jobs: int = 1, threads: i
 
 
 def _self_command(plan: Plan, name: str, results: Path, runs: Path, threads: int | None,
-                  data_root: Path | None, device: str | None = None) -> list[str]:
-    return [sys.executable, "-m", "reslm.cli", *command_args(plan, name, results, runs, threads, data_root, device)]
+                  data_root: Path | None, device: str | None = None, minutes: float | None = None) -> list[str]:
+    return [sys.executable, "-m", "reslm.cli", *command_args(plan, name, results, runs, threads, data_root, device),
+            *(["--minutes", f"{minutes:.3f}"] if minutes is not None else [])]
 
 
 def command_args(plan: Plan, name: str, results: Path, runs: Path, threads: int | None = None,
@@ -366,4 +385,4 @@ def command_args(plan: Plan, name: str, results: Path, runs: Path, threads: int 
 
 
 __all__ = ["Entry", "STATES", "command_args", "estimate", "figures", "finished_names", "index_results", "pending", "plan_table", "run_one",
-           "run_plan", "selection"]
+           "run_plan", "run_plans", "selection"]

@@ -208,6 +208,31 @@ def test_parallel_jobs_each_in_its_own_process(tmp_path, chars):
     assert all(read_config(e.folder)["train"]["threads"] == 1 for e in table)
 
 
+def test_several_plans_in_one_call_share_a_configuration_and_a_deadline(tmp_path, chars, monkeypatch):
+    """`frontier run A B --jobs 2 --minutes M`: both plans' runs, A's first; a configuration both plans
+    have (here their bases) trains once; every child process gets the time left to the one deadline."""
+    a = write_plan(tmp_path, BASE + CANDIDATES, name="plan-a")
+    b_text = BASE.replace('label = "b"', 'label = "bb"').replace("seeds = [0, 1]", 'seeds = [0]\nselect = "none"')
+    b = write_plan(tmp_path, b_text + '[[candidate]]\nlabel = "lr1e-3"\ntrain = { lr = 1e-3 }\n', name="plan-b")
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    real, commands = frunner.subprocess.Popen, []
+
+    def popen(cmd, *args, **kw):
+        commands.append(cmd)
+        return real(cmd, *args, **kw)
+
+    monkeypatch.setattr(frunner.subprocess, "Popen", popen)
+    plans = [load_plan(a), load_plan(b)]
+    tables = frunner.run_plans(plans, results, runs, jobs=2, threads=1, minutes=30, data_root=chars.path.parent,
+                               progress=False, say=lambda m: None, poll=0.2)
+    assert all(e.state in ("done", "not run") for t in tables.values() for e in t)
+    assert [e.state for e in tables["plan-b"]] == ["done", "done"]
+    shared = [f for f in results.glob("*-s0") if fingerprint(read_config(f)) == plans[0].base.fingerprint]
+    assert len(shared) == 1 and len(commands) == len(list(results.glob("*-s*")))   # one process per run trained
+    assert all(float(cmd[cmd.index("--minutes") + 1]) <= 30 for cmd in commands)
+    assert commands[0][commands[0].index("frontier") + 2] == str(a)   # plan A's runs go first
+
+
 def test_a_candidate_may_name_another_preset_of_the_family(tmp_path):
     plan = load_plan(write_plan(tmp_path, """
         [base]
