@@ -68,16 +68,18 @@ def cmd_run(args):
 
 
 def cmd_status(args):
-    plan = load_plan(args.plan)
+    plans = [load_plan(p) for p in args.plans]
     results, runs = _paths(args)
     if not results.is_dir():
         raise ReslmError(f"--results {results}: no such folder")
-    table = plan_table(plan, results, runs)
+    tables = [(plan, plan_table(plan, results, runs)) for plan in plans]
     if args.json:
-        print(json.dumps([dict(run=e.name, label=e.label, seed=e.seed, state=e.state, folder=str(e.folder),
-                               val=e.val, test=e.test, progress=e.progress) for e in table], indent=2))
+        print(json.dumps([dict(plan=plan.name, run=e.name, label=e.label, seed=e.seed, state=e.state,
+                               folder=str(e.folder), val=e.val, test=e.test, test_window=e.test_window,
+                               test_stream=e.test_stream, progress=e.progress) for plan, table in tables for e in table],
+                         indent=2))
         return
-    print("\n".join(status_lines(plan, table)))
+    print("\n\n".join("\n".join(status_lines(plan, table)) for plan, table in tables))
 
 
 def cmd_report(args):
@@ -175,8 +177,8 @@ def _add_run(acts) -> None:
 
 
 def _add_status(acts) -> None:
-    st = acts.add_parser("status", help="what is done, running and left in a plan, with time estimates")
-    st.add_argument("plan", help="a plan file (.toml) or the name of a plan reslm ships")
+    st = acts.add_parser("status", help="what is done, running and left in plans, with time estimates")
+    st.add_argument("plans", nargs="+", metavar="plan", help="plan files (.toml) or names of plans reslm ships")
     st.add_argument("--json", action="store_true", help="one JSON object per run")
     _where(st)
     st.set_defaults(func=cmd_status)

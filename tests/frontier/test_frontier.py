@@ -208,7 +208,7 @@ def test_parallel_jobs_each_in_its_own_process(tmp_path, chars):
     assert all(read_config(e.folder)["train"]["threads"] == 1 for e in table)
 
 
-def test_several_plans_in_one_call_share_a_configuration_and_a_deadline(tmp_path, chars, monkeypatch):
+def test_several_plans_in_one_call_share_a_configuration_and_a_deadline(tmp_path, chars, monkeypatch, capsys):
     """`frontier run A B --jobs 2 --minutes M`: both plans' runs, A's first; a configuration both plans
     have (here their bases) trains once; every child process gets the time left to the one deadline."""
     a = write_plan(tmp_path, BASE + CANDIDATES, name="plan-a")
@@ -218,7 +218,8 @@ def test_several_plans_in_one_call_share_a_configuration_and_a_deadline(tmp_path
     real, commands = frunner.subprocess.Popen, []
 
     def popen(cmd, *args, **kw):
-        commands.append(cmd)
+        if "reslm.cli" in cmd:   # a run's own process (not another subprocess of this one)
+            commands.append(cmd)
         return real(cmd, *args, **kw)
 
     monkeypatch.setattr(frunner.subprocess, "Popen", popen)
@@ -231,6 +232,14 @@ def test_several_plans_in_one_call_share_a_configuration_and_a_deadline(tmp_path
     assert len(shared) == 1 and len(commands) == len(list(results.glob("*-s*")))   # one process per run trained
     assert all(float(cmd[cmd.index("--minutes") + 1]) <= 30 for cmd in commands)
     assert commands[0][commands[0].index("frontier") + 2] == str(a)   # plan A's runs go first
+    where = ["--results", str(results), "--runs", str(runs)]
+    capsys.readouterr()
+    assert main(["frontier", "status", str(a), str(b), *where]) == 0
+    assert [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("plan ")] == \
+        ["plan-a", "plan-b"]
+    assert main(["frontier", "status", str(a), str(b), *where, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["plan"] for r in rows} == {"plan-a", "plan-b"} and all("test_window" in r for r in rows)
 
 
 def test_a_candidate_may_name_another_preset_of_the_family(tmp_path):
