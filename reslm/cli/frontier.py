@@ -39,8 +39,13 @@ def cmd_list(args):
               f"{about[:90]}{'...' if len(about) > 90 else ''}")
 
 
+def _plans(names: list[str]) -> list:
+    """The plans named, in order, each once."""
+    return list({plan.name: plan for plan in map(load_plan, names)}.values())
+
+
 def cmd_run(args):
-    plans = [load_plan(p) for p in args.plans]
+    plans = _plans(args.plans)
     results, runs = _paths(args)
     if args.commands:
         waiting, seen = 0, set()
@@ -68,7 +73,7 @@ def cmd_run(args):
 
 
 def cmd_status(args):
-    plans = [load_plan(p) for p in args.plans]
+    plans = _plans(args.plans)
     results, runs = _paths(args)
     if not results.is_dir():
         raise ReslmError(f"--results {results}: no such folder")
