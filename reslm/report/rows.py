@@ -48,7 +48,7 @@ def _paper(name: str, family: str) -> str:
 
 def _shard_ends(epochs: list[dict], cycle: int, shards: list[int], last_epoch: int) -> list[float | None]:
     """Test CE after the last epoch of each training shard of `cycle` (None where it has not run yet)."""
-    ends = {e["shard"]: e[TEST_LOSS] for e in epochs if e["cycle"] == cycle and e["epoch"] == last_epoch}
+    ends = {e["shard"]: e.get(TEST_LOSS) for e in epochs if e["cycle"] == cycle and e["epoch"] == last_epoch}
     return [ends.get(s) for s in shards]
 
 
@@ -123,7 +123,9 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
         (paper if is_paper else other).append({**row, "folder": link, "finished": m.get("finished"),
                                               "variant": bool(_variant(cfg)),
                                               "sampled": bool(tc.get("eval_samples", 0)),
-                                              "loss": rows[-1][TEST_LOSS] if rows else None,
+                                              # the last test CE (test_every shard: not every evaluation's)
+                                              "loss": next((r[TEST_LOSS] for r in reversed(rows) if TEST_LOSS in r),
+                                                           None),
                                               "steps": m.get("step")})
     return paper, other
 

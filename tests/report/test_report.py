@@ -317,3 +317,22 @@ def test_an_unfinished_runs_sampled_ce_is_labelled():
     assert _bits(row) == "3.125 after shard 2"
     assert _bits({**row, "sampled": True}) == "3.125 after shard 2, sampled"
     assert _bits({**row, "partial": False, "sampled": True}) == "3.125"     # finished: the whole shard
+
+
+def test_a_run_that_scores_test_at_shard_ends_is_read_where_its_last_evaluation_did_not(chars, tmp_path):
+    """test_every shard: an unfinished run's last evaluation may have no test CE; the results rows and the
+    frontier read the last one that has (a shard's end), and its validation beside it."""
+    from reslm.report.frontier import frontier_points
+    from reslm.report.rows import published_rows
+    from reslm.run import read_metrics
+    train = dict(batch_size=64, epochs_per_shard=2, epoch_samples=128, lr=3e-3, val_fraction=0.2,
+                 test_every="shard")
+    run = tt.create_run(tmp_path / "runs" / "r", "rc", dict(size=24, context_mode="stream"), train, chars)
+    tt.train(run, progress=False, stop_at=6)   # shard 0's two epochs, then shard 1's first: no test there
+    publish(run, tmp_path / "results" / "r", date="2026-01-01T00:00:00+00:00")
+    evals = [r for r in read_metrics(run) if r["kind"] == "eval"]
+    assert "test_loss" not in evals[-1] and "test_loss" in evals[-2]
+    paper, other = published_rows(tmp_path)
+    assert [r["loss"] for r in paper + other] == [evals[-2]["test_loss"]]
+    point = next(p for p in frontier_points(tmp_path, []) if p["name"] == "r")
+    assert (point["test_loss"], point["val_loss"]) == (evals[-2]["test_loss"], evals[-2]["val_loss"])
