@@ -360,7 +360,7 @@ def physical_grid(run_dir: Path, grid: dict, *, write: bool = True, **kw) -> dic
 
 
 def _physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str = "cpu",
-                   write: bool = True) -> dict:
+                   write: bool = True, root: Path | None = None) -> dict:
     if not isinstance(score, int) or score < 0:
         raise ReslmError(f"score must be a non-negative integer, got {score!r}")
     run_dir = Path(run_dir)
@@ -372,7 +372,7 @@ def _physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str
         raise ReslmError("the physical grid is empty: give at least one value per constraint")
     trained, _ = _physical(model, cfg, settings[0])
     configs = [_physical(model, cfg, s)[1] for s in settings]
-    ds = open_dataset(cfg["data"])
+    ds = open_dataset(cfg["data"], root)
     check_dataset(cfg, ds)
     a, b = ds.shards[ds.test_shard]
     tokens = torch.from_numpy(np.asarray(ds.tokens[a:b], dtype=np.int64)).to(dev)

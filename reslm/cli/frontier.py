@@ -12,12 +12,14 @@ from reslm.core.device import pick_device, usable_cores
 from reslm.core.errors import ReslmError
 from reslm.frontier import bench as fbench
 from reslm.frontier import bundled_plans, load_plan, plan_table, status_lines, write_plans_page
-from reslm.frontier.runner import command_args, pending, run_plans
+from reslm.frontier.runner import command_args, pending, run_plans, score_args, to_score
 from reslm.models.identity import command as train_command
 RUN_DESCRIPTION = ("Train the plans' runs that are not done (plan by plan in the order given, each its screen "
                    "first, then its finalists' other seeds), resuming interrupted ones and skipping those another "
-                   "process holds; publish each into --results as it finishes. Re-run to continue: with --jobs and "
-                   "--minutes, one call keeps the cores busy until a deadline.")
+                   "process holds; publish each into --results as it finishes. Then each plan's chosen configuration "
+                   "is scored on the paper's 32-character windows where it trained with its state carried (`reslm "
+                   "eval RUN --context-mode window --score 0 --write`), so that both metrics are on record. Re-run to "
+                   "continue: with --jobs and --minutes, one call keeps the cores busy until a deadline.")
 REPORT_DESCRIPTION = ("Write docs/frontier-plans.md under --repo from its results/: one section per "
                       "plan (every plan reslm ships, or the ones given), each configuration's mean ± sd over its "
                       "seeds, the rule's verdict and the ledger's account of when each candidate joined.")
@@ -59,9 +61,13 @@ def cmd_run(args):
                                                         data_root(args), args.device))
                 equivalent = train_command(e.config.run_config(e.seed), out=str(runs / e.name))
                 print(f"{line}   # = {equivalent} && reslm publish {runs / e.name} {results / e.name}")
+            for e in to_score(plan, table):   # the chosen configuration, on the paper's metric
+                if (e.config.fingerprint, e.seed, "score") not in seen:
+                    seen.add((e.config.fingerprint, e.seed, "score"))
+                    print("reslm " + " ".join(score_args(e.folder, args.threads, data_root(args), args.device)))
             waiting += sum(e.state == "waiting" for e in table)
-        print(f"# {len(seen)} runs to run now" + (f"; {waiting} wait on the screen (print again when it is done)"
-                                              if waiting else ""), file=sys.stderr)
+        print(f"# {len(seen)} commands to run now" + (f"; {waiting} runs wait on the screen (print again when it is "
+                                                      "done)" if waiting else ""), file=sys.stderr)
         return
     say = (lambda msg: print(f"reslm frontier: {msg}", file=sys.stderr, flush=True))
     if args.device:
@@ -162,7 +168,8 @@ def _add_run(acts) -> None:
     run.add_argument("plans", nargs="+", metavar="plan", help="plan files (.toml) or names of plans reslm ships, "
                      "in the order their runs go (a configuration two plans share trains once)")
     run.add_argument("--jobs", type=int_range(1, max(1, usable_cores())), default=1,
-                     help="runs at once, each in its own process (default 1)")
+                     help="runs at once (default 1); more than one: each in its own process, and the plans' runs "
+                     "that other processes on this machine train count among them")
     run.add_argument("--only", action="append", metavar="NAME", help="only this run (repeatable; names from "
                      "`reslm frontier status`); a candidate's seed that waits on the screen trains ahead of it "
                      "when named, and the rule still chooses at the screen seed")

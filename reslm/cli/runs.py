@@ -80,6 +80,7 @@ def add_eval(sub) -> None:
     ev.add_argument("--context-mode", choices=("window", "stream"), help="score a reservoir run (rc, aerc) in this "
                     "context mode, not the one it trained in: window = the paper's metric, each test character "
                     "from a zero state over its context (written to RUN_DIR/eval-window.json)")
+    shared(ev, "--root")
     phys = ev.add_argument_group("physical constraints (rc/aerc; default: as trained; comma lists make a grid)")
     for _, flag, _, letter, help_ in PHYSICAL_FLAGS:
         phys.add_argument(flag, metavar=f"{letter}[,{letter}...]", help=help_)
@@ -262,15 +263,16 @@ def cmd_eval(args):
     check_grid(physical)
     run = Path(args.run_dir)
     write = args.write if args.write is not None else not is_published(run)   # results/NAME: only read
-    ensure_dataset(read_config(run))   # a fresh clone: the Shakespeare data is built, as train does
+    ensure_dataset(read_config(run), data_root(args))   # a fresh clone: the Shakespeare data is built, as train does
     if any(len(v) > 1 for v in physical.values()):   # a grid: test CE only, one reservoir pass
-        r = physical_grid(run, physical, score=args.score, device=args.device, write=write)
+        r = physical_grid(run, physical, score=args.score, device=args.device, write=write, root=data_root(args))
         print(json.dumps(r, indent=2) if args.json else grid_text(r))
         _written(run, write, f"{run / GRID_FILE}.json and .csv")
         return
     r = evaluate_run(run, length=args.length, ns=_ngrams(args.ngrams), score=args.score, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
-                     physical={k: v[0] for k, v in physical.items()}, write=write, context_mode=args.context_mode)
+                     physical={k: v[0] for k, v in physical.items()}, write=write, context_mode=args.context_mode,
+                     root=data_root(args))
     print(json.dumps(r, indent=2) if args.json else eval_text(r))
     if not args.json:   # the JSON alone
         _written(run, write, run / eval_file_name(r))

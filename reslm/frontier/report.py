@@ -12,7 +12,7 @@ from reslm.core.files import atomic_write, read_json
 from reslm.core.metrics import TEST_LOSS, VAL_LOSS
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Plan, bundled_plans, load_plan
-from reslm.frontier.runner import Entry, estimate, figures, index_results, pending, plan_table, selection
+from reslm.frontier.runner import Entry, estimate, figures, index_results, pending, plan_table, selection, to_score
 from reslm.models.identity import delta, describe, recipe
 from reslm.report.frontier import GAP_FIG, KN_FILE
 from reslm.report.plots import plot_gap
@@ -70,6 +70,9 @@ def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
                   "run's own pace so far, else from the plan's finished runs, on this CPU where any)" if left or not unknown else "time left unknown (no run of the plan has "
                   "finished yet)"))
     out += ["  " + line for line in _verdict(plan, sel)]
+    if unscored := to_score(plan, table):
+        out.append(f"  to score on the paper's 32-character windows: {', '.join(e.name for e in unscored)} (the next "
+                   "`reslm frontier run` does it)")
     return out
 
 

@@ -77,6 +77,9 @@ def test_a_plan_is_screened_then_its_finalist_finishes_and_the_rule_chooses(wher
     assert sel["chosen"] == min(contenders, key=lambda k: sel["groups"][k]["val"][0])
     losers = [c.label for c in plan.candidates if c.label not in sel["finalists"]]
     assert all(e.state == "not run" for e in table if e.label in losers and e.seed == 1)
+    # the chosen configuration, trained with its state carried, was then scored on the paper's windows too
+    assert all(e.test_window is not None and e.test_stream is not None for e in table if e.label == sel["chosen"])
+    assert frunner.to_score(plan, table) == []
     # a second run finds everything done and trains nothing
     monkeypatch.setattr(frunner, "train", lambda *a, **k: pytest.fail("trained a finished run"))
     again = run(path, results, runs, root)
@@ -170,6 +173,37 @@ def test_a_run_held_by_another_process_is_left_to_it(where):
     assert (results / name / "manifest.json").is_file()
 
 
+def test_a_run_another_process_here_trains_counts_among_the_jobs(tmp_path, chars, monkeypatch):
+    """--jobs 2 with one run of the plan held by another process on this machine (a call started again
+    while its runs go on): one run at a time of its own, never three on two cores."""
+    path = write_plan(tmp_path, BASE.replace("seeds = [0, 1]", "seeds = [0, 1, 2]\nselect = \"none\""))
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    plan = load_plan(path)
+    held = plan.base.name(0)
+    (runs / held).mkdir(parents=True)
+    real, live = frunner.subprocess.Popen, []
+
+    def popen(cmd, *args, **kw):
+        if "reslm.cli" not in cmd:   # not a run's own process
+            return real(cmd, *args, **kw)
+        live[:] = [p for p in live if p.poll() is None]
+        assert not live, "two runs of its own beside the one held"
+        live.append(real(cmd, *args, **kw))
+        return live[-1]
+
+    monkeypatch.setattr(frunner.subprocess, "Popen", popen)
+    holder = real([sys.executable, "-c", "import sys; from reslm.run import lock_run\n"
+                   f"with lock_run({str(runs / held)!r}):\n print('held', flush=True); sys.stdin.read()"],
+                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        table = run(path, results, runs, chars.path.parent, jobs=2, threads=1, poll=0.2)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert [e.state for e in table] == ["running", "done", "done"] and len(live) == 1
+
+
 def test_commands_print_one_self_contained_line_per_run_to_run_now(where, capsys):
     path, results, runs, root = where
     assert main(["frontier", "run", str(path), "--commands", "--results", str(results), "--runs", str(runs),
@@ -183,6 +217,33 @@ def test_commands_print_one_self_contained_line_per_run_to_run_now(where, capsys
     assert main(first[1:]) == 0   # the line alone trains and publishes that run
     assert (results / plan.base.name(0) / "manifest.json").is_file()
     assert not (results / plan.base.name(1)).exists()
+
+
+def test_the_chosen_configuration_is_scored_on_the_windows_when_the_time_left_holds_it(where, monkeypatch, capsys):
+    path, results, runs, root = where
+    plan = load_plan(path)
+    with monkeypatch.context() as m:   # the plan trained by an earlier call that scored nothing
+        m.setattr(frunner, "to_score", lambda *a: [])
+        run(path, results, runs, root)
+    waiting = frunner.to_score(plan, plan_table(plan, results, runs))
+    chosen = selection(plan, plan_table(plan, results, runs))["chosen"]
+    assert [e.label for e in waiting] == [chosen, chosen] and all(e.test_window is None for e in waiting)
+    assert f"to score on the paper's 32-character windows: {waiting[0].name}, {waiting[1].name}" in \
+        "\n".join(status_lines(plan, plan_table(plan, results, runs)))
+    # a scoring the time left cannot hold is left to a later call, and says so
+    monkeypatch.setattr(frunner, "score_estimate", lambda *a: 3600.0)
+    said = []
+    frunner.run_plan(plan, results, runs, minutes=30, data_root=root, progress=False, say=said.append)
+    assert sum("more than is left; a later call scores it" in m for m in said) == 2
+    assert len(frunner.to_score(plan, plan_table(plan, results, runs))) == 2
+    # --commands prints the scoring, one self-contained line each; a line alone scores its run
+    capsys.readouterr()
+    assert main(["frontier", "run", str(path), "--commands", "--results", str(results), "--runs", str(runs),
+                 "--root", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [shlex.split(line)[:3] for line in lines] == [["reslm", "eval", str(e.folder)] for e in waiting]
+    assert main(shlex.split(lines[0])[1:]) == 0
+    assert [e.name for e in frunner.to_score(plan, plan_table(plan, results, runs))] == [waiting[1].name]
 
 
 def test_the_ledger_says_what_was_finished_when_a_candidate_joined(where):
@@ -229,11 +290,18 @@ def test_several_plans_in_one_call_share_a_configuration_and_a_deadline(tmp_path
     assert all(e.state in ("done", "not run") for t in tables.values() for e in t)
     assert [e.state for e in tables["plan-b"]] == ["done", "done"]
     shared = [f for f in results.glob("*-s0") if fingerprint(read_config(f)) == plans[0].base.fingerprint]
+    trained = [c for c in commands if "frontier" in c]
     # each published run came from a process of its own (one that found the folder of runs busy, another
-    # creating its run, stopped and was started again); nothing else was started
-    assert len(shared) == 1 and {c[c.index("--only") + 1] for c in commands} == {f.name for f in results.glob("*-s*")}
-    assert all(float(cmd[cmd.index("--minutes") + 1]) <= 30 for cmd in commands)
-    assert commands[0][commands[0].index("frontier") + 2] == str(a)   # plan A's runs go first
+    # creating its run, stopped and was started again); then plan A's choice was scored on the paper's
+    # windows, each of its runs in a process of its own; nothing else was started
+    assert len(shared) == 1 and {c[c.index("--only") + 1] for c in trained} == {f.name for f in results.glob("*-s*")}
+    assert all(float(cmd[cmd.index("--minutes") + 1]) <= 30 for cmd in trained)
+    assert trained[0][trained[0].index("frontier") + 2] == str(a)   # plan A's runs go first
+    chosen = [e for e in tables["plan-a"] if e.label == selection(plans[0], tables["plan-a"])["chosen"]]
+    scored = [c[c.index("eval") + 1] for c in commands if "eval" in c]
+    assert sorted(scored) == sorted(str(e.folder) for e in chosen) and len(commands) == len(trained) + len(scored)
+    assert all(e.test_window is not None and e.test_stream is not None for e in chosen)
+    assert frunner.to_score(plans[0], tables["plan-a"]) == []
     where = ["--results", str(results), "--runs", str(runs)]
     capsys.readouterr()
     assert main(["frontier", "status", str(a), str(b), *where]) == 0
