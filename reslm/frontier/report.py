@@ -222,7 +222,9 @@ def _verdict_of(label: str, base_key: str, sel: dict) -> str:
         return "screen not done"
     if at >= base:
         return "screened out (not below the base)"
-    return "finalist" if label in sel["finalists"] else "below the base, not a finalist"
+    if label not in sel["finalists"]:
+        return "below the base, not a finalist"
+    return "finalist" + (f", not chosen (mean val above {sel['chosen']}'s)" if sel["chosen"] else "")
 
 
 def _shown(path: Path) -> str:
