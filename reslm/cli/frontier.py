@@ -12,7 +12,8 @@ from reslm.core.device import pick_device, usable_cores
 from reslm.core.errors import ReslmError
 from reslm.frontier import bench as fbench
 from reslm.frontier import bundled_plans, load_plan, plan_table, status_lines, write_plans_page
-from reslm.frontier.runner import command_args, pending, run_plans, score_args, to_score
+from reslm.frontier.runner import pending, to_score
+from reslm.frontier.schedule import command_args, run_plans, score_args
 from reslm.models.identity import command as train_command
 RUN_DESCRIPTION = ("Train the plans' runs that are not done (plan by plan in the order given, each its screen "
                    "first, then its finalists' other seeds), resuming interrupted ones and skipping those another "

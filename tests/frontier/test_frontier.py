@@ -14,6 +14,7 @@ from reslm.core.metrics import VAL_LOSS
 from reslm.frontier import bundled_plans, load_plan, plan_table, run_plan, selection
 from reslm.frontier import ledger
 from reslm.frontier import runner as frunner
+from reslm.frontier import schedule as fschedule
 from reslm.frontier.bench import bench
 from reslm.frontier.report import plan_markdown, status_lines
 from reslm.models.identity import fingerprint, name_problem
@@ -181,7 +182,7 @@ def test_a_run_another_process_here_trains_counts_among_the_jobs(tmp_path, chars
     plan = load_plan(path)
     held = plan.base.name(0)
     (runs / held).mkdir(parents=True)
-    real, live = frunner.subprocess.Popen, []
+    real, live = fschedule.subprocess.Popen, []
 
     def popen(cmd, *args, **kw):
         if "reslm.cli" not in cmd:   # not a run's own process
@@ -191,7 +192,7 @@ def test_a_run_another_process_here_trains_counts_among_the_jobs(tmp_path, chars
         live.append(real(cmd, *args, **kw))
         return live[-1]
 
-    monkeypatch.setattr(frunner.subprocess, "Popen", popen)
+    monkeypatch.setattr(fschedule.subprocess, "Popen", popen)
     holder = real([sys.executable, "-c", "import sys; from reslm.run import lock_run\n"
                    f"with lock_run({str(runs / held)!r}):\n print('held', flush=True); sys.stdin.read()"],
                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -223,7 +224,7 @@ def test_the_chosen_configuration_is_scored_on_the_windows_when_the_time_left_ho
     path, results, runs, root = where
     plan = load_plan(path)
     with monkeypatch.context() as m:   # the plan trained by an earlier call that scored nothing
-        m.setattr(frunner, "to_score", lambda *a: [])
+        m.setattr(fschedule, "to_score", lambda *a: [])
         run(path, results, runs, root)
     waiting = frunner.to_score(plan, plan_table(plan, results, runs))
     chosen = selection(plan, plan_table(plan, results, runs))["chosen"]
@@ -231,9 +232,9 @@ def test_the_chosen_configuration_is_scored_on_the_windows_when_the_time_left_ho
     assert f"to score on the paper's 32-character windows: {waiting[0].name}, {waiting[1].name}" in \
         "\n".join(status_lines(plan, plan_table(plan, results, runs)))
     # a scoring the time left cannot hold is left to a later call, and says so
-    monkeypatch.setattr(frunner, "score_estimate", lambda *a: 3600.0)
+    monkeypatch.setattr(fschedule, "score_estimate", lambda *a: 3600.0)
     said = []
-    frunner.run_plan(plan, results, runs, minutes=30, data_root=root, progress=False, say=said.append)
+    fschedule.run_plan(plan, results, runs, minutes=30, data_root=root, progress=False, say=said.append)
     assert sum("more than is left; a later call scores it" in m for m in said) == 2
     assert len(frunner.to_score(plan, plan_table(plan, results, runs))) == 2
     # --commands prints the scoring, one self-contained line each; a line alone scores its run
@@ -276,16 +277,16 @@ def test_several_plans_in_one_call_share_a_configuration_and_a_deadline(tmp_path
     b_text = BASE.replace('label = "b"', 'label = "bb"').replace("seeds = [0, 1]", 'seeds = [0]\nselect = "none"')
     b = write_plan(tmp_path, b_text + '[[candidate]]\nlabel = "lr1e-3"\ntrain = { lr = 1e-3 }\n', name="plan-b")
     results, runs = tmp_path / "results", tmp_path / "runs"
-    real, commands = frunner.subprocess.Popen, []
+    real, commands = fschedule.subprocess.Popen, []
 
     def popen(cmd, *args, **kw):
         if "reslm.cli" in cmd:   # a run's own process (not another subprocess of this one)
             commands.append(cmd)
         return real(cmd, *args, **kw)
 
-    monkeypatch.setattr(frunner.subprocess, "Popen", popen)
+    monkeypatch.setattr(fschedule.subprocess, "Popen", popen)
     plans = [load_plan(a), load_plan(b)]
-    tables = frunner.run_plans(plans, results, runs, jobs=2, threads=1, minutes=30, data_root=chars.path.parent,
+    tables = fschedule.run_plans(plans, results, runs, jobs=2, threads=1, minutes=30, data_root=chars.path.parent,
                                progress=False, say=lambda m: None, poll=0.2)
     assert all(e.state in ("done", "not run") for t in tables.values() for e in t)
     assert [e.state for e in tables["plan-b"]] == ["done", "done"]

@@ -1,0 +1,202 @@
+"""Running plans: their runs to train and to score, one at a time in this process or several at once, each
+in a process of its own (`reslm frontier run PLAN --only NAME`, `reslm eval RUN ...`), to a deadline; and
+those processes' command lines, for a cluster's scheduler (`reslm frontier run --commands`).
+
+    run_plans(plans, results, runs, jobs=, minutes=)  every run the plans need now, then their choices scored
+    command_args(plan, name, ...)                     the command that trains one run of a plan and publishes it
+    score_args(folder, ...)                           the command that scores a published run on the paper's metric
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from reslm.core.errors import ReslmError
+from reslm.frontier import ledger
+from reslm.frontier.plan import BUNDLED, Plan
+from reslm.frontier.runner import (Entry, estimate, finished_names, pending, plan_table, run_one, score_estimate,
+                                   to_score)
+
+# `reslm eval` flags that score a run on the paper's metric over the whole test shard, recorded in its folder
+SCORE_ARGS = ("--context-mode", "window", "--score", "0", "--write")
+
+
+def run_plan(plan: Plan, results: Path, runs: Path, **kw) -> list[Entry]:
+    """`run_plans` for one plan: its final table."""
+    return run_plans([plan], results, runs, **kw)[plan.name]
+
+
+def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, threads: int | None = None,
+              device: str | None = None, minutes: float | None = None, only: tuple[str, ...] = (),
+              data_root: Path | None = None, progress: bool = True, say=print,
+              poll: float = 5.0) -> dict[str, list[Entry]]:
+    """Train every run the plans' rules need now and publish each as it finishes, `jobs` at a time (more
+    than one: each in its own `reslm frontier run PLAN --only NAME` process, with `threads` threads), until
+    nothing is left: the plans in the order given, each its screen first, then its finalists' other seeds
+    (a screen that completes while others train puts its finalists' seeds in the queue), then its chosen
+    configuration's runs scored on the paper's metric where they lack it (`to_score`: each a `reslm eval`
+    process). A configuration in two plans trains once. `only`: just these run names, trained, nothing
+    scored (how the parent's processes are called), including a candidate's other seeds that wait on the
+    screen (or did not go on), trained ahead of the rule when named: the rule still chooses at the screen seed, so such a run is reported beside its candidate, never
+    chosen for it. A run held by another process is left to it, and counts among the `jobs` when that
+    process is on this machine. Returns each plan's final table, by plan name.
+
+    `minutes`: a time budget for the whole call. Within each plan the runs go in order of their estimated
+    time left (`estimate`, the shortest first); every run is stopped at the deadline and published
+    unfinished, and no run starts with under a minute left. A later call continues them. A scoring starts
+    only when the plan's earlier scorings (`score_estimate`) say it ends before the deadline, or none has
+    been timed; one still going at the deadline is stopped, nothing written, and scored by a later call."""
+    until = None if minutes is None else time.time() + 60 * minutes
+    first = {p.name: plan_table(p, results, runs) for p in plans}
+    unknown = sorted(set(only) - {e.name for table in first.values() for e in table})
+    if unknown:
+        raise ReslmError(f"no run of plan {', '.join(p.name for p in plans)} is named {', '.join(unknown)} "
+                         "(see `reslm frontier status`)")
+    for p in plans:
+        ledger.note_plan(results, p, finished_names(first[p.name]))
+        for e in first[p.name]:
+            if e.state == "running" and (not only or e.name in only):
+                say(f"{e.name}: being trained by {e.holder}; left to it")
+            if e.state in ("waiting", "not run") and e.name in only:
+                say(f"{e.name}: {'waits on the screen' if e.state == 'waiting' else 'its candidate did not go on'}; "
+                    "trained as named, ahead of the rule, which still chooses at the screen seed")
+    skipped: set[str] = set()
+    running: dict[str, subprocess.Popen] = {}
+    told = False
+    while True:
+        tables = {p.name: plan_table(p, results, runs) for p in plans}
+        todo = _queue(plans, tables, only, until, skipped, set(running), say)
+        spent = until is not None and until - time.time() < 60
+        if todo and spent and not told:
+            say(f"the time budget is spent: {len(todo)} job(s) left for the next call")
+            told = True
+        if jobs <= 1:
+            if not todo or spent:
+                return tables
+            p, e, job = todo[0]
+            if job == "score":
+                what = _wait(_score(e, threads, data_root, device, say), until)
+                if what == "scored":
+                    say(f"{e.name}: scored on the paper's 32-character windows")
+            else:
+                what = run_one(p, e, results, runs, threads=threads, device=device, until=until,
+                               data_root=data_root, progress=progress, say=say)
+            if what.startswith("skipped") or what in ("stopped", "failed"):
+                say(f"{e.name}: {what}")
+                skipped.add(e.name)
+            continue
+        # runs of these plans that other processes on this machine train take their share of the cores
+        others = {e.name for t in tables.values() for e in t if e.state == "running" and e.name not in running
+                  and e.holder and " on " not in e.holder.split(" (")[0]}
+        for p, e, job in ([] if spent else todo[:max(0, jobs - len(running) - len(others))]):
+            if job == "score":
+                running[e.name] = _score(e, threads, data_root, device, say)
+                continue
+            say(f"{e.name}: started in its own process ({threads or 'default'} threads)")
+            left = None if until is None else (until - time.time()) / 60
+            running[e.name] = subprocess.Popen(_self_command(p, e.name, results, runs, threads, data_root, device,
+                                                             minutes=left))
+        if not running and not (others and todo and not spent):
+            return tables
+        time.sleep(poll)
+        for name, proc in list(running.items()):
+            scoring = getattr(proc, "scoring", False)
+            if scoring and until is not None and time.time() > until and proc.poll() is None:
+                _stop(proc)
+                say(f"{name}: its scoring was stopped at the deadline (nothing written); a later call scores it")
+            elif proc.poll() is not None and scoring and not proc.returncode:
+                say(f"{name}: scored on the paper's 32-character windows")
+            elif proc.poll() is not None and proc.returncode:
+                say(f"{name}: its {'scoring ' if scoring else ''}process exited with status {proc.returncode}")
+            if proc.poll() is not None:
+                del running[name]
+                if proc.returncode:
+                    skipped.add(name)
+
+
+def _queue(plans: list[Plan], tables: dict, only: tuple[str, ...], until: float | None, skipped: set[str],
+           running: set[str], say) -> list[tuple[Plan, Entry, str]]:
+    """What to start next, in order: each plan's runs to train ("train"; shortest-left first under a
+    deadline), then its chosen configuration's runs to score ("score"); a run two plans share, once. A
+    scoring the time left cannot hold joins `skipped` (the run names this call leaves)."""
+    todo, seen = [], set()
+    for p in plans:
+        table = tables[p.name]
+        wanted = [e for e in pending(p, table, ahead=only) + ([] if only else to_score(p, table))
+                  if e.name not in skipped | running and (not only or e.name in only)]
+        mine = [e for e in wanted if e.state != "done"]
+        if until is not None:
+            left = {e.name: estimate(e, table) for e in mine}
+            mine.sort(key=lambda e: (left[e.name] is None, left[e.name] or 0.0))
+        scores = []
+        for e in (e for e in wanted if e.state == "done"):
+            need = score_estimate(e, table) if until is not None else None
+            if need is not None and until - time.time() < need:
+                skipped.add(e.name)
+                say(f"{e.name}: scoring it on the paper's windows takes about {need / 60:.0f} min, more than is "
+                    "left; a later call scores it")
+            else:
+                scores.append(e)
+        for job, entries in (("train", mine), ("score", scores)):
+            for e in entries:   # a configuration two plans share: once, under the first
+                if (e.config.fingerprint, e.seed, job) not in seen:
+                    seen.add((e.config.fingerprint, e.seed, job))
+                    todo.append((p, e, job))
+    return todo
+
+
+def _score(e: Entry, threads: int | None, data_root: Path | None, device: str | None, say) -> subprocess.Popen:
+    """Start `reslm eval` on a published run: scored on the paper's metric, recorded in its folder."""
+    cmd = [sys.executable, "-m", "reslm.cli", *score_args(e.folder, threads, data_root, device)]
+    say(f"{e.name}: scoring it on the paper's 32-character windows in its own process ({threads or 'default'} threads)")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc.scoring = True
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _wait(proc: subprocess.Popen, until: float | None) -> str:
+    """One scoring process to its end, or to the deadline: "scored", "failed" or "stopped"."""
+    try:
+        proc.wait(timeout=None if until is None else max(0.0, until - time.time()))
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        return "stopped"
+    return "failed" if proc.returncode else "scored"
+
+
+def score_args(folder: Path, threads: int | None = None, data_root: Path | None = None,
+               device: str | None = None) -> list[str]:
+    """`eval RUN --context-mode window --score 0 --write ...`: the run scored on the paper's metric."""
+    return (["eval", str(folder), *SCORE_ARGS, "--json"] + (["--threads", str(threads)] if threads else [])
+            + (["--device", device] if device else []) + (["--root", str(data_root)] if data_root else []))
+
+
+def _self_command(plan: Plan, name: str, results: Path, runs: Path, threads: int | None,
+                  data_root: Path | None, device: str | None = None, minutes: float | None = None) -> list[str]:
+    return [sys.executable, "-m", "reslm.cli", *command_args(plan, name, results, runs, threads, data_root, device),
+            *(["--minutes", f"{minutes:.3f}"] if minutes is not None else [])]
+
+
+def command_args(plan: Plan, name: str, results: Path, runs: Path, threads: int | None = None,
+                 data_root: Path | None = None, device: str | None = None) -> list[str]:
+    """`frontier run PLAN --only NAME ...`: one run of the plan, self-contained (trains or continues it,
+    then publishes it; skips it when done or held by another process)."""
+    shipped = Path(plan.path).resolve() == (BUNDLED / f"{plan.name}.toml").resolve()
+    args = ["frontier", "run", plan.name if shipped else str(plan.path), "--only", name, "--results", str(results), "--runs", str(runs),
+            "--no-progress"]
+    return (args + (["--threads", str(threads)] if threads else []) + (["--device", device] if device else [])
+            + (["--root", str(data_root)] if data_root else []))
+
+
+__all__ = ["SCORE_ARGS", "command_args", "run_plan", "run_plans", "score_args"]
