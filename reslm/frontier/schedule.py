@@ -39,9 +39,10 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
     configuration's runs scored on the paper's metric where they lack it (`to_score`: each a `reslm eval`
     process). A configuration in two plans trains once. `only`: just these run names, trained, nothing
     scored (how the parent's processes are called), including a candidate's other seeds that wait on the
-    screen (or did not go on), trained ahead of the rule when named: the rule still chooses at the screen seed, so such a run is reported beside its candidate, never
-    chosen for it. A run held by another process is left to it, and counts among the `jobs` when that
-    process is on this machine. Returns each plan's final table, by plan name.
+    screen (or did not go on), trained ahead of the rule when named: the rule still chooses at the screen
+    seed, so such a run is reported beside its candidate, never chosen for it. A run held by another
+    process is left to it, and counts among the `jobs` when that process is on this machine. Returns each
+    plan's final table, by plan name.
 
     `minutes`: a time budget for the whole call. Within each plan the runs go in order of their estimated
     time left (`estimate`, the shortest first); every run is stopped at the deadline and published
@@ -49,6 +50,48 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
     only when the plan's earlier scorings (`score_estimate`) say it ends before the deadline, or none has
     been timed; one still going at the deadline is stopped, nothing written, and scored by a later call."""
     until = None if minutes is None else time.time() + 60 * minutes
+    _begin(plans, results, runs, only, say)
+    skipped: set[str] = set()            # run names this call leaves (given up on, or no time left)
+    running: dict[str, tuple[str, subprocess.Popen]] = {}   # run name -> (job, its process)
+    told = False
+    while True:
+        tables = {p.name: plan_table(p, results, runs) for p in plans}
+        todo = _queue(plans, tables, only, until, skipped, set(running), say)
+        spent = until is not None and until - time.time() < 60
+        if todo and spent and not told:
+            say(f"the time budget is spent: {len(todo)} job(s) left for the next call")
+            told = True
+        if jobs <= 1:   # in this process, one at a time
+            if not todo or spent:
+                return tables
+            p, e, job = todo[0]
+            if job == "score":
+                what = _wait(_start(p, e, job, results, runs, threads, data_root, device, until, say), until)
+            else:
+                what = run_one(p, e, results, runs, threads=threads, device=device, until=until,
+                               data_root=data_root, progress=progress, say=say)
+            if what != "trained":   # a run that trained said so itself
+                say(f"{e.name}: {SCORED if what == 'scored' else what}")
+            if what not in ("trained", "scored"):
+                skipped.add(e.name)
+            continue
+        # runs of these plans that other processes on this machine train take their share of the cores
+        others = {e.name for t in tables.values() for e in t if e.state == "running" and e.name not in running
+                  and e.holder and " on " not in e.holder.split(" (")[0]}
+        for p, e, job in ([] if spent else todo[:max(0, jobs - len(running) - len(others))]):
+            running[e.name] = (job, _start(p, e, job, results, runs, threads, data_root, device, until, say))
+        if not running and not (others and todo and not spent):
+            return tables
+        time.sleep(poll)
+        _reap(running, until, skipped, say)
+
+
+SCORED = "scored on the paper's 32-character windows"
+
+
+def _begin(plans: list[Plan], results: Path, runs: Path, only: tuple[str, ...], say) -> None:
+    """Refuse a name in `only` that no plan has; note each plan in its ledger; say which runs are left to
+    other processes, and which named ones train ahead of the rule."""
     first = {p.name: plan_table(p, results, runs) for p in plans}
     unknown = sorted(set(only) - {e.name for table in first.values() for e in table})
     if unknown:
@@ -62,58 +105,38 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
             if e.state in ("waiting", "not run") and e.name in only:
                 say(f"{e.name}: {'waits on the screen' if e.state == 'waiting' else 'its candidate did not go on'}; "
                     "trained as named, ahead of the rule, which still chooses at the screen seed")
-    skipped: set[str] = set()
-    running: dict[str, subprocess.Popen] = {}
-    told = False
-    while True:
-        tables = {p.name: plan_table(p, results, runs) for p in plans}
-        todo = _queue(plans, tables, only, until, skipped, set(running), say)
-        spent = until is not None and until - time.time() < 60
-        if todo and spent and not told:
-            say(f"the time budget is spent: {len(todo)} job(s) left for the next call")
-            told = True
-        if jobs <= 1:
-            if not todo or spent:
-                return tables
-            p, e, job = todo[0]
-            if job == "score":
-                what = _wait(_score(e, threads, data_root, device, say), until)
-                if what == "scored":
-                    say(f"{e.name}: scored on the paper's 32-character windows")
-            else:
-                what = run_one(p, e, results, runs, threads=threads, device=device, until=until,
-                               data_root=data_root, progress=progress, say=say)
-            if what.startswith("skipped") or what in ("stopped", "failed"):
-                say(f"{e.name}: {what}")
-                skipped.add(e.name)
+
+
+def _start(p: Plan, e: Entry, job: str, results: Path, runs: Path, threads: int | None, data_root: Path | None,
+           device: str | None, until: float | None, say) -> subprocess.Popen:
+    """A job's own process: `reslm frontier run PLAN --only NAME` (train, with the time left) or `reslm eval
+    RUN ...` (score on the paper's metric, its report not printed)."""
+    if job == "score":
+        say(f"{e.name}: scoring it on the paper's 32-character windows in its own process "
+            f"({threads or 'default'} threads)")
+        return subprocess.Popen([sys.executable, "-m", "reslm.cli", *score_args(e.folder, threads, data_root, device)],
+                                stdout=subprocess.DEVNULL)
+    say(f"{e.name}: started in its own process ({threads or 'default'} threads)")
+    left = None if until is None else (until - time.time()) / 60
+    return subprocess.Popen(_self_command(p, e.name, results, runs, threads, data_root, device, minutes=left))
+
+
+def _reap(running: dict, until: float | None, skipped: set[str], say) -> None:
+    """Forget the jobs that ended (one that failed joins `skipped`); stop a scoring the deadline has passed
+    (a training stops itself there)."""
+    for name, (job, proc) in list(running.items()):
+        if job == "score" and until is not None and time.time() > until and proc.poll() is None:
+            _stop(proc)
+            say(f"{name}: its scoring was stopped at the deadline (nothing written); a later call scores it")
+        elif proc.poll() is None:
             continue
-        # runs of these plans that other processes on this machine train take their share of the cores
-        others = {e.name for t in tables.values() for e in t if e.state == "running" and e.name not in running
-                  and e.holder and " on " not in e.holder.split(" (")[0]}
-        for p, e, job in ([] if spent else todo[:max(0, jobs - len(running) - len(others))]):
-            if job == "score":
-                running[e.name] = _score(e, threads, data_root, device, say)
-                continue
-            say(f"{e.name}: started in its own process ({threads or 'default'} threads)")
-            left = None if until is None else (until - time.time()) / 60
-            running[e.name] = subprocess.Popen(_self_command(p, e.name, results, runs, threads, data_root, device,
-                                                             minutes=left))
-        if not running and not (others and todo and not spent):
-            return tables
-        time.sleep(poll)
-        for name, proc in list(running.items()):
-            scoring = getattr(proc, "scoring", False)
-            if scoring and until is not None and time.time() > until and proc.poll() is None:
-                _stop(proc)
-                say(f"{name}: its scoring was stopped at the deadline (nothing written); a later call scores it")
-            elif proc.poll() is not None and scoring and not proc.returncode:
-                say(f"{name}: scored on the paper's 32-character windows")
-            elif proc.poll() is not None and proc.returncode:
-                say(f"{name}: its {'scoring ' if scoring else ''}process exited with status {proc.returncode}")
-            if proc.poll() is not None:
-                del running[name]
-                if proc.returncode:
-                    skipped.add(name)
+        elif proc.returncode:
+            say(f"{name}: its {'scoring ' if job == 'score' else ''}process exited with status {proc.returncode}")
+        elif job == "score":   # a run that trained said so itself
+            say(f"{name}: {SCORED}")
+        del running[name]
+        if proc.returncode:
+            skipped.add(name)
 
 
 def _queue(plans: list[Plan], tables: dict, only: tuple[str, ...], until: float | None, skipped: set[str],
@@ -145,15 +168,6 @@ def _queue(plans: list[Plan], tables: dict, only: tuple[str, ...], until: float 
                     seen.add((e.config.fingerprint, e.seed, job))
                     todo.append((p, e, job))
     return todo
-
-
-def _score(e: Entry, threads: int | None, data_root: Path | None, device: str | None, say) -> subprocess.Popen:
-    """Start `reslm eval` on a published run: scored on the paper's metric, recorded in its folder."""
-    cmd = [sys.executable, "-m", "reslm.cli", *score_args(e.folder, threads, data_root, device)]
-    say(f"{e.name}: scoring it on the paper's 32-character windows in its own process ({threads or 'default'} threads)")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    proc.scoring = True
-    return proc
 
 
 def _stop(proc: subprocess.Popen) -> None:
