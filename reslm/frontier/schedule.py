@@ -144,7 +144,9 @@ def _queue(plans: list[Plan], tables: dict, only: tuple[str, ...], until: float 
     """What to start next, in order: each plan's runs to train ("train"; shortest-left first under a
     deadline), then its chosen configuration's runs to score ("score"); a run two plans share, once. A
     scoring the time left cannot hold joins `skipped` (the run names this call leaves)."""
-    todo, seen = [], set()
+    # a run going on blocks its configuration and seed in every plan (the same run under another label)
+    todo, seen = [], {(e.config.fingerprint, e.seed, job) for t in tables.values() for e in t if e.name in running
+                      for job in ("train", "score")}
     for p in plans:
         table = tables[p.name]
         wanted = [e for e in pending(p, table, ahead=only) + ([] if only else to_score(p, table))
