@@ -313,6 +313,18 @@ def test_several_plans_in_one_call_share_a_configuration_and_a_deadline(tmp_path
     assert {r["plan"] for r in rows} == {"plan-a", "plan-b"} and all("test_window" in r for r in rows)
 
 
+def test_a_run_going_on_is_not_started_again_under_another_plans_label(tmp_path):
+    a = load_plan(write_plan(tmp_path, BASE + CANDIDATES, name="plan-a"))
+    b = load_plan(write_plan(tmp_path, BASE.replace('label = "b"', 'label = "bb"'), name="plan-b"))
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    tables = {p.name: plan_table(p, results, runs) for p in (a, b)}
+    going = a.base.name(0)
+    todo = fschedule._queue([b, a], tables, (), None, set(), {going}, say=lambda m: None)
+    assert b.base.name(0) != going and b.base.fingerprint == a.base.fingerprint
+    assert (a.base.fingerprint, 0) not in {(e.config.fingerprint, e.seed) for _, e, _ in todo}
+    assert b.base.name(1) in {e.name for _, e, _ in todo}
+
+
 def test_a_candidate_may_name_another_preset_of_the_family(tmp_path):
     plan = load_plan(write_plan(tmp_path, """
         [base]
