@@ -16,7 +16,7 @@ from reslm.frontier.runner import Entry, estimate, figures, index_results, pendi
 from reslm.models.identity import delta, describe, recipe
 from reslm.report.frontier import GAP_FIG, KN_FILE
 from reslm.report.plots import plot_gap
-from reslm.run import read_config, read_metrics
+from reslm.run import SUMMARY, read_config, read_metrics
 
 PLANS_PAGE = "docs/frontier-plans.md"
 PAGES_WITH_BLOCKS = ("docs/frontier-routes.md",)   # hand-written pages with generated plan tables
@@ -138,13 +138,70 @@ def plan_markdown(plan: Plan, results: Path, runs: Path | None, *, heading: bool
 BLOCK = re.compile(r"(<!-- plan:(?P<name>[A-Za-z0-9._-]+):begin -->\n)(?P<body>.*?)(<!-- plan:(?P=name):end -->)", re.S)
 
 
-def fill_plan_blocks(text: str, results: Path, index: dict | None = None) -> str:
+def fill_plan_blocks(text: str, results: Path, index: dict | None = None, plans: dict[str, Plan] | None = None) -> str:
     """Every `<!-- plan:NAME:begin -->` ... `<!-- plan:NAME:end -->` block of a page, filled with that
-    plan's table from results/ (plan_markdown without its heading): a page's prose stays its own, its
-    figures are generated."""
+    plan's table from results/ (plan_markdown without its heading), and a `<!-- routes:begin -->` ...
+    `<!-- routes:end -->` block with routes_markdown (`plans`: name -> Plan, those not given are loaded): a
+    page's prose stays its own, its figures are generated."""
     index = index_results(results) if index is None else index
-    return BLOCK.sub(lambda m: m[1] + plan_markdown(load_plan(m["name"]), results, None, heading=False, index=index)
+    text = BLOCK.sub(lambda m: m[1] + plan_markdown(load_plan(m["name"]), results, None, heading=False, index=index)
                      + m[4], text)
+    return ROUTES_BLOCK.sub(lambda m: m[1] + routes_markdown(results, index, plans) + m[3], text)
+
+
+ROUTES_BLOCK = re.compile(r"(<!-- routes:begin -->\n)(?P<body>.*?)(<!-- routes:end -->)", re.S)
+
+
+def routes_markdown(results: Path, index: dict | None = None, plans: dict[str, Plan] | None = None) -> str:
+    """How far each route got: every candidate the reservoir plans of GAP_PLANS screened (a configuration
+    two plans screen, once), ranked by its validation CE at the screen seed minus its plan's base's there,
+    with its trainable parameters, seeds, test CE on both metrics and the rule's verdict; then the trained
+    ceilings each plan of theirs chose, for scale."""
+    index = index_results(results) if index is None else index
+    rows, chosen = {}, []
+    for side, names in GAP_PLANS:
+        for name in names:
+            plan = (plans or {}).get(name) or load_plan(name)
+            table = plan_table(plan, results, None, index)
+            sel = selection(plan, table)
+            if side != "reservoir":
+                if sel["chosen"]:
+                    chosen.append((name, sel["chosen"], sel["groups"][sel["chosen"]]))
+                continue
+            seed = plan.rule.screen_seed if plan.rule.select == "screen" else plan.rule.seeds[0]
+            done = {e.label: e for e in table if e.seed == seed and e.state == "done"}
+            val = {label: e.val for label, e in done.items()}
+            base_key = plan.base.label or "base"
+            for c in plan.candidates:
+                at, base_val = val.get(c.label), val.get(base_key)
+                if at is None or base_val is None:
+                    continue
+                g = sel["groups"][c.label]
+                verdict = _verdict_of(c.label, base_key, sel) if plan.rule.select == "screen" else \
+                    "a diagnostic: nothing chosen"
+                if c.fingerprint in rows:   # a configuration two plans screen: one row, its plans named
+                    rows[c.fingerprint]["plans"].append(name)
+                    rows[c.fingerprint]["verdicts"].append(f"{verdict} ({name})")
+                    continue
+                rows[c.fingerprint] = dict(
+                    plans=[name], label=c.label, verdicts=[f"{verdict} ({name})"], diff=at - base_val,
+                    cells=f"{', '.join(describe(delta(c.run_config(0), plan.base.run_config(0)))) or '-'} | "
+                          f"{(read_json(done[c.label].folder / SUMMARY) or {}).get('trainable_params', 0):,} | "
+                          f"{at:.4f} | {at - base_val:+.4f} | {len(g['seeds'])} | "
+                          f"{_ms(g['test_window'], seeds=len(g['seeds']))} | "
+                          f"{_ms(g['test_stream'], seeds=len(g['seeds']))}")
+    L = ["*Generated from the plans' published runs by `reslm report`.*", "",
+         "| plan: configuration | change over its plan's base | trainable | val CE at the screen seed | minus the "
+         "base's | seeds | test CE, 32-char windows (nats) | test CE, state carried (nats) | verdict |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows.values(), key=lambda r: r["diff"]):
+        verdicts = r["verdicts"] if len(r["verdicts"]) > 1 else [r["verdicts"][0].rsplit(" (", 1)[0]]
+        L.append(f"| {', '.join(r['plans'])}: {r['label']} | {r['cells']} | {'; '.join(verdicts)} |")
+    if chosen:
+        L += ["", "For scale, the trained ceilings their plans chose: " + "; ".join(
+            f"{name}: {label}, {_ms(g['test_window'])} on the windows, {_ms(g['test_stream'])} with the state carried "
+            f"({len(g['seeds'])} seeds)" for name, label, g in chosen) + "."]
+    return "\n".join(L) + "\n"
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
@@ -222,6 +279,8 @@ def _verdict_of(label: str, base_key: str, sel: dict) -> str:
         return "screen not done"
     if at >= base:
         return "screened out (not below the base)"
+    if not sel["screened"]:
+        return "below the base (the screen goes on)"
     if label not in sel["finalists"]:
         return "below the base, not a finalist"
     return "finalist" + (f", not chosen (mean val above {sel['chosen']}'s)" if sel["chosen"] else "")
@@ -337,7 +396,8 @@ def write_plans_page(repo: Path, plans: list[Plan] | None = None, check: bool = 
     pages = {PLANS_PAGE: "\n".join(body)}
     for rel in PAGES_WITH_BLOCKS:   # pages whose tables are plans' (their prose is hand-written)
         if (repo / rel).is_file():
-            pages[rel] = fill_plan_blocks((repo / rel).read_text(encoding="utf-8"), repo / "results", index)
+            pages[rel] = fill_plan_blocks((repo / rel).read_text(encoding="utf-8"), repo / "results", index,
+                                          {p.name: p for p in plans})
     changed = []
     for rel, text in pages.items():
         path = repo / rel
@@ -354,4 +414,4 @@ def write_plans_page(repo: Path, plans: list[Plan] | None = None, check: bool = 
 
 
 __all__ = ["GAP_PLANS", "PAGES_WITH_BLOCKS", "PLANS_PAGE", "fill_plan_blocks", "gap_figures", "plan_markdown",
-           "status_lines", "write_gap_figure", "write_plans_page"]
+           "routes_markdown", "status_lines", "write_gap_figure", "write_plans_page"]

@@ -496,6 +496,12 @@ def test_the_gap_figure_draws_each_configuration_and_each_screen_against_its_bas
     assert {c["configuration"] for c in curves} == {"lr3e-2", "lr1e-4"}
     for c in curves:
         assert c["difference"] == pytest.approx(c[VAL_LOSS] - c[f"base_{VAL_LOSS}"]) and c["finished"]
+    # how far each route got: every screened candidate, ranked by its validation CE minus the base's
+    text = freport.fill_plan_blocks("<!-- routes:begin -->\n<!-- routes:end -->\n", results, plans={plan.name: plan})
+    ranked = [line.split(" | ") for line in text.splitlines() if line.startswith(f"| {plan.name}: ")]
+    screen = selection(plan, table)["screen"]
+    assert [r[0][2:] for r in ranked] == [f"{plan.name}: {k}" for k in sorted(("lr3e-2", "lr1e-4"), key=screen.get)]
+    assert all(float(r[4]) == pytest.approx(screen[r[0].split(": ")[1]] - screen["b"], abs=1e-4) for r in ranked)
     (tmp_path / "docs").mkdir()
     (tmp_path / "results").mkdir(exist_ok=True)
     made = freport.write_gap_figure(tmp_path, {plan.name: plan})
