@@ -280,7 +280,7 @@ def _verdict_of(label: str, base_key: str, sel: dict) -> str:
     if at >= base:
         return "screened out (not below the base)"
     if not sel["screened"]:
-        return "below the base (the screen goes on)"
+        return "below the base (the screen is not complete)"
     if label not in sel["finalists"]:
         return "below the base, not a finalist"
     return "finalist" + (f", not chosen (mean val above {sel['chosen']}'s)" if sel["chosen"] else "")
