@@ -52,11 +52,12 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
     until = None if minutes is None else time.time() + 60 * minutes
     _begin(plans, results, runs, only, say)
     skipped: set[str] = set()            # run names this call leaves (given up on, or no time left)
+    later: dict[str, bool] = {}          # trainings that failed once: waiting for another job to end?
     running: dict[str, tuple[str, subprocess.Popen]] = {}   # run name -> (job, its process)
     told = False
     while True:
         tables = {p.name: plan_table(p, results, runs) for p in plans}
-        todo = _queue(plans, tables, only, until, skipped, set(running), say)
+        todo = _queue(plans, tables, only, until, skipped, set(running) | {n for n, wait in later.items() if wait}, say)
         spent = until is not None and until - time.time() < 60
         if todo and spent and not told:
             say(f"the time budget is spent: {len(todo)} job(s) left for the next call")
@@ -83,7 +84,7 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
         if not running and not (others and todo and not spent):
             return tables
         time.sleep(poll)
-        _reap(running, until, skipped, say)
+        _reap(running, until, skipped, later, say)
 
 
 SCORED = "scored on the paper's 32-character windows"
@@ -121,9 +122,12 @@ def _start(p: Plan, e: Entry, job: str, results: Path, runs: Path, threads: int 
     return subprocess.Popen(_self_command(p, e.name, results, runs, threads, data_root, device, minutes=left))
 
 
-def _reap(running: dict, until: float | None, skipped: set[str], say) -> None:
-    """Forget the jobs that ended (one that failed joins `skipped`); stop a scoring the deadline has passed
-    (a training stops itself there)."""
+def _reap(running: dict, until: float | None, skipped: set[str], later: dict[str, bool], say) -> None:
+    """Forget the jobs that ended; stop a scoring the deadline has passed (a training stops itself there).
+    A training whose process failed the first time (the memory its states need, say, held by a run beside
+    it) waits in `later` (name -> waiting) until another job ends, then is tried once more; one that fails
+    again, and a scoring that fails, joins `skipped`."""
+    ended = []
     for name, (job, proc) in list(running.items()):
         if job == "score" and until is not None and time.time() > until and proc.poll() is None:
             _stop(proc)
@@ -131,12 +135,19 @@ def _reap(running: dict, until: float | None, skipped: set[str], say) -> None:
         elif proc.poll() is None:
             continue
         elif proc.returncode:
-            say(f"{name}: its {'scoring ' if job == 'score' else ''}process exited with status {proc.returncode}")
+            say(f"{name}: its {'scoring ' if job == 'score' else ''}process exited with status {proc.returncode}"
+                + ("; tried again once another job ends" if job == "train" and name not in later else ""))
         elif job == "score":   # a run that trained said so itself
             say(f"{name}: {SCORED}")
         del running[name]
-        if proc.returncode:
+        ended.append(name)
+        if proc.returncode and (job == "score" or name in later):
             skipped.add(name)
+        elif proc.returncode:
+            later[name] = True
+    if any(not later.get(name) for name in ended):   # another job ended: the waiting ones go again
+        for name in later:
+            later[name] = False
 
 
 def _queue(plans: list[Plan], tables: dict, only: tuple[str, ...], until: float | None, skipped: set[str],

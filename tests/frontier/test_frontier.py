@@ -325,6 +325,32 @@ def test_a_run_going_on_is_not_started_again_under_another_plans_label(tmp_path)
     assert b.base.name(1) in {e.name for _, e, _ in todo}
 
 
+def test_a_training_that_failed_is_tried_once_more_after_another_job_ends():
+    """A run whose process failed beside another (the memory its states need, held by its neighbour)
+    waits until a job ends, then goes once more; failing again, it is left for a later call."""
+    class Proc:   # a job's process: running (returncode None) or ended
+        def __init__(self, returncode=None):
+            self.returncode = returncode
+
+        def poll(self):
+            return self.returncode
+
+    skipped, later, said = set(), {}, []
+    running = {"big": ("train", Proc(2)), "small": ("train", Proc())}
+    fschedule._reap(running, None, skipped, later, said.append)
+    assert later == {"big": True} and not skipped and list(running) == ["small"]
+    assert said == ["big: its process exited with status 2; tried again once another job ends"]
+    running["small"] = ("train", Proc(0))   # its neighbour ends: it goes again
+    fschedule._reap(running, None, skipped, later, said.append)
+    assert later == {"big": False} and not running
+    running["big"] = ("train", Proc(2))
+    fschedule._reap(running, None, skipped, later, said.append)
+    assert skipped == {"big"} and said[-1] == "big: its process exited with status 2"
+    running["score"] = ("score", Proc(1))   # a scoring that fails is not tried again in this call
+    fschedule._reap(running, None, skipped, later, said.append)
+    assert "score" in skipped and "score" not in later
+
+
 def test_a_candidate_may_name_another_preset_of_the_family(tmp_path):
     plan = load_plan(write_plan(tmp_path, """
         [base]
