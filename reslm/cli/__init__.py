@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         if debug:
             raise
         print(f"reslm: error: {describe(e)}", file=sys.stderr)
-        return 2
+        return 75 if isinstance(e, MemoryError) else getattr(e, "exit_status", 2)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

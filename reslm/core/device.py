@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from reslm.core.errors import ReslmError
+from reslm.core.errors import OutOfMemory, ReslmError
 from reslm.core.progress import say
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -208,15 +208,23 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
-def state_dtypes(name: str, device: torch.device, width: int, train_rows: int, test_rows: int
-                 ) -> tuple[torch.dtype, torch.dtype]:
+# what a training process holds besides its states: torch, the text, the head's batches, the reservoir's
+# working buffers while it computes a shard (about 1 GiB at rc-2250 on a CPU); counted in every state check
+WORKING_BYTES = 2**30
+
+
+def state_dtypes(name: str, device: torch.device, width: int, train_rows: int, test_rows: int,
+                 heldout_rows: int = 0) -> tuple[torch.dtype, torch.dtype]:
     """(storage, compute) dtypes of reservoir states held in memory at once: `train_rows` states of one
-    training shard and `test_rows` test states, `width` values each. name "auto" stores them in float32
-    when that fits in memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is
-    computed in only where it is fast (bf16_status); elsewhere the reservoir computes in float32.
-    ReslmError, with the flag that would help, when the chosen storage does not fit."""
+    training shard, `test_rows` test states and `heldout_rows` held-out (validation) states, `width`
+    values each, beside WORKING_BYTES of the process's own. name "auto" stores them in float32 when that
+    fits in memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is computed in
+    only where it is fast (bf16_status); elsewhere the reservoir computes in float32. OutOfMemory (exit
+    status 75: other processes may hold the memory) when the chosen storage does not fit in 90% of the
+    memory available now, with the flag that would help."""
     avail = available_memory(device)
-    need = lambda dtype: (train_rows + test_rows) * width * dtype.itemsize  # noqa: E731
+    rows = train_rows + test_rows + heldout_rows
+    need = lambda dtype: rows * width * dtype.itemsize + WORKING_BYTES  # noqa: E731
     if name == "auto":
         fp32_fits = avail is None or need(torch.float32) <= 0.9 * avail
         storage = torch.float32 if fp32_fits else torch.bfloat16
@@ -227,12 +235,13 @@ def state_dtypes(name: str, device: torch.device, width: int, train_rows: int, t
         storage = state_dtype(name)
     if avail is not None and need(storage) > 0.9 * avail:
         row = width * storage.itemsize
-        fits = int(0.9 * avail / row) - train_rows                      # test samples that would fit
+        fits = int((0.9 * avail - WORKING_BYTES) / row) - train_rows - heldout_rows   # test samples that would fit
         hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
         if storage != torch.bfloat16:
             hint = f"--state-dtype bfloat16 or {hint}"
-        raise ReslmError(f"reservoir states need {need(storage) / 2**30:.1f} GiB (train shard + test states) but "
-                         f"{avail / 2**30:.1f} GiB is available: use {hint}")
+        raise OutOfMemory(f"reservoir states need {need(storage) / 2**30:.1f} GiB (train shard, test and held-out "
+                          f"states, the process's own) but {avail / 2**30:.1f} GiB is available: use {hint}, "
+                          "or free memory")
     compute = storage
     if storage == torch.bfloat16:
         fast, why = bf16_status(device)

@@ -15,6 +15,14 @@ class ReslmError(Exception):
     """A user-facing error (bad input, impossible config). The CLI prints `reslm: <msg>` and exits 2."""
 
 
+class OutOfMemory(ReslmError):
+    """The memory a run needs is not available now (other processes may hold it). The CLI exits 75
+    (EX_TEMPFAIL of sysexits.h: a temporary failure, worth trying again later), which tells a scheduler
+    (reslm.frontier.schedule) to try the run again when the machine is free."""
+
+    exit_status = 75
+
+
 class RunInUse(ReslmError):
     """A run directory (or a folder of runs) is locked by another process (see reslm.run.lock_run)."""
 

@@ -48,16 +48,21 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
     time left (`estimate`, the shortest first); every run is stopped at the deadline and published
     unfinished, and no run starts with under a minute left. A later call continues them. A scoring starts
     only when the plan's earlier scorings (`score_estimate`) say it ends before the deadline, or none has
-    been timed; one still going at the deadline is stopped, nothing written, and scored by a later call."""
+    been timed; one still going at the deadline is stopped, nothing written, and scored by a later call.
+
+    A training whose process ran out of memory (exit status 75, the memory its states need held by the runs
+    beside it; or killed by the kernel's out-of-memory killer) goes again alone: no job starts until the
+    others end, then it runs by itself. Any other failure, or one alone, leaves the run to a later call."""
     until = None if minutes is None else time.time() + 60 * minutes
     _begin(plans, results, runs, only, say)
     skipped: set[str] = set()            # run names this call leaves (given up on, or no time left)
-    later: dict[str, bool] = {}          # trainings that failed once: waiting for another job to end?
+    alone: list[str] = []                # trainings that ran out of memory: each goes again by itself
+    tried: set[str] = set()              # trainings that have run alone
     running: dict[str, tuple[str, subprocess.Popen]] = {}   # run name -> (job, its process)
     told = False
     while True:
         tables = {p.name: plan_table(p, results, runs) for p in plans}
-        todo = _queue(plans, tables, only, until, skipped, set(running) | {n for n, wait in later.items() if wait}, say)
+        todo = _queue(plans, tables, only, until, skipped, set(running) | set(alone), say)
         spent = until is not None and until - time.time() < 60
         if todo and spent and not told:
             say(f"the time budget is spent: {len(todo)} job(s) left for the next call")
@@ -79,12 +84,18 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
         # runs of these plans that other processes on this machine train take their share of the cores
         others = {e.name for t in tables.values() for e in t if e.state == "running" and e.name not in running
                   and e.holder and " on " not in e.holder.split(" (")[0]}
-        for p, e, job in ([] if spent else todo[:max(0, jobs - len(running) - len(others))]):
-            running[e.name] = (job, _start(p, e, job, results, runs, threads, data_root, device, until, say))
-        if not running and not (others and todo and not spent):
+        if (alone or tried & running.keys()) and not spent:   # until the machine is free, then the run by itself
+            if alone and not running and not others:
+                p, e = next((p, e) for p in plans for e in tables[p.name] if e.name == alone[0])
+                tried.add(alone.pop(0))
+                running[e.name] = ("train", _start(p, e, "train", results, runs, threads, data_root, device, until, say))
+        else:
+            for p, e, job in ([] if spent else todo[:max(0, jobs - len(running) - len(others))]):
+                running[e.name] = (job, _start(p, e, job, results, runs, threads, data_root, device, until, say))
+        if not running and not (others and (todo or alone) and not spent):
             return tables
         time.sleep(poll)
-        _reap(running, until, skipped, later, say)
+        _reap(running, until, skipped, alone, tried, say)
 
 
 SCORED = "scored on the paper's 32-character windows"
@@ -122,12 +133,15 @@ def _start(p: Plan, e: Entry, job: str, results: Path, runs: Path, threads: int 
     return subprocess.Popen(_self_command(p, e.name, results, runs, threads, data_root, device, minutes=left))
 
 
-def _reap(running: dict, until: float | None, skipped: set[str], later: dict[str, bool], say) -> None:
+# a training process's exit statuses that say it ran out of memory: reslm's OutOfMemory (EX_TEMPFAIL), and
+# SIGKILL, which only the kernel's out-of-memory killer or a user sends it (the deadline stops it with SIGTERM)
+MEMORY = (75, -9)
+
+
+def _reap(running: dict, until: float | None, skipped: set[str], alone: list[str], tried: set[str], say) -> None:
     """Forget the jobs that ended; stop a scoring the deadline has passed (a training stops itself there).
-    A training whose process failed the first time (the memory its states need, say, held by a run beside
-    it) waits in `later` (name -> waiting) until another job ends, then is tried once more; one that fails
-    again, and a scoring that fails, joins `skipped`."""
-    ended = []
+    A training whose process ran out of memory (MEMORY) beside other jobs joins `alone`, to go again by
+    itself; any other failed job, and one that failed alone (`tried`), joins `skipped`."""
     for name, (job, proc) in list(running.items()):
         if job == "score" and until is not None and time.time() > until and proc.poll() is None:
             _stop(proc)
@@ -135,19 +149,14 @@ def _reap(running: dict, until: float | None, skipped: set[str], later: dict[str
         elif proc.poll() is None:
             continue
         elif proc.returncode:
+            memory = job == "train" and proc.returncode in MEMORY and name not in tried
             say(f"{name}: its {'scoring ' if job == 'score' else ''}process exited with status {proc.returncode}"
-                + ("; tried again once another job ends" if job == "train" and name not in later else ""))
+                + ("; out of memory: it goes again alone once the jobs beside it end" if memory else
+                   "; left to a later call"))
+            (alone.append if memory else skipped.add)(name)
         elif job == "score":   # a run that trained said so itself
             say(f"{name}: {SCORED}")
         del running[name]
-        ended.append(name)
-        if proc.returncode and (job == "score" or name in later):
-            skipped.add(name)
-        elif proc.returncode:
-            later[name] = True
-    if any(not later.get(name) for name in ended):   # another job ended: the waiting ones go again
-        for name in later:
-            later[name] = False
 
 
 def _queue(plans: list[Plan], tables: dict, only: tuple[str, ...], until: float | None, skipped: set[str],

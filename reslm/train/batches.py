@@ -201,7 +201,8 @@ class CharShards:
 
     def _choose_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
         """(storage, compute) dtypes of the reservoir states: a reservoir model holds one training shard's
-        states plus the test states (reslm.core.device.state_dtypes)."""
+        states, the test states and, while it evaluates, one shard's held-out states
+        (reslm.core.device.state_dtypes)."""
         name = self.tc.state_dtype
         if not has_reservoir(self.model):
             return state_dtype("float32" if name == "auto" else name), None
@@ -209,7 +210,9 @@ class CharShards:
         ta, tb = self.split.span(self.ds.test_shard)
         n_test = max(sum(s.stop - s.start - self.context for s in eval_slices(tb - ta, self.context, n))
                      for n in {self.tc.eval_samples, final_samples(self.tc)})
-        return state_dtypes(name, self.device, self.model.width, longest, n_test)
+        heldout = max((b - a for a, b in (self.split.span(s, "heldout") for s in self.heldout_shards())), default=0) \
+            if self.holdout else 0   # computed at each evaluation while a training shard's are held
+        return state_dtypes(name, self.device, self.model.width, longest, n_test, heldout)
 
     def position(self, step: int) -> int:
         """The shard-epoch that step `step` (0-based) belongs to."""

@@ -149,3 +149,20 @@ def test_cpu_name_says_the_model_and_the_kernel_level(monkeypatch):
         assert device.cpu_name().endswith(level) and device.cpu_name() != level
     finally:
         device.cpu_name.cache_clear()
+
+
+def test_the_state_check_counts_held_out_states_and_the_process_and_exits_75(monkeypatch, capsys):
+    """Reservoir states that fit only without their held-out part or the process's own memory are refused
+    with OutOfMemory, which the CLI turns into exit status 75 (try again when the machine is free)."""
+    from reslm.cli import main
+    from reslm.core.errors import OutOfMemory
+    fast_cpu(monkeypatch)
+    row = 1000 * 2                                           # 1,000 bfloat16 values per state
+    avail = int((10**6 * row + device.WORKING_BYTES) / 0.9) + 1
+    monkeypatch.setattr(device, "available_memory", lambda d: avail)
+    assert device.state_dtypes("bfloat16", CPU, 1000, 900_000, 100_000)[0] == torch.bfloat16
+    with pytest.raises(OutOfMemory, match="held-out states"):
+        device.state_dtypes("bfloat16", CPU, 1000, 900_000, 100_000, heldout_rows=1_000)
+    monkeypatch.setattr("reslm.cli._threads", lambda args: (_ for _ in ()).throw(OutOfMemory("states need more")))
+    assert main(["presets"]) == 75
+    assert capsys.readouterr().err == "reslm: error: states need more\n"

@@ -325,30 +325,66 @@ def test_a_run_going_on_is_not_started_again_under_another_plans_label(tmp_path)
     assert b.base.name(1) in {e.name for _, e, _ in todo}
 
 
-def test_a_training_that_failed_is_tried_once_more_after_another_job_ends():
-    """A run whose process failed beside another (the memory its states need, held by its neighbour)
-    waits until a job ends, then goes once more; failing again, it is left for a later call."""
-    class Proc:   # a job's process: running (returncode None) or ended
-        def __init__(self, returncode=None):
-            self.returncode = returncode
+class _Proc:   # a job's process: running (returncode None) or ended
+    def __init__(self, returncode=None):
+        self.returncode = returncode
+
+    def poll(self):
+        return self.returncode
+
+
+def test_a_training_that_ran_out_of_memory_goes_again_alone():
+    """A run whose process ran out of memory beside another (exit 75, or the kernel's SIGKILL) waits to
+    go alone; failing alone, or failing otherwise, it is left for a later call."""
+    skipped, alone, tried, said = set(), [], set(), []
+    running = {"big": ("train", _Proc(75)), "small": ("train", _Proc()), "killed": ("train", _Proc(-9)),
+               "bad": ("train", _Proc(2))}
+    fschedule._reap(running, None, skipped, alone, tried, said.append)
+    assert alone == ["big", "killed"] and skipped == {"bad"} and list(running) == ["small"]
+    assert said[0] == "big: its process exited with status 75; out of memory: it goes again alone once the jobs " \
+        "beside it end" and said[-1] == "bad: its process exited with status 2; left to a later call"
+    tried.add(alone.pop(0))   # how run_plans starts it, once nothing else runs
+    running = {"big": ("train", _Proc(75)), "score": ("score", _Proc(75))}
+    fschedule._reap(running, None, skipped, alone, tried, said.append)
+    assert skipped == {"bad", "big", "score"} and alone == ["killed"]
+
+
+def test_a_run_out_of_memory_waits_for_the_machine_then_runs_by_itself(tmp_path, monkeypatch):
+    """With --jobs 2, a run that ran out of memory beside another starts again only once no other job
+    runs, and nothing starts beside it."""
+    plan = load_plan(write_plan(tmp_path, BASE + CANDIDATES))
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    big, starts, live = plan.base.name(0), [], {}
+
+    class Proc(_Proc):   # ends after two polls: 75 the first time `big` starts, else 0
+        def __init__(self, name):
+            super().__init__()
+            self.name, self.polls = name, 2
 
         def poll(self):
+            self.polls -= 1
+            if self.polls <= 0 and self.returncode is None:
+                self.returncode = 75 if self.name == big and len([n for n, _ in starts if n == big]) == 1 else 0
+                live.pop(self.name)
             return self.returncode
 
-    skipped, later, said = set(), {}, []
-    running = {"big": ("train", Proc(2)), "small": ("train", Proc())}
-    fschedule._reap(running, None, skipped, later, said.append)
-    assert later == {"big": True} and not skipped and list(running) == ["small"]
-    assert said == ["big: its process exited with status 2; tried again once another job ends"]
-    running["small"] = ("train", Proc(0))   # its neighbour ends: it goes again
-    fschedule._reap(running, None, skipped, later, said.append)
-    assert later == {"big": False} and not running
-    running["big"] = ("train", Proc(2))
-    fschedule._reap(running, None, skipped, later, said.append)
-    assert skipped == {"big"} and said[-1] == "big: its process exited with status 2"
-    running["score"] = ("score", Proc(1))   # a scoring that fails is not tried again in this call
-    fschedule._reap(running, None, skipped, later, said.append)
-    assert "score" in skipped and "score" not in later
+    def start(p, e, job, *args):
+        starts.append((e.name, sorted(live)))
+        live[e.name] = proc = Proc(e.name)
+        return proc
+
+    def reap(running, until, skipped, alone, tried, say):
+        real_reap(running, until, skipped, alone, tried, say)
+        skipped.update(n for n, _ in starts if n not in alone and n not in running)   # ended: not queued again
+
+    real_reap = fschedule._reap
+    monkeypatch.setattr(fschedule, "_start", start)
+    monkeypatch.setattr(fschedule, "_reap", reap)
+    fschedule.run_plans([plan], results, runs, jobs=2, poll=0, say=lambda m: None)
+    first, again = [i for i, (n, _) in enumerate(starts) if n == big]
+    assert starts[first][1] or starts[first + 1][1] == [big]   # it first ran beside another job
+    assert starts[again][1] == []                                  # then alone
+    assert all(big not in beside for _, beside in starts[again + 1:])   # and nothing started beside it
 
 
 def test_a_candidate_may_name_another_preset_of_the_family(tmp_path):
