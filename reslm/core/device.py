@@ -208,8 +208,8 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
-# what a training process holds besides its states: torch, the text, the head's batches, the reservoir's
-# working buffers while it computes a shard (about 1 GiB at rc-2250 on a CPU); counted in every state check
+# a margin for what a training process holds besides its states (torch, the text, the head's batches, the
+# reservoir's working buffers while it computes a shard), counted in every state check
 WORKING_BYTES = 2**30
 
 

@@ -256,7 +256,7 @@ class CharShards:
 
     def _features(self, shard: int, cycle: int):
         if self._feats_shard != shard:
-            self._feats = None  # free the previous shard's states first
+            self._feats = self._epoch_feats = None  # free the previous shard's states first (both references)
             self._feats = self._compute(shard, cycle)
             self._feats_shard = shard
         return self._feats

@@ -409,3 +409,28 @@ def test_lbfgs_bad_configs(chars, tmp_path):
     assert main(["train", "--family", "rc", "--optimizer", "lbfgs", "--lbfgs-l2", "-1", "--data",
                  str(chars.path), "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_a_shards_states_are_freed_before_the_next_shards_are_computed(chars):
+    """One training shard's states at a time: at a new shard the sampler holds no reference to the last
+    one's (they would double the memory of the largest states at every shard's start)."""
+    import gc
+    import weakref
+    import reslm.train as tt
+    m = build_model("rc", size=32, streams=8, vocab_size=chars.vocab_size)
+    tc = tt.train_config("rc", device="cpu", batch_size=256, epochs_per_shard=1, eval_samples=512)
+    src = rb.CharShards(m, chars, tc, torch.device("cpu"), None, False)
+    compute, held = src._compute, []
+
+    def tracked(shard, cycle, part="train"):
+        gc.collect()
+        assert part != "train" or all(r() is None for r in held), "the previous shard's states are still held"
+        feats = compute(shard, cycle, part)
+        if part == "train":
+            held.append(weakref.ref(feats))
+        return feats
+
+    src._compute = tracked
+    for step in range(src.total):
+        src.batches(step)
+    assert len(held) == len(chars.train_shards) > 1
