@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from reslm.core.device import usable_cores
 from reslm.core.errors import ReslmError
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Plan
@@ -52,7 +53,8 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
 
     A training whose process ran out of memory (exit status 75, the memory its states need held by the runs
     beside it; or killed by the kernel's out-of-memory killer) goes again alone: no job starts until the
-    others end, then it runs by itself. Any other failure, or one alone, leaves the run to a later call."""
+    others end, then it runs by itself, with the threads of all the call's jobs. Any other failure, or one
+    alone, leaves the run to a later call."""
     until = None if minutes is None else time.time() + 60 * minutes
     _begin(plans, results, runs, only, say)
     skipped: set[str] = set()            # run names this call leaves (given up on, or no time left)
@@ -88,7 +90,8 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
             if alone and not running and not others:
                 p, e = next((p, e) for p in plans for e in tables[p.name] if e.name == alone[0])
                 tried.add(alone.pop(0))
-                running[e.name] = ("train", _start(p, e, "train", results, runs, threads, data_root, device, until, say))
+                every = min(usable_cores(), threads * jobs) if threads else None   # the call's threads, all
+                running[e.name] = ("train", _start(p, e, "train", results, runs, every, data_root, device, until, say))
         else:
             for p, e, job in ([] if spent else todo[:max(0, jobs - len(running) - len(others))]):
                 running[e.name] = (job, _start(p, e, job, results, runs, threads, data_root, device, until, say))

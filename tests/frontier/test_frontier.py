@@ -351,10 +351,11 @@ def test_a_training_that_ran_out_of_memory_goes_again_alone():
 
 def test_a_run_out_of_memory_waits_for_the_machine_then_runs_by_itself(tmp_path, monkeypatch):
     """With --jobs 2, a run that ran out of memory beside another starts again only once no other job
-    runs, and nothing starts beside it."""
+    runs, with both jobs' threads, and nothing starts beside it."""
     plan = load_plan(write_plan(tmp_path, BASE + CANDIDATES))
     results, runs = tmp_path / "results", tmp_path / "runs"
-    big, starts, live = plan.base.name(0), [], {}
+    big, starts, live, threaded = plan.base.name(0), [], {}, []
+    monkeypatch.setattr(fschedule, "usable_cores", lambda: 2)
 
     class Proc(_Proc):   # ends after two polls: 75 the first time `big` starts, else 0
         def __init__(self, name):
@@ -368,8 +369,9 @@ def test_a_run_out_of_memory_waits_for_the_machine_then_runs_by_itself(tmp_path,
                 live.pop(self.name)
             return self.returncode
 
-    def start(p, e, job, *args):
+    def start(p, e, job, results, runs, threads, *args):
         starts.append((e.name, sorted(live)))
+        threaded.append(threads)
         live[e.name] = proc = Proc(e.name)
         return proc
 
@@ -380,8 +382,9 @@ def test_a_run_out_of_memory_waits_for_the_machine_then_runs_by_itself(tmp_path,
     real_reap = fschedule._reap
     monkeypatch.setattr(fschedule, "_start", start)
     monkeypatch.setattr(fschedule, "_reap", reap)
-    fschedule.run_plans([plan], results, runs, jobs=2, poll=0, say=lambda m: None)
+    fschedule.run_plans([plan], results, runs, jobs=2, threads=1, poll=0, say=lambda m: None)
     first, again = [i for i, (n, _) in enumerate(starts) if n == big]
+    assert threaded[again] == 2 and set(threaded[:again] + threaded[again + 1:]) == {1}   # alone: both threads
     assert starts[first][1] or starts[first + 1][1] == [big]   # it first ran beside another job
     assert starts[again][1] == []                                  # then alone
     assert all(big not in beside for _, beside in starts[again + 1:])   # and nothing started beside it
