@@ -11,7 +11,7 @@ from reslm.cli.flags import INT64, SEED, data_root, int_range, shared
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
 from reslm.data.datasets import data_kind, ensure_dataset
-from reslm.evaluate import GRID_FILE, check_grid, eval_file_name, eval_text, evaluate_run, grid_text, physical_grid
+from reslm.evaluate import GRID_FILE, check_grid, check_ngrams, eval_file_name, eval_text, evaluate_run, grid_text, physical_grid
 from reslm.frontier.plan import load_plan
 from reslm.generate import MAX_LENGTH, check_length, sample
 from reslm.memory import BATCH, LENGTHS, POSITIONS, TEXTS, memory_profile, memory_text, plot_memory, write_memory
@@ -263,13 +263,15 @@ def cmd_eval(args):
     check_grid(physical)
     run = Path(args.run_dir)
     write = args.write if args.write is not None else not is_published(run)   # results/NAME: only read
-    ensure_dataset(read_config(run), data_root(args))   # a fresh clone: the Shakespeare data is built, as train does
-    if any(len(v) > 1 for v in physical.values()):   # a grid: test CE only, one reservoir pass
+    cfg, grid = read_config(run), any(len(v) > 1 for v in physical.values())
+    ns = _ngrams(args.ngrams) if grid else check_ngrams(_ngrams(args.ngrams), args.length)   # before any data is built
+    ensure_dataset(cfg, data_root(args))   # a fresh clone: the Shakespeare data is built, as train does
+    if grid:   # test CE only, one reservoir pass
         r = physical_grid(run, physical, score=args.score, device=args.device, write=write, root=data_root(args))
         print(json.dumps(r, indent=2) if args.json else grid_text(r))
         _written(run, write, f"{run / GRID_FILE}.json and .csv")
         return
-    r = evaluate_run(run, length=args.length, ns=_ngrams(args.ngrams), score=args.score, temperature=args.temperature,
+    r = evaluate_run(run, length=args.length, ns=ns, score=args.score, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
                      physical={k: v[0] for k, v in physical.items()}, write=write, context_mode=args.context_mode,
                      root=data_root(args))

@@ -133,14 +133,16 @@ def test_the_whole_file_hash_sees_every_byte(tmp_path):
 ])
 def test_eval_refuses_impossible_lengths_and_ngrams_before_any_work(big, tmp_path, monkeypatch, capsys, argv, needle):
     """Issue 23.6: an n-gram order longer than the sample (or an endless --length) is refused with one
-    line before any scoring: nothing is scored, generated or written."""
+    line before any scoring: nothing is scored, generated, written, or built (a missing dataset)."""
     _, run = big
+    import reslm.cli.runs as cr
     import reslm.evaluate as ev
 
     def no_work(*a, **k):
-        raise AssertionError("scored before the arguments were checked")
+        raise AssertionError("scored or built before the arguments were checked")
 
     monkeypatch.setattr(ev, "_timed", no_work)
+    monkeypatch.setattr(cr, "ensure_dataset", no_work)
     assert main(["eval", str(run), *argv]) == 2
     assert needle in one_error(capsys)
     assert not (run / "eval.json").exists()
