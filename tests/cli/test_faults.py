@@ -339,7 +339,7 @@ def test_rebuilt_bpe_dataset_is_refused(tmp_path, capsys, monkeypatch):
     assert json.loads((droot / "t" / "meta.json").read_text())["vocab_size"] == 300
     capsys.readouterr()
     for argv in (["train", "--out", str(run), "--resume", "--no-progress"],
-                 ["eval", str(run), "--length", "5", "--score", "32"],
+                 ["eval", str(run), "--length", "5", "--ngrams", "2", "--score", "32"],
                  ["generate", str(run), "--prompt", "the", "--length", "5"]):
         assert main(argv) == 2, argv
         assert "no longer matches" in one_error(capsys), argv
