@@ -1,9 +1,13 @@
 """Test-wide settings. The tests use tiny models, which gain nothing from intra-op threads; one
 thread also keeps them fast when another process is busy on the same cores (OpenMP worker threads
-otherwise spin-wait for each other). The tests never use the network: the Hugging Face libraries are
-put in offline mode before anything imports them (they read these variables at import time)."""
+otherwise spin-wait for each other). Memory claims between trainings stay within each test process. The
+tests never use the network: the Hugging Face libraries are put in offline mode before anything imports
+them (they read these variables at import time)."""
+import atexit
 import os
 import random
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -11,6 +15,9 @@ import torch
 torch.set_num_threads(1)
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
+# memory claims between trainings (reslm.core.claims): each test process its own, apart from the machine's
+os.environ["RESLM_CLAIMS"] = tempfile.mkdtemp(prefix="reslm-claims-")
+atexit.register(shutil.rmtree, os.environ["RESLM_CLAIMS"], True)
 
 
 @pytest.fixture(scope="module")

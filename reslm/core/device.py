@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from reslm.core import claims
 from reslm.core.errors import OutOfMemory, ReslmError
 from reslm.core.progress import say
 
@@ -221,10 +222,31 @@ def state_dtypes(name: str, device: torch.device, width: int, train_rows: int, t
     fits in memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is computed in
     only where it is fast (bf16_status); elsewhere the reservoir computes in float32. OutOfMemory (exit
     status 75: other processes may hold the memory) when the chosen storage does not fit in 90% of the
-    memory available now, with the flag that would help."""
-    avail = available_memory(device)
+    memory available now, with the flag that would help. On a CPU the memory available is the machine's
+    less what other reslm trainings have claimed and not yet allocated, and the states chosen are claimed
+    in turn (reslm.core.claims): two trainings started together do not both count the same memory."""
     rows = train_rows + test_rows + heldout_rows
     need = lambda dtype: rows * width * dtype.itemsize + WORKING_BYTES  # noqa: E731
+    shared = device.type != "cuda"   # the machine's memory, which other processes share
+    with claims.claiming() if shared else contextlib.nullcontext():
+        avail = available_memory(device)
+        if avail is not None and shared:
+            avail = max(0, avail - claims.unclaimed())
+        storage = _state_storage(name, avail, need, width, train_rows + heldout_rows)
+        if shared:
+            claims.claim(need(storage))
+    compute = storage
+    if storage == torch.bfloat16:
+        fast, why = bf16_status(device)
+        if not fast:
+            compute = torch.float32
+            say(f"reslm: reservoir states computed in float32, not bfloat16 ({why})")
+    return storage, compute
+
+
+def _state_storage(name: str, avail: int | None, need, width: int, other_rows: int) -> torch.dtype:
+    """The storage dtype of `state_dtypes`, or OutOfMemory; `need(dtype)`: the bytes it takes, `other_rows`
+    the states held besides the test states."""
     if name == "auto":
         fp32_fits = avail is None or need(torch.float32) <= 0.9 * avail
         storage = torch.float32 if fp32_fits else torch.bfloat16
@@ -235,20 +257,14 @@ def state_dtypes(name: str, device: torch.device, width: int, train_rows: int, t
         storage = state_dtype(name)
     if avail is not None and need(storage) > 0.9 * avail:
         row = width * storage.itemsize
-        fits = int((0.9 * avail - WORKING_BYTES) / row) - train_rows - heldout_rows   # test samples that would fit
+        fits = int((0.9 * avail - WORKING_BYTES) / row) - other_rows   # test samples that would fit
         hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
         if storage != torch.bfloat16:
             hint = f"--state-dtype bfloat16 or {hint}"
         raise OutOfMemory(f"reservoir states need {need(storage) / 2**30:.1f} GiB (train shard, test and held-out "
                           f"states, the process's own) but {avail / 2**30:.1f} GiB is available: use {hint}, "
                           "or free memory")
-    compute = storage
-    if storage == torch.bfloat16:
-        fast, why = bf16_status(device)
-        if not fast:
-            compute = torch.float32
-            say(f"reslm: reservoir states computed in float32, not bfloat16 ({why})")
-    return storage, compute
+    return storage
 
 
 def resolve_dtype(name: str, device: torch.device | str, *, explicit: bool, what: str) -> torch.dtype:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from reslm.core import claims
 from reslm.core import distributed as dist_
 from reslm.core.device import (autocast, device_name, grad_scaler, pick_device, resolve_precision, setup_cuda,
                                synchronize, use_threads)
@@ -158,7 +159,10 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
     reservoir states (True refuses a run without them)."""
     run_dir = Path(run_dir)
     with lock_run(run_dir) if dist_.env_world()[0] == 0 else contextlib.nullcontext():
-        summary = _train(run_dir, progress, stop_at, checkpoint_seconds, cache_states, until, data_root)
+        try:
+            summary = _train(run_dir, progress, stop_at, checkpoint_seconds, cache_states, until, data_root)
+        finally:
+            claims.release()   # the memory its reservoir states claimed (reslm.core.device.state_dtypes)
         if is_finished(run_dir):
             shutil.rmtree(run_dir / STATES, ignore_errors=True)
         return summary

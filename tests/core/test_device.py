@@ -1,5 +1,7 @@
 """bf16 only where it is fast: both branches of the check, forced with RESLM_BF16 or by
 monkeypatching the CPU probe, so that the tests hold on any CPU (with or without bf16 instructions)."""
+import os
+
 import pytest
 import torch
 
@@ -151,12 +153,14 @@ def test_cpu_name_says_the_model_and_the_kernel_level(monkeypatch):
         device.cpu_name.cache_clear()
 
 
-def test_the_state_check_counts_held_out_states_and_the_process_and_exits_75(monkeypatch, capsys):
+def test_the_state_check_counts_held_out_states_and_the_process_and_exits_75(tmp_path, monkeypatch, capsys):
     """Reservoir states that fit only without their held-out part or the process's own memory are refused
     with OutOfMemory, which the CLI turns into exit status 75 (try again when the machine is free)."""
     from reslm.cli import main
+    from reslm.core import claims
     from reslm.core.errors import OutOfMemory
     fast_cpu(monkeypatch)
+    monkeypatch.setattr(claims, "CLAIMS", tmp_path / "claims")          # no other process's claims
     row = 1000 * 2                                           # 1,000 bfloat16 values per state
     avail = int((10**6 * row + device.WORKING_BYTES) / 0.9) + 1
     monkeypatch.setattr(device, "available_memory", lambda d: avail)
@@ -166,3 +170,34 @@ def test_the_state_check_counts_held_out_states_and_the_process_and_exits_75(mon
     monkeypatch.setattr("reslm.cli._threads", lambda args: (_ for _ in ()).throw(OutOfMemory("states need more")))
     assert main(["presets"]) == 75
     assert capsys.readouterr().err == "reslm: error: states need more\n"
+
+
+def test_memory_another_training_has_claimed_and_not_yet_allocated_is_not_counted_as_free(tmp_path, monkeypatch):
+    """Two trainings started together: the second's check counts the first's claim less what the first
+    holds already; a claim goes with its process, and this process's own claim is never counted."""
+    import subprocess
+    import sys
+    from reslm.core import claims
+    from reslm.core.errors import OutOfMemory
+    fast_cpu(monkeypatch)
+    monkeypatch.setattr(claims, "CLAIMS", tmp_path / "claims")
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert claims._resident(other.pid) > 0                          # read from /proc
+        monkeypatch.setattr(claims, "_resident", lambda pid: 2**30)     # it holds 1 GiB ...
+        (tmp_path / "claims").mkdir()
+        (tmp_path / "claims" / str(other.pid)).write_text(str(11 * 2**30))   # ... of 11: 10 GiB to come
+        assert claims.unclaimed() == 10 * 2**30
+        monkeypatch.setattr(device, "available_memory", lambda d: 12 * 2**30)
+        with pytest.raises(OutOfMemory, match=r"but 2\.0 GiB is available"):
+            device.state_dtypes("bfloat16", CPU, 1000, 900_000, 100_000)      # 2.9 GiB with the process's own
+        assert not (tmp_path / "claims" / str(os.getpid())).exists()      # refused: nothing claimed
+        device.state_dtypes("bfloat16", CPU, 100, 900_000, 100_000)           # 1.2 GiB: fits, and is claimed
+        assert int((tmp_path / "claims" / str(os.getpid())).read_text()) == 10**6 * 200 + device.WORKING_BYTES
+        assert claims.unclaimed() == 10 * 2**30                           # its own claim is not counted
+        claims.release()
+        assert not (tmp_path / "claims" / str(os.getpid())).exists()
+    finally:
+        other.stdin.close()
+        other.wait()
+    assert claims.unclaimed() == 0 and not (tmp_path / "claims" / str(other.pid)).exists()   # gone with it

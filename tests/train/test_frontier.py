@@ -434,3 +434,20 @@ def test_a_shards_states_are_freed_before_the_next_shards_are_computed(chars):
     for step in range(src.total):
         src.batches(step)
     assert len(held) == len(chars.train_shards) > 1
+
+
+def test_a_training_claims_its_states_memory_while_it_runs_and_drops_the_claim_after(chars, tmp_path, monkeypatch):
+    """The memory a reservoir run's states take is claimed for other reslm processes to see
+    (reslm.core.claims) while it trains, and no longer once it has ended."""
+    import os
+    import reslm.train as tt
+    from reslm.core import claims
+    monkeypatch.setattr(claims, "CLAIMS", tmp_path / "claims")
+    mine = tmp_path / "claims" / str(os.getpid())
+    seen = []
+    evaluate = rb.CharShards.evaluate
+    monkeypatch.setattr(rb.CharShards, "evaluate", lambda self, *a, **k: (seen.append(mine.exists()),
+                                                                          evaluate(self, *a, **k))[1])
+    out = tt.create_run(tmp_path / "r", "rc", dict(size=16, streams=8), CHAR_TRAIN, chars)
+    tt.train(out, progress=False)
+    assert seen and all(seen) and not mine.exists()
