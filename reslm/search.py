@@ -41,6 +41,7 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
+from reslm.core import claims
 from reslm.core.device import pick_device, use_threads
 from reslm.core.errors import ReslmError
 from reslm.core.files import open_plain, plain_stat, read_json, write_json
@@ -128,9 +129,12 @@ def heldout_loss(family: str, model_over: dict, train_over: dict, dataset, optim
     if optimizer == "ridge":
         device = pick_device(tc.device)
         model = build_model(family, make_config(family, **cfg["model"])).to(device)
-        source = CharShards(model, dataset, tc, device, None, False, holdout=tc.holdout)
-        t0 = time.perf_counter()
-        info = fit_ridge(model, source, tc)
+        try:
+            source = CharShards(model, dataset, tc, device, None, False, holdout=tc.holdout)
+            t0 = time.perf_counter()
+            info = fit_ridge(model, source, tc)
+        finally:
+            claims.release()   # the memory its states claimed (reslm.core.device.state_dtypes)
         value = info[HELDOUT_LOSS]
         extra = dict(ridge_alpha=info["ridge_alpha"], temperature=info["temperature"])
     else:

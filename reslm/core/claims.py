@@ -4,8 +4,9 @@ count the same free memory as theirs.
 A training that has checked its reservoir states fit (reslm.core.device.state_dtypes) claims the bytes it
 will hold: a file named by its pid in CLAIMS holds the number. Another process's check counts as taken,
 besides what the machine reports in use, each live claimant's claim less what it holds already (its
-anonymous resident memory): the part it has yet to allocate. A claim goes with its process: the file is
-removed at exit, and one left by a process that died is ignored (and removed) by the next reader.
+anonymous resident memory): the part it has yet to allocate. A claim ends with its training
+(reslm.train.train, a `reslm search` ridge trial: `release`) or its process (at exit); one left by a
+process that died is ignored, and removed, by the next reader.
 
     claiming()      a lock around one check and its claim (two checks never read the claims at once)
     unclaimed()     bytes other live processes have claimed and not yet allocated
