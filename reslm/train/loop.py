@@ -25,6 +25,7 @@ writes. The run directory (reslm.run) is the interface to everything after train
 from __future__ import annotations
 
 import contextlib
+import gc
 import shutil
 import time
 from pathlib import Path
@@ -161,8 +162,9 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
     with lock_run(run_dir) if dist_.env_world()[0] == 0 else contextlib.nullcontext():
         try:
             summary = _train(run_dir, progress, stop_at, checkpoint_seconds, cache_states, until, data_root)
-        finally:
-            claims.release()   # the memory its reservoir states claimed (reslm.core.device.state_dtypes)
+        finally:   # its states freed now (the sampler and its test loss refer to each other: only the cycle
+            gc.collect()   # collector frees them), and their memory claim dropped (reslm.core.device.state_dtypes)
+            claims.release()
         if is_finished(run_dir):
             shutil.rmtree(run_dir / STATES, ignore_errors=True)
         return summary

@@ -451,3 +451,21 @@ def test_a_training_claims_its_states_memory_while_it_runs_and_drops_the_claim_a
     out = tt.create_run(tmp_path / "r", "rc", dict(size=16, streams=8), CHAR_TRAIN, chars)
     tt.train(out, progress=False)
     assert seen and all(seen) and not mine.exists()
+
+
+def test_a_finished_training_leaves_no_states_behind_in_its_process(chars, tmp_path, monkeypatch):
+    """Runs trained one after another in one process (`frontier run --jobs 1`, `reproduce`, a search)
+    do not keep an earlier run's states: its sampler is gone once train() returns."""
+    import weakref
+    import reslm.train as tt
+    made = []
+    init = rb.CharShards.__init__
+
+    def tracked(self, *a, **k):
+        init(self, *a, **k)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(rb.CharShards, "__init__", tracked)
+    out = tt.create_run(tmp_path / "r", "rc", dict(size=16, streams=8), CHAR_TRAIN, chars)
+    tt.train(out, progress=False)
+    assert made and all(r() is None for r in made)
