@@ -24,7 +24,7 @@ from reslm.cli.flags import check_paths
 from reslm.cli.parsers import build_parser
 from reslm.cli.train import check_preset, check_resume
 from reslm.core.device import use_threads
-from reslm.core.errors import ReslmError, describe
+from reslm.core.errors import OutOfMemory, ReslmError, describe
 
 
 # Commands that train take their thread count from each run's config (train, sweep, search: --threads is
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         if debug:
             raise
         print(f"reslm: error: {describe(e)}", file=sys.stderr)
-        return 75 if isinstance(e, MemoryError) else getattr(e, "exit_status", 2)
+        return OutOfMemory.exit_status if isinstance(e, MemoryError) else getattr(e, "exit_status", 2)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -8,13 +8,14 @@ those processes' command lines, for a cluster's scheduler (`reslm frontier run -
 """
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from reslm.core.device import usable_cores
-from reslm.core.errors import ReslmError
+from reslm.core.errors import OutOfMemory, ReslmError
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Plan
 from reslm.frontier.runner import (Entry, estimate, finished_names, pending, plan_table, run_one, score_estimate,
@@ -138,7 +139,7 @@ def _start(p: Plan, e: Entry, job: str, results: Path, runs: Path, threads: int 
 
 # a training process's exit statuses that say it ran out of memory: reslm's OutOfMemory (EX_TEMPFAIL), and
 # SIGKILL, which only the kernel's out-of-memory killer or a user sends it (the deadline stops it with SIGTERM)
-MEMORY = (75, -9)
+MEMORY = (OutOfMemory.exit_status, -signal.SIGKILL)
 
 
 def _reap(running: dict, until: float | None, skipped: set[str], alone: list[str], tried: set[str], say) -> None:
