@@ -36,8 +36,9 @@ import csv
 import itertools
 import math
 import platform
+import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -51,7 +52,6 @@ from reslm.generate import check_length, sample
 from reslm.models.base import count_params, estimate_loss, feature_batches
 from reslm.models.reservoir_lm import ReservoirLM
 from reslm.ngram import NgramReference, distinct_n
-from reslm.reservoir.base import Reservoir
 from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.run.registry import MANIFEST, is_published, read_manifest, record_file, verify_published, weights_digest
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
@@ -60,68 +60,48 @@ from reslm.core.metrics import CHECK_LOSS, LN2, TEST_BITS, TEST_BPC, TEST_LOSS, 
 from reslm.run import lock_run, read_config
 from reslm.data.datasets import check_dataset, data_kind, ensure_dataset, open_dataset
 from reslm.models.load import load_run
+from reslm.scoring import PIECE, Progress, progress_name, reservoir_clock
 
 EVAL_FILE = "eval.json"
 GRID_MAX = 1_000   # combinations of physical settings one `reslm eval` grid may score
 GRID_FILE = "eval-physical"   # .json and .csv
-PIECE = 65536                 # samples scored per reservoir pass
-
-
-@contextmanager
-def reservoir_clock(model):
-    """Accumulate the wall time spent in the model's reservoirs: yields {"seconds": float}."""
-    mods = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "reservoir"]
-    clock = {"seconds": 0.0}
-    cuda = any(b.is_cuda for m in mods for b in m.buffers())
-
-    def timed(fn):
-        def wrapper(*args, **kwargs):
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            if cuda:
-                torch.cuda.synchronize()
-            clock["seconds"] += time.perf_counter() - t0
-            return out
-        return wrapper
-
-    def names(m):   # replay: a recording's states read from its file (reservoir/recorded.py)
-        return ("forward", "replay") if isinstance(m, Reservoir) and m.replays else ("forward",)
-
-    for m in mods:
-        for n in names(m):
-            setattr(m, n, timed(getattr(m, n)))  # instance attributes: __call__ and step() find them first
-    try:
-        yield clock
-    finally:
-        for m in mods:
-            for n in names(m):
-                m.__dict__.pop(n, None)
 
 
 def _timed(fn, model):
-    """(result, total seconds, reservoir seconds) of fn()."""
+    """(result, total seconds, reservoir seconds) of fn(clock), `clock` the reservoir's (reservoir_clock)."""
     device = next(iter(model.buffers()), next(model.parameters())).device
     with reservoir_clock(model) as clock:
         synchronize(device)
         t0 = time.perf_counter()
-        out = fn()
+        out = fn(clock)
         synchronize(device)
         return out, time.perf_counter() - t0, clock["seconds"]
 
 
-def _score_chars(model, tokens: torch.Tensor, context: int, position: int, batch_size: int = 1024) -> float:
-    """CE over every sample of tokens (at `position` of the dataset's stream) in pieces of 65,536 samples
-    (each with its own `context` lead-in)."""
-    total, count = 0.0, 0
-    for a in range(0, tokens.numel() - context, PIECE):
+def _score_chars(model, tokens: torch.Tensor, context: int, position: int, clock: dict,
+                progress: Progress | None = None, batch_size: int = 1024) -> tuple[float, float, float]:
+    """CE over every sample of `tokens` (at `position` of the dataset's stream), in pieces of PIECE samples
+    (each with its own `context` lead-in). `clock`: the reservoir_clock running around the call. With
+    `progress` (reslm.scoring.Progress), the pieces it holds are skipped and its sums saved after each
+    piece. Returns (CE, seconds, reservoir seconds): the time is what earlier calls took for the pieces
+    they scored, to add to this call's."""
+    p = progress or Progress(Path(), {})
+    before = p.seconds, p.reservoir_seconds
+    device = tokens.device
+    for k, a in enumerate(range(0, tokens.numel() - context, PIECE)):
+        if k < p.pieces:
+            continue
+        t0, r0 = time.perf_counter(), clock["seconds"]
         feats = model.features(tokens[a:a + PIECE + context], position=position + a,
                                **noise_stream(model, TEST_KEY, a))
-        batch = eval_batch_size(model, batch_size, feats.targets.device)
-        loss, n = estimate_loss(model, feature_batches(feats, batch))
-        total, count = total + loss * n, count + n
-    return total / max(count, 1)
+        loss, n = estimate_loss(model, feature_batches(feats, eval_batch_size(model, batch_size, feats.targets.device)))
+        synchronize(device)
+        p.pieces, p.total, p.count = k + 1, p.total + loss * n, p.count + n
+        p.seconds += time.perf_counter() - t0
+        p.reservoir_seconds += clock["seconds"] - r0
+        if progress is not None:
+            p.save()
+    return p.total / max(p.count, 1), *before
 
 
 def _score_physical(model, tokens: torch.Tensor, context: int, configs, position: int = 0,
@@ -256,9 +236,10 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     if len(test) <= prompt_len + 1:
         raise ReslmError(f"the test text of {run_dir} is too short ({len(test)} symbols)")
     tokens = torch.from_numpy(test).to(dev)
+    progress = None   # a char run's scoring written with `write` keeps its progress (reslm.scoring)
     if token_run:  # `score` predicted tokens (whole windows of `context`) after the first token
         chunk = tokens if score == 0 else tokens[:score + 1]
-        (loss, positions), score_s, score_res = _timed(lambda: _score_tokens(model, chunk, context), model)
+        (loss, positions), score_s, score_res = _timed(lambda _: _score_tokens(model, chunk, context), model)
         if positions == 0:
             raise ReslmError(f"--score {score} is shorter than one window of the model's context ({context})")
         n_windows = positions // context
@@ -266,7 +247,19 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
         bpc = loss * positions / max(chars, 1) / LN2
     else:  # `score` samples: each position after the first `context` characters
         chunk = tokens if score == 0 else tokens[:score + context]
-        loss, score_s, score_res = _timed(lambda: _score_chars(model, chunk, context, position=a), model)
+        physics = asdict(measured) if trained is not None else None
+        if write:   # named as the evaluation it becomes is (eval_file_name)
+            name = eval_file_name(dict(physical_overrides=physical, physical=physics,
+                                       context_mode=context_mode if context_mode != trained_mode else None))
+            progress = Progress.open(run_dir / progress_name(name), dict(
+                weights_sha256=weights_digest(model), score_positions=chunk.numel() - context, piece=PIECE,
+                context_mode=getattr(model.config, "context_mode", None), physical=physics))
+            if progress.pieces:
+                print(f"reslm: note: continuing the scoring of {run_dir} after the {progress.pieces} pieces of "
+                      f"{progress.count:,} samples kept in {progress.path.name}", file=sys.stderr)
+        (loss, *before), score_s, score_res = _timed(
+            lambda clock: _score_chars(model, chunk, context, a, clock, progress), model)
+        score_s, score_res = score_s + before[0], score_res + before[1]   # pieces an earlier call scored
         positions, bpc = chunk.numel() - context, bits(loss)
     # a stream-mode rnn is also scored with its state carried through the chunk (CharRNN.stream_loss)
     stream = ({TEST_STREAM_LOSS: model.stream_loss(chunk)[0]}
@@ -274,7 +267,7 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     prompt = test[:prompt_len].tolist()
     # A recording (reservoir/recorded.py) cannot read the symbols it would generate: scored, no sample.
     drivable = not isinstance(model, ReservoirLM) or model.reservoir.drivable
-    gen, gen_s, gen_res = _timed(lambda: sample(model, prompt, length, temperature=temperature, top_k=top_k,
+    gen, gen_s, gen_res = _timed(lambda _: sample(model, prompt, length, temperature=temperature, top_k=top_k,
                                                 top_p=top_p, seed=seed), model) if drivable else ([], 0.0, 0.0)
     text = codec.decode(gen)
     if reference is None and drivable:
@@ -305,10 +298,12 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     if not drivable:
         result["note"] = "no sample: a recorded substrate cannot be driven with generated text"
     if write:   # under the lock evaluate_run holds
-        write_json(run_dir / eval_file_name(result), result)
         name = eval_file_name(result)
+        write_json(run_dir / name, result)
         if is_published(run_dir) and (name == EVAL_FILE or result.get("context_mode")):   # a results/ folder:
             record_file(run_dir, name)                                                  # its manifest stays true
+        if progress is not None:
+            progress.drop()
     return result
 
 
@@ -380,7 +375,7 @@ def _physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str
     chunk = tokens if score == 0 else tokens[:score + context]
     if chunk.numel() <= context:
         raise ReslmError(f"the test text of {run_dir} is too short ({tokens.numel()} characters)")
-    losses, seconds, res_seconds = _timed(lambda: _score_physical(model, chunk, context, configs, position=a), model)
+    losses, seconds, res_seconds = _timed(lambda _: _score_physical(model, chunk, context, configs, position=a), model)
     rows = [dict(**asdict(pc), **{TEST_LOSS: loss, TEST_BITS: bits(loss)}) for pc, loss in zip(configs, losses)]
     result = dict(run=str(run_dir), family=cfg["family"], preset=cfg.get("preset"),
                   physical_trained=asdict(trained), grid={n: list(grid[n]) for n in names},

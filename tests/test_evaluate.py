@@ -130,3 +130,87 @@ def test_grid_text_is_one_row_per_setting():
         f"{'adc_bits':>15}{'CE (nats)':>12}{'bits/char':>11}",
         f"{0:>15g}{1.5:>12.4f}{2.164:>11.3f}",
         f"{4:>15g}{1.75:>12.4f}{2.525:>11.3f}"]
+
+
+def _stop_at_piece(monkeypatch, k):
+    """Make the reservoir features of piece `k` (0-based) raise, as a kill there would stop the scoring."""
+    import reslm.models.reservoir_lm as rl
+
+    real, calls = rl.ReservoirLM.features, []
+
+    def features(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == k + 1:
+            raise KeyboardInterrupt("stopped")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(rl.ReservoirLM, "features", features)
+    return calls
+
+
+@pytest.mark.parametrize("published", [False, True])
+def test_a_scoring_stopped_part_way_continues_from_its_last_piece(chars, tmp_path, monkeypatch, published):
+    """`reslm eval` keeps the sums of the pieces it scored (eval-window.partial.json): a scoring stopped
+    part-way continues from there and writes the figure of an uninterrupted scoring, to the last bit; the
+    progress file is gone once the evaluation is written. In a published folder it is beside the
+    manifest, not in it: the folder passes its check part-way."""
+    import reslm.evaluate as ev
+    import reslm.scoring as sc
+    from reslm.publish import publish
+    from reslm.run.registry import read_manifest, verify_published
+
+    monkeypatch.setattr(sc, "PIECE", 97)
+    monkeypatch.setattr(ev, "PIECE", 97)
+    out = tt.create_run(tmp_path / "rc", "rc", dict(size=32, context_mode="stream"), TRAIN, chars)
+    tt.train(out, progress=False)
+    if published:
+        publish(out, tmp_path / "pub")
+        out = tmp_path / "pub"
+        monkeypatch.setenv("RESLM_DATA", str(chars.path.parent))
+    whole = evaluate_run(out, length=10, score=0, context_mode="window", write=False)
+    pieces = math.ceil(whole["score_positions"] / 97)
+    assert pieces >= 4
+    partial = out / "eval-window.partial.json"
+    with monkeypatch.context() as m:
+        _stop_at_piece(m, 2)
+        with pytest.raises(KeyboardInterrupt):
+            evaluate_run(out, length=10, score=0, context_mode="window")
+    kept = json.loads(partial.read_text())
+    assert kept["pieces"] == 2 and kept["count"] == 2 * 97 and not (out / "eval-window.json").exists()
+    if published:
+        assert "eval-window.partial.json" not in read_manifest(out)["files"]
+        verify_published(out)
+    with monkeypatch.context() as m:
+        calls = _stop_at_piece(m, pieces + 5)   # never stops: counts the pieces scored
+        resumed = evaluate_run(out, length=10, score=0, context_mode="window")
+    assert len(calls) == pieces - 2
+    assert resumed["test_loss"] == whole["test_loss"]
+    assert resumed["score_seconds"] >= kept["seconds"] and not partial.exists()
+    if published:
+        assert "eval-window.partial.json" not in read_manifest(out)["files"]
+        verify_published(out)
+
+
+def test_progress_kept_for_other_weights_or_positions_is_started_over(chars, tmp_path, monkeypatch):
+    """A progress file that names another scoring (other weights, other positions) or cannot be read is
+    not added to this one's sums: the scoring starts at its first piece."""
+    import reslm.evaluate as ev
+    import reslm.scoring as sc
+
+    monkeypatch.setattr(sc, "PIECE", 97)
+    monkeypatch.setattr(ev, "PIECE", 97)
+    out = tt.create_run(tmp_path / "rc", "rc", dict(size=32, context_mode="window"), TRAIN, chars)
+    tt.train(out, progress=False)
+    whole = evaluate_run(out, length=10, score=300, write=False)
+    with monkeypatch.context() as m:
+        _stop_at_piece(m, 1)
+        with pytest.raises(KeyboardInterrupt):
+            evaluate_run(out, length=10, score=300)
+    partial = out / "eval.partial.json"
+    kept = json.loads(partial.read_text())
+    for key in ({**kept["key"], "weights_sha256": "0" * 64}, {**kept["key"], "score_positions": 299}):
+        partial.write_text(json.dumps({**kept, "key": key, "total": 1e9}))
+        assert evaluate_run(out, length=10, score=300)["test_loss"] == whole["test_loss"]
+    partial.write_text("{not json")
+    assert evaluate_run(out, length=10, score=300)["test_loss"] == whole["test_loss"]
+    assert not partial.exists()

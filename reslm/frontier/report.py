@@ -17,6 +17,8 @@ from reslm.models.identity import delta, describe, recipe
 from reslm.report.frontier import GAP_FIG, KN_FILE
 from reslm.report.plots import plot_gap
 from reslm.run import SUMMARY, read_config, read_metrics
+from reslm.run.registry import EVAL_WINDOW
+from reslm.scoring import kept
 
 PLANS_PAGE = "docs/frontier-plans.md"
 PAGES_WITH_BLOCKS = ("docs/frontier-routes.md",)   # hand-written pages with generated plan tables
@@ -71,9 +73,15 @@ def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
                   "finished yet)"))
     out += ["  " + line for line in _verdict(plan, sel)]
     if unscored := to_score(plan, table):
-        out.append(f"  to score on the paper's 32-character windows: {', '.join(e.name for e in unscored)} (the next "
+        out.append(f"  to score on the paper's 32-character windows: {', '.join(map(_scoring, unscored))} (the next "
                    "`reslm frontier run` does it)")
     return out
+
+
+def _scoring(e: Entry) -> str:
+    """A run to score, and how far an unfinished scoring of it got."""
+    done = kept(e.folder, EVAL_WINDOW) if e.folder is not None else None
+    return e.name + (f" ({done[0]} of {done[1]} pieces scored)" if done else "")
 
 
 def _verdict(plan: Plan, sel: dict) -> list[str]:

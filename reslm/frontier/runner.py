@@ -36,7 +36,7 @@ from reslm.models.identity import fingerprint, seed_of
 from reslm.publish import publish, unpacked
 from reslm.run import CONFIG, SUMMARY, is_finished, lock_run, read_config, read_metrics
 from reslm.run.lock import RunInUse, writer_of
-from reslm.run.registry import (EVAL_WINDOW, PROVENANCE, both_metrics, is_published, published_folders, read_manifest,
+from reslm.run.registry import (PROVENANCE, both_metrics, is_published, published_folders, read_manifest,
                                 run_metric)
 from reslm.train import ensure_run, resume_run, train
 from reslm.train.config import STATES as STATE_CACHE
@@ -252,17 +252,6 @@ def to_score(plan: Plan, table: list[Entry]) -> list[Entry]:
             and run_metric(e.folder, read_json(e.folder / SUMMARY) or {}) == "stream"]
 
 
-def score_estimate(e: Entry, table: list[Entry]) -> float | None:
-    """Seconds to score `e` on the windows: the median of the plan's runs already scored so (its own
-    configuration's first, on this CPU first); None when none is."""
-    timed = [(d, t) for d in table if d.state == "done" and d.folder is not None
-             and (t := (read_json(d.folder / EVAL_WINDOW) or {}).get("score_seconds"))]
-    groups = ([t for d, t in timed if d.config == e.config and d.cpu == e.cpu], [t for d, t in timed if d.cpu == e.cpu],
-              [t for _, t in timed])
-    same = next((g for g in groups if g), None)
-    return statistics.median(same) if same else None
-
-
 def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int | None = None,
             device: str | None = None, until: float | None = None, data_root: Path | None = None,
             progress: bool = True, say=print) -> str:
@@ -312,4 +301,4 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
 
 
 __all__ = ["Entry", "STATES", "estimate", "figures", "finished_names", "index_results", "pending", "plan_table", "run_one",
-           "score_estimate", "selection", "to_score"]
+           "selection", "to_score"]

@@ -18,8 +18,7 @@ from reslm.core.device import usable_cores
 from reslm.core.errors import OutOfMemory, ReslmError
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Plan
-from reslm.frontier.runner import (Entry, estimate, finished_names, pending, plan_table, run_one, score_estimate,
-                                   to_score)
+from reslm.frontier.runner import Entry, estimate, finished_names, pending, plan_table, run_one, to_score
 
 # `reslm eval` flags that score a run on the paper's metric over the whole test shard, recorded in its folder
 SCORE_ARGS = ("--context-mode", "window", "--score", "0", "--write")
@@ -48,9 +47,9 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
 
     `minutes`: a time budget for the whole call. Within each plan the runs go in order of their estimated
     time left (`estimate`, the shortest first); every run is stopped at the deadline and published
-    unfinished, and no run starts with under a minute left. A later call continues them. A scoring starts
-    only when the plan's earlier scorings (`score_estimate`) say it ends before the deadline, or none has
-    been timed; one still going at the deadline is stopped, nothing written, and scored by a later call.
+    unfinished, and no run starts with under a minute left. A later call continues them. A scoring keeps
+    its sums piece by piece (reslm.scoring): one still going at the deadline is stopped, and a later call
+    continues it from its last whole piece.
 
     A training whose process ran out of memory (exit status 75, the memory its states need held by the runs
     beside it; or killed by the kernel's out-of-memory killer) goes again alone: no job starts until the
@@ -65,7 +64,7 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
     told = False
     while True:
         tables = {p.name: plan_table(p, results, runs) for p in plans}
-        todo = _queue(plans, tables, only, until, skipped, set(running) | set(alone), say)
+        todo = _queue(plans, tables, only, until, skipped, set(running) | set(alone))
         spent = until is not None and until - time.time() < 60
         if todo and spent and not told:
             say(f"the time budget is spent: {len(todo)} job(s) left for the next call")
@@ -149,7 +148,7 @@ def _reap(running: dict, until: float | None, skipped: set[str], alone: list[str
     for name, (job, proc) in list(running.items()):
         if job == "score" and until is not None and time.time() > until and proc.poll() is None:
             _stop(proc)
-            say(f"{name}: its scoring was stopped at the deadline (nothing written); a later call scores it")
+            say(f"{name}: its scoring was stopped at the deadline; a later call continues it from the pieces it kept")
         elif proc.poll() is None:
             continue
         elif proc.returncode:
@@ -164,10 +163,9 @@ def _reap(running: dict, until: float | None, skipped: set[str], alone: list[str
 
 
 def _queue(plans: list[Plan], tables: dict, only: tuple[str, ...], until: float | None, skipped: set[str],
-           running: set[str], say) -> list[tuple[Plan, Entry, str]]:
+           running: set[str]) -> list[tuple[Plan, Entry, str]]:
     """What to start next, in order: each plan's runs to train ("train"; shortest-left first under a
-    deadline), then its chosen configuration's runs to score ("score"); a run two plans share, once. A
-    scoring the time left cannot hold joins `skipped` (the run names this call leaves)."""
+    deadline), then its chosen configuration's runs to score ("score"); a run two plans share, once."""
     # a run going on blocks its configuration and seed in every plan (the same run under another label)
     todo, seen = [], {(e.config.fingerprint, e.seed, job) for t in tables.values() for e in t if e.name in running
                       for job in ("train", "score")}
@@ -179,15 +177,7 @@ def _queue(plans: list[Plan], tables: dict, only: tuple[str, ...], until: float 
         if until is not None:
             left = {e.name: estimate(e, table) for e in mine}
             mine.sort(key=lambda e: (left[e.name] is None, left[e.name] or 0.0))
-        scores = []
-        for e in (e for e in wanted if e.state == "done"):
-            need = score_estimate(e, table) if until is not None else None
-            if need is not None and until - time.time() < need:
-                skipped.add(e.name)
-                say(f"{e.name}: scoring it on the paper's windows takes about {need / 60:.0f} min, more than is "
-                    "left; a later call scores it")
-            else:
-                scores.append(e)
+        scores = [e for e in wanted if e.state == "done"]
         for job, entries in (("train", mine), ("score", scores)):
             for e in entries:   # a configuration two plans share: once, under the first
                 if (e.config.fingerprint, e.seed, job) not in seen:
@@ -211,7 +201,7 @@ def _wait(proc: subprocess.Popen, until: float | None) -> str:
         proc.wait(timeout=None if until is None else max(0.0, until - time.time()))
     except subprocess.TimeoutExpired:
         _stop(proc)
-        return "stopped"
+        return "stopped at the deadline; a later call continues its scoring from the pieces it kept"
     return "failed" if proc.returncode else "scored"
 
 

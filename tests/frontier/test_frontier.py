@@ -220,7 +220,7 @@ def test_commands_print_one_self_contained_line_per_run_to_run_now(where, capsys
     assert not (results / plan.base.name(1)).exists()
 
 
-def test_the_chosen_configuration_is_scored_on_the_windows_when_the_time_left_holds_it(where, monkeypatch, capsys):
+def test_the_chosen_configuration_is_scored_on_the_windows_and_a_stopped_scoring_continues(where, monkeypatch, capsys):
     path, results, runs, root = where
     plan = load_plan(path)
     with monkeypatch.context() as m:   # the plan trained by an earlier call that scored nothing
@@ -231,20 +231,34 @@ def test_the_chosen_configuration_is_scored_on_the_windows_when_the_time_left_ho
     assert [e.label for e in waiting] == [chosen, chosen] and all(e.test_window is None for e in waiting)
     assert f"to score on the paper's 32-character windows: {waiting[0].name}, {waiting[1].name}" in \
         "\n".join(status_lines(plan, plan_table(plan, results, runs)))
-    # a scoring the time left cannot hold is left to a later call, and says so
-    monkeypatch.setattr(fschedule, "score_estimate", lambda *a: 3600.0)
-    said = []
-    fschedule.run_plan(plan, results, runs, minutes=30, data_root=root, progress=False, say=said.append)
-    assert sum("more than is left; a later call scores it" in m for m in said) == 2
-    assert len(frunner.to_score(plan, plan_table(plan, results, runs))) == 2
+    # a scoring stopped part-way (the deadline, a kill) keeps its pieces, and status says how far it got
+    import reslm.evaluate as ev
+    import reslm.scoring as sc
+    monkeypatch.setattr(sc, "PIECE", 200)
+    monkeypatch.setattr(ev, "PIECE", 200)
+    real = sc.Progress.save
+
+    def save_then_stop(self):
+        real(self)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(sc.Progress, "save", save_then_stop)
+        with pytest.raises(KeyboardInterrupt):
+            ev.evaluate_run(waiting[0].folder, length=10, score=0, context_mode="window", root=root)
+    positions = json.loads((waiting[0].folder / "eval-window.partial.json").read_text())["key"]["score_positions"]
+    pieces = -(-positions // 200)
+    assert pieces > 2 and f"{waiting[0].name} (1 of {pieces} pieces scored), {waiting[1].name}" in \
+        "\n".join(status_lines(plan, plan_table(plan, results, runs)))
     # --commands prints the scoring, one self-contained line each; a line alone scores its run
     capsys.readouterr()
     assert main(["frontier", "run", str(path), "--commands", "--results", str(results), "--runs", str(runs),
                  "--root", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [shlex.split(line)[:3] for line in lines] == [["reslm", "eval", str(e.folder)] for e in waiting]
-    assert main(shlex.split(lines[0])[1:]) == 0
+    assert main(shlex.split(lines[0])[1:]) == 0   # continues the scoring stopped above
     assert [e.name for e in frunner.to_score(plan, plan_table(plan, results, runs))] == [waiting[1].name]
+    assert not (waiting[0].folder / "eval-window.partial.json").exists()
 
 
 def test_the_ledger_says_what_was_finished_when_a_candidate_joined(where):
@@ -319,7 +333,7 @@ def test_a_run_going_on_is_not_started_again_under_another_plans_label(tmp_path)
     results, runs = tmp_path / "results", tmp_path / "runs"
     tables = {p.name: plan_table(p, results, runs) for p in (a, b)}
     going = a.base.name(0)
-    todo = fschedule._queue([b, a], tables, (), None, set(), {going}, say=lambda m: None)
+    todo = fschedule._queue([b, a], tables, (), None, set(), {going})
     assert b.base.name(0) != going and b.base.fingerprint == a.base.fingerprint
     assert (a.base.fingerprint, 0) not in {(e.config.fingerprint, e.seed) for _, e, _ in todo}
     assert b.base.name(1) in {e.name for _, e, _ in todo}
