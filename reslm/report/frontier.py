@@ -193,8 +193,8 @@ def _chosen(what: str, group: dict, recipe: str = "") -> str:
 
 def _on_both(group: dict) -> str:
     """A seed group's mean ± sd test CE on each metric, in words; a metric not scored at every seed says so."""
-    return ", ".join(f"{_mean_sd(group[k])} nats test CE {words}" if group.get(k) else f"{words}: not scored at "
-                     "every seed" for k, words in METRICS)
+    return ", ".join(f"{_mean_sd(group[k])} nats test CE {words}" if group.get(k) else f"not yet scored {words} "
+                     "at every seed" for k, words in METRICS)
 
 
 CHOOSE_SEEDS = 3   # the headlines choose among configurations published at this many seeds (a plan's rule's)
