@@ -248,7 +248,7 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     else:  # `score` samples: each position after the first `context` characters
         chunk = tokens if score == 0 else tokens[:score + context]
         physics = asdict(measured) if trained is not None else None
-        if write:   # named as the evaluation it becomes is (eval_file_name)
+        if write:   # named after the evaluation it becomes (eval_file_name)
             name = eval_file_name(dict(physical_overrides=physical, physical=physics,
                                        context_mode=context_mode if context_mode != trained_mode else None))
             progress = Progress.open(run_dir / progress_name(name), dict(

@@ -199,6 +199,38 @@ def _heartbeat_storage(optuna, url: str):
                                  **{arg: retry(max_retry=1)})
 
 
+@contextlib.contextmanager
+def _turns(path: Path):
+    """Hold an exclusive flock on `path` (made if missing, never through a link): processes take turns."""
+    fd = open_plain(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)   # released when fd closes
+        yield
+    finally:
+        os.close(fd)
+
+
+def _claim(out: Path, stamp: dict) -> bool:
+    """Make `out` a search folder (search.json), or check that it is one (check_search_folder: a folder of
+    the user's is refused, left as it was). Workers started together on a new folder take turns on its
+    .lock, so that none sees another's half-made folder. True when this call made the folder."""
+    if os.path.lexists(out) and (out.is_symlink() or not out.is_dir()):
+        check_search_folder(out)   # raises: not a directory
+    made = not os.path.lexists(out)
+    out.mkdir(parents=True, exist_ok=True)
+    had_lock = os.path.lexists(out / LOCK)
+    try:
+        with _turns(out / LOCK):
+            check_search_folder(out)   # never write trials.csv, best.json, ... over a folder of the user's
+            if not os.path.lexists(out / SEARCH_STAMP):
+                write_json(out / SEARCH_STAMP, stamp)
+    except ReslmError:
+        if not had_lock:
+            (out / LOCK).unlink(missing_ok=True)
+        raise
+    return made
+
+
 def _open_study(optuna, url: str, name: str):
     """Create or load the study. Workers started together on a new SQLite file would race to create its
     tables ("table ... already exists", "UNIQUE constraint failed"): they take turns on a flock beside it."""
@@ -207,9 +239,7 @@ def _open_study(optuna, url: str, name: str):
     with contextlib.ExitStack() as stack:
         try:
             if path and path != ":memory:":
-                fd = open_plain(Path(f"{path}.lock"), os.O_RDWR | os.O_CREAT, 0o644)   # never through a link
-                stack.callback(os.close, fd)
-                fcntl.flock(fd, fcntl.LOCK_EX)   # released when fd closes
+                stack.enter_context(_turns(Path(f"{path}.lock")))
             storage = _heartbeat_storage(optuna, url) if heartbeat else url
             return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
         except Exception as e:  # a bad storage URL, an unreadable database, a study of another direction
@@ -276,20 +306,18 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
         use_threads(tc.threads)
 
     out = Path(out)
-    check_search_folder(out)   # never write trials.csv, best.json, ... over a folder of the user's
-    made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    made = _claim(out, dict(family=family, reservoir=reservoir, optimizer=optimizer))
     url = storage or f"sqlite:///{(out / 'study.db').resolve()}"
     study_name = study_name or f"{family}-{reservoir}-{optimizer}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = _open_study(optuna, url, study_name)
     except ReslmError:
-        if made and not any(out.iterdir()):   # leave no empty output folder behind a bad --storage
+        if made and {p.name for p in out.iterdir()} <= {LOCK, SEARCH_STAMP}:   # no output folder left behind
+            for name in (SEARCH_STAMP, LOCK):                                  # a bad --storage
+                (out / name).unlink(missing_ok=True)
             out.rmdir()
         raise
-    if not os.path.lexists(out / SEARCH_STAMP):   # marks the folder as a search folder (check_search_folder)
-        write_json(out / SEARCH_STAMP, dict(family=family, reservoir=reservoir, optimizer=optimizer))
     # seeded by the worker and the trials already there, so resumed and parallel runs draw apart
     study.sampler = optuna.samplers.TPESampler(seed=child_seed(seed, SEARCH_KEY, worker, len(study.trials)) % 2**32)
     study.set_user_attr("setup", dict(family=family, reservoir=reservoir, optimizer=optimizer))

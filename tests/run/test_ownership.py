@@ -77,7 +77,7 @@ def test_search_refuses_a_folder_that_is_not_a_search_folder(chars, tmp_path, ca
     assert main(["search", "--out", str(out), "--trials", "1", "--size", "16", "--shard-chars", "1000",
                  "--data", str(chars.path), "--no-progress"]) == 2
     assert "not a search folder" in last_error(capsys)
-    assert snapshot(out) == before
+    assert snapshot(out) == before and not (out / ".lock").exists()
 
 
 def test_search_accepts_its_own_folders(tmp_path):
@@ -94,6 +94,23 @@ def test_search_accepts_its_own_folders(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ReslmError, match="not a directory"):
         check_search_folder(tmp_path / "afile")
+
+
+def test_workers_started_together_take_turns_claiming_a_new_search_folder(tmp_path):
+    """A worker that finds another one making the folder (its stamp's temp file there, its .lock held)
+    waits for it and joins the search, instead of refusing a folder that is not yet stamped."""
+    import threading
+    from reslm.search import _claim, _turns
+    out = tmp_path / "s"
+    out.mkdir()
+    joined = {}
+    with _turns(out / ".lock"):   # the first worker, half-way through its claim
+        (out / ".search.json.x.tmp").write_text('{"family": "rc"}')
+        second = threading.Thread(target=lambda: joined.update(made=_claim(out, {"family": "rc"})))
+        second.start()
+        (out / ".search.json.x.tmp").rename(out / "search.json")
+    second.join()
+    assert joined == {"made": False} and json.loads((out / "search.json").read_text()) == {"family": "rc"}
 
 
 @pytest.mark.parametrize("other,why", [("lr", "lr 0.001, not 0.003"), ("seed", "seed 1, not 0")])
