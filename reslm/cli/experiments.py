@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import textwrap
 from pathlib import Path
@@ -135,7 +136,7 @@ def cmd_reproduce(args):
     reproduce(args.budget, args.families, out, data=args.data, token_data=args.token_data,
               data_root=data_root(args), device=args.device, progress=not args.no_progress, cycles=args.cycles,
               context_mode=args.context_mode, presets=args.presets, state_dtype=args.state_dtype,
-              command="reslm " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else "")
+              command=shlex.join(["reslm", *sys.argv[1:]]) if sys.argv[1:2] == ["reproduce"] else "")
     print(write_reproduction(out))
 
 

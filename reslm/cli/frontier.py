@@ -12,9 +12,7 @@ from reslm.core.device import pick_device, usable_cores
 from reslm.core.errors import ReslmError
 from reslm.frontier import bench as fbench
 from reslm.frontier import bundled_plans, load_plan, plan_table, status_lines, write_plans_page
-from reslm.frontier.runner import pending, to_score
-from reslm.frontier.schedule import command_args, run_plans, score_args
-from reslm.models.identity import command as train_command
+from reslm.frontier.schedule import command_lines, run_plans
 RUN_DESCRIPTION = ("Train the plans' runs that are not done (plan by plan in the order given, each its screen "
                    "first, then its finalists' other seeds), resuming interrupted ones and skipping those another "
                    "process holds; publish each into --results as it finishes. Then each plan's chosen configuration "
@@ -50,25 +48,12 @@ def _plans(names: list[str]) -> list:
 def cmd_run(args):
     plans = _plans(args.plans)
     results, runs = _paths(args)
-    if args.commands:
-        waiting, seen = 0, set()
-        for plan in plans:
-            table = plan_table(plan, results, runs)
-            for e in pending(plan, table):
-                if (e.config.fingerprint, e.seed) in seen:   # a configuration two plans share: once
-                    continue
-                seen.add((e.config.fingerprint, e.seed))
-                line = "reslm " + " ".join(command_args(plan, e.name, results, runs, args.threads,
-                                                        data_root(args), args.device))
-                equivalent = train_command(e.config.run_config(e.seed), out=str(runs / e.name))
-                print(f"{line}   # = {equivalent} && reslm publish {runs / e.name} {results / e.name}")
-            for e in to_score(plan, table):   # the chosen configuration, on the paper's metric
-                if (e.config.fingerprint, e.seed, "score") not in seen:
-                    seen.add((e.config.fingerprint, e.seed, "score"))
-                    print("reslm " + " ".join(score_args(e.folder, args.threads, data_root(args), args.device)))
-            waiting += sum(e.state == "waiting" for e in table)
-        print(f"# {len(seen)} commands to run now" + (f"; {waiting} runs wait on the screen (print again when it is "
-                                                      "done)" if waiting else ""), file=sys.stderr)
+    if args.commands:   # every line built (and checked) before the first is printed
+        lines, waiting = command_lines(plans, results, runs, args.threads, data_root(args), args.device)
+        for line in lines:
+            print(line)
+        print(f"# {len(lines)} commands to run now" + (f"; {waiting} runs wait on the screen (print again when it is "
+                                                       "done)" if waiting else ""), file=sys.stderr)
         return
     say = (lambda msg: print(f"reslm frontier: {msg}", file=sys.stderr, flush=True))
     if args.device:

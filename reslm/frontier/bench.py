@@ -242,8 +242,9 @@ def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, su
         L.append(f"| {s} | `{d}` | {val if val is None else f'{val:.4f}'} | {test if test is None else f'{test:.4f}'} | "
                  f"{'-' if test is None else f'{test / LN2:.3f}'} | {m.get('train_seconds', 0) / 60:.1f} min |")
     seed = next(iter(runs))
-    again = (f"reslm frontier bench --reservoir {reservoir} " + " ".join(f"--import {s['path']}" for s in sources)
-             + f" --budget {budget} --seeds {seed} --out DIR") if sources else \
+    again = shlex.join(["reslm", "frontier", "bench", "--reservoir", reservoir,
+                        *[w for s in sources for w in ("--import", path_word(s["path"]))],
+                        "--budget", budget, "--seeds", str(seed), "--out", "DIR"]) if sources else \
         command(cfg.run_config(seed), out=str(runs[seed]))
     L += ["", "## Beside the references", "", table, "",
           "The references are published runs (results/), each the configuration its plan's rule chose on validation; "

@@ -5,6 +5,7 @@ those processes' command lines, for a cluster's scheduler (`reslm frontier run -
     run_plans(plans, results, runs, jobs=, minutes=)  every run the plans need now, then their choices scored
     command_args(plan, name, ...)                     the command that trains one run of a plan and publishes it
     score_args(folder, ...)                           the command that scores a published run on the paper's metric
+    command_lines(plans, results, runs, ...)          `--commands`: those commands as shell lines, each word quoted
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from pathlib import Path
 
 from reslm.core.device import usable_cores
 from reslm.core.errors import OutOfMemory, ReslmError
+from reslm.core.shell import path_word, shell_line
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Plan
 from reslm.frontier.runner import Entry, estimate, finished_names, pending, plan_table, run_one, to_score
+from reslm.models.identity import command_words
 
 # `reslm eval` flags that score a run on the paper's metric over the whole test shard, recorded in its folder
 SCORE_ARGS = ("--context-mode", "window", "--score", "0", "--write")
@@ -208,8 +211,8 @@ def _wait(proc: subprocess.Popen, until: float | None) -> str:
 def score_args(folder: Path, threads: int | None = None, data_root: Path | None = None,
                device: str | None = None) -> list[str]:
     """`eval RUN --context-mode window --score 0 --write ...`: the run scored on the paper's metric."""
-    return (["eval", str(folder), *SCORE_ARGS, "--json"] + (["--threads", str(threads)] if threads else [])
-            + (["--device", device] if device else []) + (["--root", str(data_root)] if data_root else []))
+    return (["eval", path_word(folder), *SCORE_ARGS, "--json"] + (["--threads", str(threads)] if threads else [])
+            + (["--device", device] if device else []) + (["--root", path_word(data_root)] if data_root else []))
 
 
 def _self_command(plan: Plan, name: str, results: Path, runs: Path, threads: int | None,
@@ -218,15 +221,41 @@ def _self_command(plan: Plan, name: str, results: Path, runs: Path, threads: int
             *(["--minutes", f"{minutes:.3f}"] if minutes is not None else [])]
 
 
+def command_lines(plans: list[Plan], results: Path, runs: Path, threads: int | None = None,
+                  data_root: Path | None = None, device: str | None = None) -> tuple[list[str], int]:
+    """`reslm frontier run --commands`: one shell line per job to run now, and how many runs wait on a screen.
+    A training line is `reslm frontier run PLAN --only NAME ...` with, after `#`, the `reslm train` and
+    `reslm publish` commands it amounts to; a scoring line is `reslm eval RUN ...`. Every word of every line
+    is quoted (reslm.core.shell.shell_line), so a path or value holding `$(...)`, `;` or a space is passed as
+    text; one holding a newline is refused before any line is returned. A configuration two plans share: once."""
+    lines, waiting, seen = [], 0, set()
+    for plan in plans:
+        table = plan_table(plan, results, runs)
+        for e in pending(plan, table):
+            if (e.config.fingerprint, e.seed) in seen:
+                continue
+            seen.add((e.config.fingerprint, e.seed))
+            line = shell_line(["reslm", *command_args(plan, e.name, results, runs, threads, data_root, device)])
+            train = shell_line(command_words(e.config.run_config(e.seed), out=str(runs / e.name)))
+            publish = shell_line(["reslm", "publish", path_word(runs / e.name), path_word(results / e.name)])
+            lines.append(f"{line}   # = {train} && {publish}")
+        for e in to_score(plan, table):   # the chosen configuration, on the paper's metric
+            if (e.config.fingerprint, e.seed, "score") not in seen:
+                seen.add((e.config.fingerprint, e.seed, "score"))
+                lines.append(shell_line(["reslm", *score_args(e.folder, threads, data_root, device)]))
+        waiting += sum(e.state == "waiting" for e in table)
+    return lines, waiting
+
+
 def command_args(plan: Plan, name: str, results: Path, runs: Path, threads: int | None = None,
                  data_root: Path | None = None, device: str | None = None) -> list[str]:
     """`frontier run PLAN --only NAME ...`: one run of the plan, self-contained (trains or continues it,
     then publishes it; skips it when done or held by another process)."""
     shipped = Path(plan.path).resolve() == (BUNDLED / f"{plan.name}.toml").resolve()
-    args = ["frontier", "run", plan.name if shipped else str(plan.path), "--only", name, "--results", str(results), "--runs", str(runs),
-            "--no-progress"]
+    args = ["frontier", "run", plan.name if shipped else path_word(plan.path), "--only", name,
+            "--results", path_word(results), "--runs", path_word(runs), "--no-progress"]
     return (args + (["--threads", str(threads)] if threads else []) + (["--device", device] if device else [])
-            + (["--root", str(data_root)] if data_root else []))
+            + (["--root", path_word(data_root)] if data_root else []))
 
 
-__all__ = ["SCORE_ARGS", "command_args", "run_plan", "run_plans", "score_args"]
+__all__ = ["SCORE_ARGS", "command_args", "command_lines", "run_plan", "run_plans", "score_args"]

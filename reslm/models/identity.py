@@ -13,7 +13,7 @@ that field's default today, so an old run compares as the configuration it was.
     fingerprint(cfg)       8 hex digits over the configuration (seed aside)
     run_name(cfg, label)   the folder name of a new run: STEM[-LABEL]-FINGERPRINT-sSEED
     name_problem(name, cfg)  why a folder's name does not describe its config (None when it does)
-    command(cfg)           a `reslm train` command line that makes the run
+    command(cfg)           a `reslm train` command line that makes the run (command_words: its words)
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import shlex
 from dataclasses import asdict
 
 from reslm.core.errors import ReslmError
+from reslm.core.shell import path_word
 from reslm.models import PRESETS, complete_fields, family, make_config
 from reslm.models.base import config_dict
 from reslm.settings import TrainConfig, field_roles
@@ -231,7 +232,12 @@ def _flag(name: str, value) -> list[str]:
 
 
 def command(cfg: dict, *, out: str | None = None, extra: dict | None = None) -> str:
-    """A `reslm train` command line that makes the run of `cfg`: its preset (or family), the identity
+    """A `reslm train` command line that makes the run of `cfg` (command_words, each word shell-quoted)."""
+    return " ".join(shlex.quote(a) for a in command_words(cfg, out=out, extra=extra))
+
+
+def command_words(cfg: dict, *, out: str | None = None, extra: dict | None = None) -> list[str]:
+    """The words of a `reslm train` command that makes the run of `cfg`: its preset (or family), the identity
     fields that differ from the preset's defaults (delta), its dataset and seed, then `extra` flags
     (given whatever their value: threads, or an optimizer named even at its default) and --out."""
     d = delta(cfg)
@@ -246,9 +252,9 @@ def command(cfg: dict, *, out: str | None = None, extra: dict | None = None) -> 
     args += ["--seed", str(seed_of(cfg))] if seed_of(cfg) else []
     for k, v in (extra or {}).items():
         args += _flag(k, v)
-    args += ["--out", out] if out else []
-    return " ".join(shlex.quote(a) for a in args)
+    args += ["--out", path_word(out)] if out else []
+    return args
 
 
-__all__ = ["command", "delta", "describe", "same_run_problem", "fingerprint", "identity", "model_defaults", "name_problem", "paper_base",
+__all__ = ["command", "command_words", "delta", "describe", "same_run_problem", "fingerprint", "identity", "model_defaults", "name_problem", "paper_base",
            "recipe", "run_name", "seed_of", "train_defaults"]

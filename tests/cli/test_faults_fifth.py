@@ -1,0 +1,117 @@
+"""The fifth fault probe (issue 72), each case refused with one line or made safe: the command lines
+`reslm frontier run --commands` prints are pasted into bash with hostile arguments (a stub `reslm` records
+what each line asked for, so nothing trains and anything injected would show as a PWNED file)."""
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reslm.cli import main
+from reslm.frontier import load_plan
+from reslm.frontier import schedule as fschedule
+from reslm.frontier.schedule import command_args, score_args
+
+PLAN = """
+[base]
+label = "b"
+family = "rc"
+data = "tiny"
+model = { size = 30, streams = 8 }
+train = { batch_size = 64, epochs_per_shard = 1, epoch_samples = 128, lr = 3e-3, val_fraction = 0.2, eval_samples = 100 }
+
+[rule]
+seeds = [0, 1]
+"""
+
+
+def one_error(capsys) -> str:
+    out = capsys.readouterr()
+    lines = [line for line in out.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("reslm: error: ") and "Traceback" not in out.err, out.err
+    assert not out.out.strip(), out.out   # nothing printed for a shell
+    return lines[0]
+
+
+def stub_bin(tmp_path: Path) -> tuple[Path, Path]:
+    """A folder holding a `reslm` that only records its arguments, one JSON list a line, in the calls file."""
+    folder, calls = tmp_path / "stub-bin", tmp_path / "calls.jsonl"
+    folder.mkdir()
+    (folder / "reslm").write_text(f"#!{sys.executable}\nimport json, sys\n"
+                                  f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    (folder / "reslm").chmod(0o755)
+    return folder, calls
+
+
+def paste(lines: list[str], tmp_path: Path) -> list[list[str]]:
+    """Run the lines as bash runs a pasted script (PATH: the stub first, then the system's `touch` & co.);
+    returns the argument lists the stub `reslm` was called with."""
+    folder, calls = stub_bin(tmp_path) if not (tmp_path / "stub-bin").exists() else (tmp_path / "stub-bin",
+                                                                                      tmp_path / "calls.jsonl")
+    calls.unlink(missing_ok=True)
+    for line in lines:
+        assert subprocess.run(["bash", "-n", "-c", line]).returncode == 0, line   # each line parses alone
+    subprocess.run(["bash", "-c", "\n".join(lines)], cwd=tmp_path,
+                   env={"PATH": f"{folder}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert not pwned(tmp_path), "a pasted line ran a command of its own"
+    return [json.loads(c) for c in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def pwned(tmp_path: Path) -> list[Path]:
+    return [p for p in tmp_path.rglob("*") if p.name.startswith("PWNED")]
+
+
+def test_printed_commands_are_safe_to_paste_and_still_work(tmp_path, chars, monkeypatch, capsys):
+    """Hostile plan path, --results, --runs and --root: pasted into bash nothing is run but reslm, each with
+    exactly its arguments; the `# = reslm train ... && reslm publish ...` part too; and a line run for real
+    trains and publishes into the hostile folders."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my plans").mkdir()
+    plan = Path("my plans") / "x$(touch PWNED-plan).toml"
+    plan.write_text(textwrap.dedent(PLAN))
+    results, runs, root = "-r;touch PWNED-results;", "u$(touch PWNED-runs)", "d`touch PWNED-root` x"
+    shutil.copytree(chars.path, Path(root) / chars.path.name)
+    argv = ["frontier", "run", str(plan), "--commands", f"--results={results}", "--runs", runs, "--root", root,
+            "--threads", "1"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    p = load_plan(plan)
+    names = [p.base.name(0), p.base.name(1)]
+    want = [command_args(p, n, Path(results), Path(runs), 1, Path(root)) for n in names]
+    assert len(lines) == 2 and paste(lines, tmp_path) == want and not pwned(tmp_path)
+    assert want[0][want[0].index("--results") + 1] == f"./{results}"   # never read as a flag
+    # what each line amounts to, after `#`: `reslm train ... && reslm publish RUN RESULT`, as safe
+    said = paste([line.split("   # = ", 1)[1] for line in lines], tmp_path)
+    assert [c[0] for c in said] == ["train", "publish"] * 2 and not pwned(tmp_path)
+    assert said[1] == ["publish", str(Path(runs) / names[0]), f"./{results}/{names[0]}"]
+    assert said[0][said[0].index("--out") + 1] == str(Path(runs) / names[0])
+    # the first line, run for real, trains and publishes that run into the hostile folders
+    assert main(want[0]) == 0
+    assert (Path(results) / names[0] / "manifest.json").is_file() and not pwned(tmp_path)
+    # a scoring line (`reslm eval RUN ...`) for the published run, pasted: as safe
+    monkeypatch.setattr(fschedule, "to_score", lambda plan, table: [e for e in table if e.state == "done"])
+    capsys.readouterr()
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert paste(lines, tmp_path) == [want[1], score_args(Path(results) / names[0], 1, Path(root))]
+    assert not pwned(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["plan", "--results", "--runs", "--root"])
+def test_a_newline_in_a_printed_argument_is_refused(tmp_path, monkeypatch, capsys, where):
+    """A newline would end the line a scheduler reads and the `#` comment after it: one line, nothing printed."""
+    monkeypatch.chdir(tmp_path)
+    hostile = "x\ntouch PWNED"
+    plan = Path(f"{hostile}.toml" if where == "plan" else "p.toml")
+    plan.write_text(textwrap.dedent(PLAN))
+    argv = ["frontier", "run", str(plan), "--commands"] + ([where, hostile] if where != "plan" else [])
+    assert main(argv) == 2
+    line = one_error(capsys)
+    assert "newline" in line and (where == "plan" or f"the value of {where}" in line)
+    assert not pwned(tmp_path)
