@@ -16,6 +16,7 @@ SOLVERS = ("ridge", "lbfgs")               # rc readouts fitted in one solve (re
 OPTIMIZERS = ("adam", "adamw", *SOLVERS)
 SCHEDULES = ("constant", "cosine")
 COMPILES = ("auto", "on", "off")           # whether the training forward is compiled (reslm.train.compiled)
+WINDOW_STEPS = ("auto", "fused", "plain")  # the window transformer's CPU step (reslm.models.window_kernel)
 VAL_SPLITS = ("tails", "groups")           # how --val-fraction carves the validation split (val_split)
 TEST_EVERY = ("evaluation", "shard")       # which evaluations of a run with a validation split score the test shard
 
@@ -82,6 +83,7 @@ class TrainConfig:
     precision: str = field(default="auto", metadata=_RESOURCE)  # auto | fp32 | bf16 | fp16
     threads: int = field(default=0, metadata=_RESOURCE)  # torch CPU threads, at most the machine's cores; 0 = torch's default
     compile: str = field(default="auto", metadata=_RESOURCE)  # auto | on | off: torch.compile the training forward (auto: on CUDA, for the character transformer; reslm.train.compiled)
+    window_step: str = field(default="auto", metadata=_RESOURCE)  # auto | fused | plain: the window transformer's step on a CPU in fp32 (auto: the fused C kernel where it builds, else plain; reslm.models.window_kernel)
     ema: float = 0.0                # decay of an EMA of the weights (reslm.train.ema) used for evaluation and the saved model; 0 = off
 
     @classmethod
@@ -160,7 +162,7 @@ class TrainConfig:
         if not 0 <= self.min_lr_frac <= 1:
             raise ReslmError(f"min_lr_frac must be in [0, 1], got {self.min_lr_frac}")
         for name, allowed in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("precision", PRECISIONS),
-                              ("compile", COMPILES)):
+                              ("compile", COMPILES), ("window_step", WINDOW_STEPS)):
             if getattr(self, name) not in allowed:
                 raise ReslmError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.state_dtype != "auto":

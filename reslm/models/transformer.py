@@ -61,6 +61,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from reslm.core.errors import ReslmError
+from reslm.models import window_kernel
 from reslm.models.base import WindowFeatures, check_positive, next_token_loss
 
 
@@ -253,6 +254,7 @@ class CharTransformer(nn.Module):
     family = "tf"
     compilable = True     # TrainConfig.compile "auto" compiles its training forward on CUDA (reslm.train.compiled)
     cpu_eval_batch = 64   # windows per evaluation forward on CPU (reslm.features.eval_batch_size)
+    window_step = "auto"  # TrainConfig.window_step: "auto" takes the fused kernel where it applies, "plain" never
 
     def __init__(self, cfg: TransformerConfig | None = None):
         super().__init__()
@@ -303,6 +305,8 @@ class CharTransformer(nn.Module):
         B, T = x.shape
         if T > self.config.context:
             raise ReslmError(f"window of {T} tokens is longer than the context ({self.config.context})")
+        if self.window_step != "plain" and window_kernel.applies(self, x):
+            return window_kernel.fused_forward(self, x, targets)
         return self._forward(x, targets, dropout, False)
 
     def _forward(self, x, targets, drop, pointwise: bool):

@@ -28,14 +28,15 @@ def _torch_save(state: dict, path: Path) -> None:
 
 # what a checkpoint holds besides the training state: the identity of its run and its checksum
 RUN_KEY, CHECKSUM = "run", "checksum"
-# training fields that do not make a run another run: where it runs (device, precision, threads) and its number
-# of cycles, which grow_cycles raises in config.json under an existing checkpoint
-_NOT_IDENTITY = ("device", "precision", "threads", "cycles")
+# training fields that do not make a run another run: where it runs (device, precision, threads), which
+# window step computes the transformer (window_step: the same model either way), and its number of cycles,
+# which grow_cycles raises in config.json under an existing checkpoint
+_NOT_IDENTITY = ("device", "precision", "threads", "window_step", "cycles")
 
 
 def run_identity(cfg: dict) -> dict:
     """What names the run a checkpoint belongs to: family, model fields, training fields (not where it
-    runs: device, precision, threads; not cycles, which a run may grow), the seed and the dataset
+    runs: device, precision, threads, window_step; not cycles, which a run may grow), the seed and the dataset
     fingerprint of its config.json, and `key`, a sha256 over all of them. Labels (preset, versions)
     and the dataset's path are not part of it."""
     data = cfg.get("data") or {}

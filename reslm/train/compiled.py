@@ -1,4 +1,6 @@
-"""The compiled training forward: `torch.compile` of a model's `forward_features` (TrainConfig.compile).
+"""The training forward: `torch.compile` of a model's `forward_features` (TrainConfig.compile), and the
+character transformer's window step on a CPU (TrainConfig.window_step: the fused C kernel of
+reslm.models.window_kernel, or the plain torch path).
 
 A small model's training step on a GPU is bound by kernel launches, not by arithmetic (a tf-64-4-4
 step is a few hundred kernels of a few microseconds each). `torch.compile(mode="reduce-overhead")`
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import torch
 
+from reslm.core.errors import ReslmError
 from reslm.core.progress import say
+from reslm.models import window_kernel
 
 
 def wants_compile(model, compile_: str, device: torch.device) -> bool:
@@ -38,6 +42,8 @@ def compiled_forward(model, compile_: str, device: torch.device, *, backend: str
     forward = model.forward_features
     if not wants_compile(model, compile_, device):
         return forward
+    if hasattr(model, "window_step"):
+        model.window_step = "plain"   # what is compiled is the plain torch path
     import torch._inductor.config as inductor
 
     inductor.fallback_random = True   # dropout draws what the plain step draws
@@ -46,3 +52,37 @@ def compiled_forward(model, compile_: str, device: torch.device, *, backend: str
          f"{', mode ' + mode if mode else ''}; --compile off trains the plain one)",
         enabled=announce)
     return torch.compile(forward, backend=backend or "inductor", mode=mode)
+
+
+def choose_window_step(model, window_step: str, compile_: str, device: torch.device, precision: str, *,
+                       announce: bool = True) -> str:
+    """Set which step the character transformer's window mode takes (`model.window_step`) and return it:
+    "fused" (reslm.models.window_kernel: a float32 CPU step, compiled here by the C compiler) or
+    "plain". `window_step` "auto" takes the fused step where it applies (CPU, fp32, window mode, no
+    torch.compile, a C compiler), "fused" requires it (ReslmError saying why not), "plain" never takes
+    it. Other models have no window step: "fused" is refused for them, "auto" and "plain" change nothing."""
+    if not hasattr(model, "window_step"):
+        if window_step == "fused":
+            raise ReslmError("--window-step fused is the character transformer's (family tf) window step")
+        return "plain"
+    why = None
+    if model.config.context_mode != "window":
+        why = "the fused step is for window mode"
+    elif device.type != "cpu":
+        why = f"the fused step runs on a CPU, not {device.type}"
+    elif precision != "fp32":
+        why = f"the fused step computes in fp32, the run in {precision}"
+    elif wants_compile(model, compile_, device):
+        why = "the training forward is compiled"
+    else:
+        ok, why = window_kernel.status(model.config)
+        why = None if ok else why
+    if window_step == "fused" and why:
+        raise ReslmError(f"--window-step fused: {why}")
+    chosen = "plain" if window_step == "plain" or why else "fused"
+    model.window_step = "auto" if chosen == "fused" else "plain"
+    if model.config.context_mode == "window":
+        say(f"reslm: window step {chosen}" + (f" ({why})" if why and window_step != "plain" else
+                                              " (C kernel, -march=native)" if chosen == "fused" else ""),
+            enabled=announce)
+    return chosen

@@ -52,7 +52,7 @@ from reslm.run import (SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_r
 from reslm.run.registry import only_trainable, with_fixed
 from reslm.settings import TrainConfig
 from reslm.train.batches import step_seed
-from reslm.train.compiled import compiled_forward
+from reslm.train.compiled import choose_window_step, compiled_forward
 from reslm.train.evaluation import HeldoutLoss
 from reslm.train.config import CHECKPOINT_SECONDS, STATES, sampler_for
 from reslm.train.ema import EMA, checkpoint_weights
@@ -223,6 +223,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
         ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=bool(getattr(model, "has_unused_parameters", False)))
+    choose_window_step(model, tc.window_step, tc.compile, device, precision, announce=main)
     forward = ddp if ddp is not None else compiled_forward(model, tc.compile, device, announce=main)
     end = source.total if stop_at is None else max(0, min(source.total, stop_at))
     evals = set(source.eval_points) | {end}

@@ -11,7 +11,9 @@ from reslm.settings import TrainConfig
 
 
 def _tiny(dropout=0.1):
-    return build_model("tf", embed_dim=8, ff_dim=16, n_heads=2, n_layers=1, context=8, dropout=dropout)
+    model = build_model("tf", embed_dim=8, ff_dim=16, n_heads=2, n_layers=1, context=8, dropout=dropout)
+    model.window_step = "plain"   # the compiled forward is the plain one's (the fused step: test_window_kernel)
+    return model
 
 
 def test_auto_compiles_only_a_compilable_model_on_cuda():

@@ -1,0 +1,179 @@
+"""The character transformer's fused window step on a CPU (TrainConfig.window_step, "fused").
+
+In window mode (the paper's protocol: one target per 32-character window) every window goes through
+all layers on its own, and the plain torch step spends most of its time on memory passes over
+(B, h, T, T) attention tensors, dropout masks and reshapes around matrices of inner dimension 16
+(docs/transformer-speed.md). kernels/window_transformer.c computes the same layers one window at a
+time, with the window's whole layer in the cache, in parallel over the batch (OpenMP, torch's thread
+count): the forward keeps each layer's input only, the backward recomputes each layer from it and
+differentiates it.
+
+Same model, same parameters, same checkpoints: the layers' weights are packed into one vector per
+step (a differentiable `torch.cat`, so autograd hands each parameter its gradient), the embedding,
+the positional encoding, the head and the loss stay in torch. What differs from the plain path is
+where dropout's randomness comes from: a mask element is a 32-bit hash of its index in the plain
+path's tensor of that site under a seed pair per (layer, site) drawn from torch's generator each step
+(`draw_seeds`; torch.manual_seed still decides every mask), so the backward regenerates masks instead
+of storing them. `HashedDropout` gives the plain path the very same masks (tests compare gradients
+through it), and `hashed_drop_mask` is the reference of the hash.
+
+The fused step applies to a float32 CPU forward of full windows (T = context) in window mode, in
+training and evaluation; anything else (CUDA, bf16 autocast, the causal mode, a shorter window, no C
+compiler) runs the plain path. `status(cfg)` says which and why.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from pathlib import Path
+
+import torch
+
+from reslm.core import native
+from reslm.core.errors import OutOfMemory, ReslmError
+from reslm.models.base import next_token_loss
+
+SOURCE = Path(__file__).with_name("kernels") / "window_transformer.c"
+DROPOUT_SITES = 4   # dropout calls per layer: attention weights, attention out, ff hidden, ff out
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of int32 values (xorshift-multiply rounds; products wrap modulo 2^32, the
+    right shifts are made logical by masking); the kernel's mix32 on uint32, bit for bit."""
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * 0x7FEB352D
+    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x * 0x2C1B3C6D
+    return x ^ ((x >> 16) & 0xFFFF)
+
+
+def hashed_drop_mask(shape: torch.Size, p: float, seed: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Bool tensor, True where an element is DROPPED (probability round(p * 2^32) / 2^32): the hash of
+    the element's flat index i, mix32((i ^ seed[1]) * (seed[0] | 1)), under the site's seed pair
+    (int32 tensor of shape (2,)). The seed picks an odd multiplier and an xor of the index, so masks
+    under different seeds are not shifted copies of each other."""
+    n = math.prod(shape)
+    if n >= 2**31:
+        raise ReslmError(f"hashed dropout numbers elements in int32; a tensor of {n} elements is too large")
+    i = torch.arange(n, dtype=torch.int32, device=device).view(shape)
+    h = mix32((i ^ seed[1]) * (seed[0] | 1))
+    return h < -2**31 + round(p * 2**32)
+
+
+class HashedDropout:
+    """dropout(x, p, training) for the plain path (CharTransformer._forward's `drop`) with the masks of
+    the fused kernel: call c uses the seed pair seeds[c] ((n_layers * DROPOUT_SITES, 2) int32, from
+    `draw_seeds`); like reslm.models.transformer.dropout, no 1/(1-p) rescaling."""
+
+    def __init__(self, seeds: torch.Tensor | None):
+        self.seeds, self.used = seeds, 0
+
+    def __call__(self, x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+        if not training or p == 0.0:
+            return x
+        seed = self.seeds[self.used]
+        self.used += 1
+        return torch.where(hashed_drop_mask(x.shape, p, seed, x.device), 0.0, x)
+
+
+def draw_seeds(n_layers: int) -> torch.Tensor:
+    """One step's dropout seed pairs, (n_layers * DROPOUT_SITES, 2) int32, from torch's global generator."""
+    return torch.randint(-2**31, 2**31, (n_layers * DROPOUT_SITES, 2), dtype=torch.int64).to(torch.int32)
+
+
+def _macros(cfg) -> tuple[tuple[str, int], ...]:
+    return (("D", cfg.embed_dim), ("T", cfg.context), ("H", cfg.n_heads), ("F", cfg.ff_dim), ("L", cfg.n_layers))
+
+
+def library(cfg) -> ctypes.CDLL | None:
+    """The kernel compiled for this configuration's sizes (cached), or None where it cannot be built."""
+    lib = native.build(SOURCE, _macros(cfg))
+    if lib is not None and not getattr(lib, "_reslm_typed", False):
+        p, i64, i32, dbl = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
+        lib.reslm_window_forward.argtypes = [i64, p, p, p, dbl, i32, i32, p, p]
+        lib.reslm_window_backward.argtypes = [i64, p, p, p, p, dbl, i32, i32, p, p]
+        lib.reslm_window_forward.restype = lib.reslm_window_backward.restype = i32
+        lib.reslm_params_per_layer.restype = i32
+        lib._reslm_typed = True
+    return lib
+
+
+def status(cfg) -> tuple[bool, str]:
+    """(whether the fused step can run for this configuration here, why not / what runs)."""
+    if cfg.context_mode != "window":
+        return False, "the fused step is for window mode"
+    if library(cfg) is None:
+        return False, native.why_not(SOURCE) or "the kernel did not build"
+    return True, f"fused window step ({native.compiler()}, -march=native)"
+
+
+def applies(model, x: torch.Tensor) -> bool:
+    """Whether `model`'s forward on windows `x` can take the fused step: float32 on a CPU, no autocast,
+    full windows in window mode, and a kernel built for its sizes."""
+    cfg = model.config
+    return (x.device.type == "cpu" and x.dim() == 2 and x.shape[1] == cfg.context and cfg.context_mode == "window"
+            and not torch.is_autocast_enabled("cpu") and model.embed.weight.dtype == torch.float32
+            and library(cfg) is not None)
+
+
+def _packed(model) -> torch.Tensor:
+    """The layers' parameters in the kernel's order (differentiable: gradients flow to each)."""
+    parts = []
+    for layer in model.layers:
+        att = layer.self_attn
+        parts += [att.in_proj_weight, att.in_proj_bias, att.out_proj.weight, att.out_proj.bias,
+                  layer.linear1.weight, layer.linear1.bias, layer.linear2.weight, layer.linear2.bias,
+                  layer.norm1.weight, layer.norm1.bias, layer.norm2.weight, layer.norm2.bias]
+    return torch.cat([t.reshape(-1) for t in parts])
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+class _WindowStack(torch.autograd.Function):
+    """x0 (B, T, d), packed layer parameters -> the last layer's output at the last position (B, d)."""
+
+    @staticmethod
+    def forward(ctx, x0, packed, lib, seeds, p, train, threads):
+        x0, packed = x0.contiguous(), packed.contiguous()
+        B, T, d = x0.shape
+        L = packed.numel() // lib.reslm_params_per_layer()
+        saved = torch.empty(B, L, T, d) if train or x0.requires_grad or packed.requires_grad else None
+        y = torch.empty(B, d)
+        seeds = seeds.contiguous()
+        if lib.reslm_window_forward(B, _ptr(x0), _ptr(packed), _ptr(seeds), p, int(train), threads,
+                                    _ptr(saved) if saved is not None else None, _ptr(y)):
+            raise OutOfMemory("the fused window step could not allocate its workspace")
+        ctx.lib, ctx.p, ctx.train, ctx.threads = lib, p, train, threads
+        ctx.save_for_backward(saved if saved is not None else torch.empty(0), packed, seeds)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved, packed, seeds = ctx.saved_tensors
+        B, L, T, d = saved.shape
+        dx0 = torch.empty(B, T, d)
+        grads = torch.zeros(ctx.threads, packed.numel())
+        if ctx.lib.reslm_window_backward(B, _ptr(saved), _ptr(dy.contiguous().float()), _ptr(packed), _ptr(seeds),
+                                         ctx.p, int(ctx.train), ctx.threads, _ptr(dx0), _ptr(grads)):
+            raise OutOfMemory("the fused window step could not allocate its workspace")
+        return dx0, grads.sum(0), None, None, None, None, None
+
+
+def fused_forward(model, x: torch.Tensor, targets: torch.Tensor | None = None, seeds: torch.Tensor | None = None):
+    """model.forward_features(x, targets) through the kernel: (logits (B, 1, V), loss). In training with
+    dropout the masks come from `seeds` (default: `draw_seeds`, from torch's generator); in eval mode
+    the logits equal the plain path's up to float rounding."""
+    lib = library(model.config)
+    if lib is None:
+        raise ReslmError(f"the fused window step is not available here: {native.why_not(SOURCE)}")
+    p = float(model.config.dropout)
+    train = bool(model.training and p > 0)
+    if seeds is None:
+        seeds = draw_seeds(len(model.layers)) if train else torch.zeros(len(model.layers) * DROPOUT_SITES, 2,
+                                                                        dtype=torch.int32)
+    x0 = model.embed(x) + model.pe[:x.shape[1]]
+    h = _WindowStack.apply(x0, _packed(model), lib, seeds, p, train, torch.get_num_threads())
+    logits = model.head(h[:, None, :])
+    return logits, next_token_loss(logits, targets)
