@@ -77,6 +77,9 @@ SPACE = {  # substrate: (its own knobs, through reservoir_options; model knobs i
     "delay": ({"eta": (0.05, 1.5, False), "node_coupling": (0.05, 1.0, False), "p": (0.5, 4.0, True)}, {}),
     "gru": ({"gate_scaling": (0.1, 4.0, True), "update_bias": (-3.0, 3.0, False)}, {}),
     "poly": ({}, {}),   # products stays a given option (default half the size): its range depends on --size
+    "es2n": ({"beta": (0.005, 1.0, True)}, {"leak_rate": None}),   # beta mixes; the leak stays 1
+    "legendre": ({"theta": (2.0, 1024.0, True)}, {}),   # order follows from --size (size = embed_dim x order)
+    "composite": ({}, {"leak_rate": None}),   # the knobs go to every part that has them; parts is a given option
 }
 
 

@@ -37,9 +37,12 @@ seed from their own fields and the rest through `reservoir_options` ("key=value,
                                             monomials], no recurrence; k, input_scaling; size must be
                                             1 + k d + k d (k d + 1) / 2
     diagonal  diagonal.py  DiagonalConfig   linear complex-diagonal reservoir, |lambda| ~ U(r_min,
-                                            spectral_radius), arg ~ U(0, pi), chunked log-depth scan
-                                            over time: r_min, input_scaling, nonlinear (+ tanh(M x)
-                                            features), mix_scaling, chunk (0 = auto: loop on CPU)
+                                            spectral_radius) or exp(-1/tau) with tau log-uniform in
+                                            [tau_min, tau_max] characters, arg ~ U(0, angle_max),
+                                            chunked log-depth scan over time: r_min, input_scaling,
+                                            normalize (the LRU's sqrt(1 - |lambda|^2) input gain),
+                                            nonlinear (+ tanh(M x) features), mix_scaling, chunk (0 =
+                                            auto: loop on CPU)
     delay     delay.py     DelayConfig      one Mackey-Glass / Ikeda node with delayed feedback, N
                                             virtual nodes: eta, node_coupling, nonlinearity, p, phi,
                                             mask, input_scaling (gamma)
@@ -50,6 +53,16 @@ seed from their own fields and the rest through `reservoir_options` ("key=value,
                                             spectral_radius (the candidate's W_hn, the ESN's W),
                                             radius_norm, input_scaling, input_init, bias_scaling,
                                             gate_scaling, update_bias, dtype
+    es2n      es2n.py      ES2NConfig       edge-of-stability ESN: x = beta tanh(W x + W_in u + b) +
+                                            (1 - beta) O x, O fixed orthogonal: beta, orthogonal
+                                            (random | cycle | identity), and the ESN's knobs
+    legendre  legendre.py  LegendreConfig   the LMU's Legendre delay memory (fixed, linear, ZOH) of
+                                            each input dimension, a Toeplitz-chunked scan: theta
+                                            (window in characters), order (size = input_dim x order),
+                                            input_scaling, normalize, chunk
+    composite composite.py CompositeConfig  registered substrates side by side in one state: parts
+                                            (e.g. esn:1500(input_init=normal)+legendre(theta=64)),
+                                            each part seeded from its own child key
     recorded  recorded.py  RecordedConfig   states a physical device measured, replayed from a file
                                             (`reslm substrate import`): path; size and embed_dim come
                                             from the file; stream context only, cannot generate
@@ -81,11 +94,16 @@ from reslm.reservoir.gru import FrozenGRU, GRUConfig
 from reslm.reservoir.poly import PolyESN, PolyESNConfig
 from reslm.reservoir.options import parse_options
 from reslm.reservoir.recorded import RecordedConfig, RecordedReservoir
+from reslm.reservoir.es2n import ES2N, ES2NConfig
+from reslm.reservoir.legendre import LegendreConfig, LegendreMemory
+from reslm.reservoir.composite import Composite, CompositeConfig
+from reslm.reservoir.registry import RESERVOIRS
 
-RESERVOIRS = {"esn": (ESNConfig, ESN), "leaky": (LeakyESNConfig, LeakyESN), "deep": (DeepESNConfig, DeepESN),
+RESERVOIRS.update({"esn": (ESNConfig, ESN), "leaky": (LeakyESNConfig, LeakyESN), "deep": (DeepESNConfig, DeepESN),
               "parallel": (ParallelESNConfig, ParallelESN), "nvar": (NVARConfig, NVAR), "diagonal": (DiagonalConfig, DiagonalReservoir),
               "delay": (DelayConfig, DelayReservoir), "gru": (GRUConfig, FrozenGRU), "poly": (PolyESNConfig, PolyESN),
-              "recorded": (RecordedConfig, RecordedReservoir)}
+              "es2n": (ES2NConfig, ES2N), "legendre": (LegendreConfig, LegendreMemory),
+              "composite": (CompositeConfig, Composite), "recorded": (RecordedConfig, RecordedReservoir)})
 
 def model_radii(model) -> dict[str, float]:
     """{radius name: radius} of every reservoir matrix of `model` that was scaled to a radius."""
@@ -96,4 +114,5 @@ __all__ = ["Reservoir", "ReservoirConfig", "ReservoirKnobs", "KNOBS", "ESN", "ES
            "scale_spectral_radius", "scale_radius", "random_sparse", "recorded_radii", "remember_radii", "model_radii", "tanh_recurrence", "child_seed",
            "generator", "LeakyESN", "LeakyESNConfig", "DeepESN", "DeepESNConfig", "ParallelESN", "ParallelESNConfig", "NVAR", "NVARConfig",
            "DiagonalReservoir", "DiagonalConfig", "DelayReservoir", "DelayConfig", "FrozenGRU", "GRUConfig", "PolyESN", "PolyESNConfig", "RecordedConfig",
-           "RecordedReservoir", "parse_options"]
+           "RecordedReservoir", "parse_options", "ES2N", "ES2NConfig", "LegendreMemory", "LegendreConfig", "Composite",
+           "CompositeConfig"]

@@ -2,7 +2,9 @@
 parallel over time (the linear recurrent units of S4D / LRU, left untrained).
 
     h_t = lambda * h_{t-1} + B u_t              h, lambda, B u complex, K units, elementwise
-    lambda_j = r_j e^{i theta_j},  r_j ~ U(r_min, spectral_radius),  theta_j ~ U(0, pi)
+    lambda_j = r_j e^{i theta_j},  r_j ~ U(r_min, spectral_radius),  theta_j ~ U(0, angle_max)
+    or, with timescales (tau_min, tau_max > 0, in steps, i.e. characters):
+             r_j = exp(-1 / tau_j),  log tau_j ~ U(log tau_min, log tau_max)   (spectral_radius, r_min unused)
     x_t = (Re h_1, Im h_1, ..., Re h_K, Im h_K)                          (2K,) real
     state_t = x_t                                   nonlinear = False: N = 2K
     state_t = [x_t, tanh(M x_t)]                    nonlinear = True: K = N // 4, M (N - 2K, 2K) fixed
@@ -10,7 +12,11 @@ parallel over time (the linear recurrent units of S4D / LRU, left untrained).
 A real linear system with eigenvalues lambda_j and their conjugates has exactly these states up to
 a fixed change of basis, so the conjugates are implied. B has U(-1, 1) real and imaginary parts times
 input_scaling (/ sqrt(d) if input_scale_by_dim); M has N(0, 1) entries times mix_scaling / sqrt(2K).
-Seeding keys: 0 the eigenvalues (radii, then angles), 1 B, 2 M.
+normalize multiplies unit j's row of B by sqrt(1 - r_j^2) (the LRU's normalisation), so that every unit's
+stationary variance for a white input is that of its input term, whatever its timescale (a unit with
+tau = 512 would otherwise be 16 times louder than one with tau = 1). The defaults (no timescales, no
+normalisation, angles up to pi) are the substrate as it always was.
+Seeding keys: 0 the eigenvalues (radii or timescales, then angles), 1 B, 2 M.
 
 Scan: the sequence is cut into chunks of `chunk` steps; the carried state enters a chunk through its
 first input (v_0 += lambda h_prev), then a log-depth (Hillis-Steele) scan runs over the chunk:
@@ -50,6 +56,10 @@ class DiagonalConfig(ReservoirConfig):
     nonlinear: bool = False         # append tanh(M x) features of a fixed random M (then K = N // 4)
     mix_scaling: float = 1.0        # nonlinear: M ~ N(0, 1) * mix_scaling / sqrt(2K)
     chunk: int = 0                  # scan chunk length in steps: 1 = the sequential loop; 0 = auto (1 on CPU, 64 elsewhere)
+    tau_min: float = 0.0            # timescales: |lambda| = exp(-1/tau), tau log-uniform in [tau_min, tau_max] steps;
+    tau_max: float = 0.0            #   0, 0 = radii U(r_min, spectral_radius) instead
+    angle_max: float = math.pi      # arg lambda ~ U(0, angle_max)
+    normalize: bool = False         # B's row j times sqrt(1 - |lambda_j|^2) (unit stationary gain, the LRU's)
     seed: int = 0
 
     def validate(self):
@@ -57,19 +67,33 @@ class DiagonalConfig(ReservoirConfig):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < least:
                 raise ReslmError(f"diagonal {name} must be an integer >= {least}, got {v!r}")
-        if not isinstance(self.nonlinear, bool) or not isinstance(self.input_scale_by_dim, bool):
-            raise ReslmError("diagonal nonlinear and input_scale_by_dim must be true or false")
+        if not all(isinstance(getattr(self, f), bool) for f in ("nonlinear", "input_scale_by_dim", "normalize")):
+            raise ReslmError("diagonal nonlinear, input_scale_by_dim and normalize must be true or false")
         if self.nonlinear and self.size < 4:
             raise ReslmError(f"the nonlinear diagonal reservoir needs size >= 4, got {self.size}")
         if not self.nonlinear and self.size % 2:
             raise ReslmError(f"the diagonal reservoir's size is 2 x its complex units: it must be even, got {self.size}")
-        if not 0 <= self.r_min <= self.spectral_radius <= 1:
+        if self.timescales:
+            if not 0 < self.tau_min <= self.tau_max < math.inf:
+                raise ReslmError(f"diagonal timescales need 0 < tau_min <= tau_max (steps), got tau_min={self.tau_min}, "
+                                 f"tau_max={self.tau_max}")
+        elif self.tau_min or self.tau_max:
+            raise ReslmError(f"diagonal timescales need both tau_min and tau_max > 0, got tau_min={self.tau_min}, "
+                             f"tau_max={self.tau_max}")
+        elif not 0 <= self.r_min <= self.spectral_radius <= 1:
             raise ReslmError(f"diagonal needs 0 <= r_min <= spectral_radius <= 1, got r_min={self.r_min}, "
                              f"spectral_radius={self.spectral_radius}")
         if self.input_scaling < 0 or self.mix_scaling < 0:
             raise ReslmError("input_scaling and mix_scaling must be >= 0")
+        if not 0 <= self.angle_max <= 2 * math.pi:
+            raise ReslmError(f"diagonal angle_max must be in [0, 2 pi], got {self.angle_max}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ReslmError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def timescales(self) -> bool:
+        """Whether the radii come from timescales (tau_min, tau_max) rather than U(r_min, spectral_radius)."""
+        return self.tau_min > 0 and self.tau_max > 0
 
     @property
     def units(self) -> int:
@@ -129,14 +153,21 @@ class DiagonalReservoir(Reservoir):
             radius, angle, B, M = torch.empty(K), torch.empty(K), torch.empty(d, 2 * K), torch.empty(2 * K, n_mix)
         else:
             g = generator(cfg.seed, EIG_KEY)
-            radius = cfg.r_min + (cfg.spectral_radius - cfg.r_min) * torch.rand(K, generator=g, dtype=torch.float64)
-            angle = math.pi * torch.rand(K, generator=g, dtype=torch.float64)
+            if cfg.timescales:
+                lo, hi = math.log(cfg.tau_min), math.log(cfg.tau_max)
+                tau = torch.exp(lo + (hi - lo) * torch.rand(K, generator=g, dtype=torch.float64))
+                radius = torch.exp(-1 / tau)
+            else:
+                radius = cfg.r_min + (cfg.spectral_radius - cfg.r_min) * torch.rand(K, generator=g, dtype=torch.float64)
+            angle = cfg.angle_max * torch.rand(K, generator=g, dtype=torch.float64)
             B = torch.rand(d, 2 * K, generator=generator(cfg.seed, B_KEY), dtype=torch.float64) * 2 - 1
             B *= cfg.input_scaling / (math.sqrt(d) if cfg.input_scale_by_dim else 1.0)
+            if cfg.normalize:   # unit j's (Re, Im) columns times sqrt(1 - r_j^2)
+                B *= torch.sqrt(1 - radius ** 2).repeat_interleave(2)
             M = torch.randn(2 * K, n_mix, generator=generator(cfg.seed, MIX_KEY), dtype=torch.float64)
             M *= cfg.mix_scaling / math.sqrt(2 * K)
         self.register_buffer("radius", radius.float())    # (K,) |lambda|
-        self.register_buffer("angle", angle.float())      # (K,) arg lambda in [0, pi]
+        self.register_buffer("angle", angle.float())      # (K,) arg lambda in [0, angle_max]
         self.register_buffer("B_T", B.float())            # (d, 2K): columns (Re, Im) interleaved per unit
         self.register_buffer("M_T", M.float())            # (2K, N - 2K): the fixed nonlinear mix
 

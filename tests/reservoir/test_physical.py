@@ -148,7 +148,8 @@ def test_step_walks_the_stream_features_without_noise(family):
 SUBSTRATES = [("esn", 24, "", 1.0), ("leaky", 24, "", 1.0), ("deep", 24, "layers=2", 1.0),
               ("parallel", 24, "leaks=1/0.3", 1.0),
               ("nvar", nvar_size(2, 4), "k=2", 4.0), ("diagonal", 24, "", 4.0), ("delay", 24, "eta=0.5", 2.0),
-              ("gru", 24, "", 1.0), ("poly", 24, "", 1.0)]
+              ("gru", 24, "", 1.0), ("poly", 24, "", 1.0), ("es2n", 24, "beta=0.2", 1.0), ("legendre", 24, "theta=8", 4.0),
+              ("composite", 24, "parts=esn:12+legendre(theta=8)", 4.0)]
 
 
 def test_the_table_covers_every_substrate():

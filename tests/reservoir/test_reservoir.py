@@ -103,7 +103,8 @@ def _repetitive_text(n: int, seed: int) -> torch.Tensor:
     return torch.cat([words[int(i)] for i in torch.randint(0, 12, (n,), generator=g)])[:n]
 
 
-@pytest.mark.parametrize("name", ["esn", "leaky", "deep", "parallel", "nvar", "diagonal", "delay", "gru", "poly"])
+@pytest.mark.parametrize("name", ["esn", "leaky", "deep", "parallel", "nvar", "diagonal", "delay", "gru", "poly", "es2n",
+                                  "legendre", "composite"])
 @pytest.mark.parametrize("chunk", [64, 10**6])
 def test_shared_prefix_window_states_equal_the_plain_ones(name, chunk):
     """Window states computed once per distinct prefix (the default for a pure reservoir) equal every
@@ -112,7 +113,7 @@ def test_shared_prefix_window_states_equal_the_plain_ones(name, chunk):
     from reslm.reservoir.nvar import nvar_size
     cfg_cls, cls = RESERVOIRS[name]
     d = 4 if name == "nvar" else 16
-    size = nvar_size(2, d) if name == "nvar" else 40     # nvar's size is its feature count
+    size = nvar_size(2, d) if name == "nvar" else 48 if name == "legendre" else 40   # nvar's: its feature count; legendre's: d x order
     res = cls(cfg_cls(size=size, input_dim=d, seed=3))
     emb = torch.randn(11, d, generator=torch.Generator().manual_seed(0))
     tokens = _repetitive_text(700, seed=5)

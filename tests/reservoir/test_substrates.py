@@ -1,5 +1,6 @@
-"""The substrates beside the ESN (leaky, deep, parallel, nvar, diagonal, delay, gru, poly): the reservoir contract (step ==
-forward, seeds), each one against a plain reference, and their use by rc / aerc / LAERC and the CLI."""
+"""The substrates beside the ESN (leaky, deep, parallel, nvar, diagonal, delay, gru, poly, es2n, legendre,
+composite): the reservoir contract (step == forward, seeds), each one against a plain reference, and their use
+by rc / aerc / LAERC and the CLI (the long-memory ones' references: test_long_memory.py)."""
 import math
 
 import pytest
@@ -22,7 +23,14 @@ SMALL = {"esn": dict(size=24), "leaky": dict(size=24), "deep": dict(size=25, lay
          "diagonal-nl": dict(size=26, nonlinear=True), "delay": dict(size=70),
          "delay-ikeda": dict(size=30, nonlinearity="ikeda"), "gru": dict(size=24),
          "gru-gated": dict(size=24, bias_scaling=0.5, update_bias=1.0, input_init="normal"),
-         "poly": dict(size=24), "poly-all": dict(size=14, products=10, leak_rate=0.5)}
+         "poly": dict(size=24), "poly-all": dict(size=14, products=10, leak_rate=0.5),
+         "diagonal-tau": dict(size=24, tau_min=1.0, tau_max=200.0, normalize=True, angle_max=0.5),
+         "es2n": dict(size=24, beta=0.2), "es2n-cycle": dict(size=24, beta=0.05, orthogonal="cycle"),
+         "es2n-identity": dict(size=24, beta=0.5, orthogonal="identity", bias_scaling=0.3),
+         "legendre": dict(size=4 * D, theta=6.0), "legendre-chunk3": dict(size=3 * D, theta=20.0, chunk=3),
+         "legendre-raw": dict(size=2 * D, theta=4.0, normalize=False, chunk=1),
+         "composite": dict(size=32, parts="esn:10(leak_rate=0.5)+legendre:10(theta=8)+diagonal(tau_min=1;tau_max=50)"),
+         "composite-two": dict(size=24, parts="es2n(orthogonal=cycle)+parallel(leaks=1/0.3)")}
 
 
 def make(name, seed=0, **kw):
@@ -55,7 +63,7 @@ def test_step_equals_forward(name, start):
 def test_seeds(name):
     u = inputs()
     assert torch.equal(make(name, seed=3)(u)[0], make(name, seed=3)(u)[0])
-    if name != "nvar":                         # NVAR draws nothing: the seed is only there for the contract
+    if name.split("-")[0] not in ("nvar", "legendre"):   # they draw nothing: the seed is only there for the contract
         assert not torch.allclose(make(name, seed=3)(u)[0], make(name, seed=4)(u)[0])
 
 
@@ -265,7 +273,9 @@ def test_delay_equals_node_loop(kw):
 # --- inside the models ---------------------------------------------------------------------------
 MODEL_SUBSTRATES = [("leaky", 24, ""), ("deep", 24, "layers=2"), ("parallel", 24, "leaks=1/0.3"), ("nvar", nvar_size(2, 4), "k=2"),
                     ("diagonal", 24, "r_min=0.8"), ("diagonal", 24, "nonlinear=true"), ("delay", 24, "eta=0.5"),
-                    ("gru", 24, "update_bias=1"), ("poly", 24, "products=16")]
+                    ("gru", 24, "update_bias=1"), ("poly", 24, "products=16"),
+                    ("diagonal", 24, "tau_min=1,tau_max=64,normalize=true"), ("es2n", 24, "beta=0.3,orthogonal=cycle"),
+                    ("legendre", 24, "theta=8"), ("composite", 24, "parts=esn:12(input_init=normal)+legendre(theta=8)")]
 
 
 @pytest.mark.parametrize("family", ["rc", "aerc"])
@@ -290,7 +300,8 @@ def test_character_families_run_each_substrate(family, name, size, options):
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["leaky", "deep", "parallel", "diagonal", "delay", "gru", "poly"])
+@pytest.mark.parametrize("name", ["leaky", "deep", "parallel", "diagonal", "delay", "gru", "poly", "es2n", "legendre",
+                                  "composite"])
 def test_laerc_blocks_take_the_substrates(name):
     model = LAERC(LAERCConfig(vocab_size=13, dim=8, n_layers=2, context=8, r_mult=2, reservoir=name)).eval()
     assert all(type(b.reservoir) is RESERVOIRS[name][1] and b.reservoir.size == 16 for b in model.blocks)
