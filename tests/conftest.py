@@ -43,3 +43,13 @@ def chars(tmp_path_factory):
     words = "to be or not that is the question whether tis nobler in mind".split()
     (root / "a.txt").write_text(" ".join(rng.choice(words) for _ in range(1500)))
     return prepare_text([root / "a.txt"], root, name="tiny", verbose=False)
+
+
+@pytest.fixture
+def registry():
+    """reslm.reservoir.RESERVOIRS, put back as it was after the test (an --import file registers into it)."""
+    from reslm.reservoir import RESERVOIRS
+    saved = dict(RESERVOIRS)
+    yield RESERVOIRS
+    RESERVOIRS.clear()
+    RESERVOIRS.update(saved)

@@ -14,17 +14,20 @@ full is measured in docs/frontier-plans.md (plan quick-ranks).
 from __future__ import annotations
 
 import hashlib
-import runpy
+import shlex
 import statistics
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import reslm
 from reslm.core.device import cpu_name
 from reslm.core.errors import ReslmError
+from reslm.core.errors import describe as one_line
 from reslm.core.files import atomic_write, read_json
+from reslm.core.shell import path_word
 from reslm.core.metrics import LN2, TEST_LOSS, VAL_LOSS, final_of, kept_of
 from reslm.data.datasets import find_dataset
 from reslm.frontier.plan import Config, load_plan
@@ -67,9 +70,10 @@ def _fit_head(cfg: Config, budget: int) -> Config:
 
 
 def bench_config(reservoir: str, base: Config, *, budget: str = "quick", reservoir_options: str | None = None,
-                 size: int | None = None, limit: int = 155_459) -> tuple[Config, list[str]]:
-    """The recipe with `reservoir` in place of its own, checked against the strict rules; and notes on
-    what was adapted (options dropped, head refitted)."""
+                 size: int | None = None, limit: int = 155_459, label: str | None = None) -> tuple[Config, list[str]]:
+    """The recipe with `reservoir` (its registry name: source_name for one from a file) in place of its own,
+    checked against the strict rules; and notes on what was adapted (options dropped, head refitted). The
+    configuration's label (default "RESERVOIR-BUDGET") goes into its runs' folder names."""
     if reservoir not in RESERVOIRS:
         raise ReslmError(f"unknown reservoir {reservoir!r} (registered: {', '.join(RESERVOIRS)}; --import FILE.py "
                          "registers your own)")
@@ -85,7 +89,7 @@ def bench_config(reservoir: str, base: Config, *, budget: str = "quick", reservo
                          f"{reservoir}: left out")
             model["reservoir_options"] = ""
     train = {**base.train, **(QUICK if budget == "quick" else {})}
-    cfg = Config(label=f"{reservoir}-{budget}", family=base.family, preset=base.preset, data=base.data, model=model,
+    cfg = Config(label=label or f"{reservoir}-{budget}", family=base.family, preset=base.preset, data=base.data, model=model,
                  train=train)
     if size is not None and size != base.model.get("size", make_config(base.family, vocab_size=59).size):
         cfg = _fit_head(Config(**{**cfg.__dict__, "model": {**model, "size": size}}), limit)
@@ -96,18 +100,117 @@ def bench_config(reservoir: str, base: Config, *, budget: str = "quick", reservo
     return cfg, notes
 
 
+def _built_ins(registry: dict) -> dict:
+    """The substrates reslm itself registered (their reservoir class is reslm's own), by name."""
+    return {n: pair for n, pair in registry.items() if isinstance(pair, tuple) and len(pair) == 2
+            and getattr(pair[1], "__module__", "").startswith("reslm.")}
+
+
+def _class_state(built_ins: dict) -> dict:
+    """{class: its attributes} of the built-in substrates' config and reservoir classes and their reslm bases:
+    what a file that patches a built-in substrate's methods would change."""
+    return {c: dict(vars(c)) for pair in built_ins.values() for cls in pair for c in cls.__mro__
+            if c.__module__.startswith("reslm.")}
+
+
+def _changed_built_ins(built_ins: dict, before: dict) -> list[str]:
+    """The built-in substrates an imported file re-registered, removed or patched (by name, or Class.attr)."""
+    names = [n for n, pair in built_ins.items() if RESERVOIRS.get(n) is not pair]
+    for c, attrs in before.items():
+        now = vars(c)
+        names += [f"{c.__name__}.{k}" for k in sorted(set(attrs) | set(now)) if now.get(k) is not attrs.get(k)]
+    return names
+
+
+def _put_back(registry: dict, classes: dict) -> None:
+    """RESERVOIRS and the built-in classes as they were before a refused file ran."""
+    RESERVOIRS.clear()
+    RESERVOIRS.update(registry)
+    for c, attrs in classes.items():
+        for k in set(vars(c)) - set(attrs):
+            delattr(c, k)
+        for k, v in attrs.items():
+            if vars(c).get(k) is not v:
+                setattr(c, k, v)
+
+
+def _run(code: bytes, path: Path) -> None:
+    """Execute a user file's bytes as a module of its own (in sys.modules while it runs, as runpy does, so that
+    its dataclasses resolve their annotations)."""
+    module = types.ModuleType("__reslm_import__")
+    module.__file__ = str(path)
+    saved = sys.modules.get(module.__name__)
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(code, str(path), "exec"), module.__dict__)
+    finally:
+        if saved is None:
+            sys.modules.pop(module.__name__, None)
+        else:
+            sys.modules[module.__name__] = saved
+
+
+_FROM_FILE: dict[Path, list[str]] = {}   # the names each file run by _import in this process registered
+
+
+def source_name(name: str, sha256: str) -> str:
+    """The registry name a run of a reservoir registered from a file is recorded under: its own name and the
+    file's sha256 (12 hex digits), so that its config, fingerprint and folder name cover what computed it."""
+    return f"{name}@{sha256[:12]}"
+
+
 def _import(files: list[str] | None) -> list[dict]:
-    """Run each user file (it registers a reservoir); returns their paths and sha256 for the card."""
+    """Run each user file, which registers its reservoir(s) in RESERVOIRS; returns each file's path, sha256
+    and the names it registered (each also registered as source_name(name, sha256), the name runs record).
+
+    One line naming the file (ReslmError, exit 2), with RESERVOIRS as it was, when the file is not a .py
+    file, is not a regular file, raises, exits (sys.exit), registers nothing, or replaces, removes or patches
+    a built-in substrate (a run of `esn` is always reslm's ESN). The file runs in this process: what it
+    does beyond RESERVOIRS and the built-in substrates' classes is not checked."""
     out = []
     for f in files or []:
         path = Path(f)
+        if path.suffix != ".py":
+            raise ReslmError(f"--import {f}: not a Python file (.py); only a .py file is run")
         if not path.is_file():
-            raise ReslmError(f"--import {f}: no such file")
+            raise ReslmError(f"--import {f}: " + ("is a folder" if path.is_dir() else "not a regular file"
+                                                  if path.exists() else "no such file"))
+        code = path.read_bytes()   # the bytes hashed are the bytes run
+        sha = hashlib.sha256(code).hexdigest()
+        registry = dict(RESERVOIRS)
+        built_ins = _built_ins(registry)
+        classes = _class_state(built_ins)
+        for n in _FROM_FILE.get(path.resolve(), ()):   # what this file registered when run before: it registers again
+            if n not in built_ins:
+                RESERVOIRS.pop(n, None)
         try:
-            runpy.run_path(str(path), run_name="__reslm_import__")
-        except Exception as e:   # the user's file failed: one line naming it, not a traceback
-            raise ReslmError(f"--import {f} failed: {type(e).__name__}: {e}") from None
-        out.append(dict(path=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest()))
+            try:
+                _run(code, path)
+            except SystemExit as e:   # sys.exit() in the file: not reslm's status to end with
+                raise ReslmError(f"--import {f} exited (sys.exit({e.code!r})) instead of registering a "
+                                 "reservoir") from None
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:   # the user's file failed: one line naming it, not a traceback
+                why = one_line(e)
+                raise ReslmError(f"--import {f} failed: " + (why if why.startswith(type(e).__name__)
+                                                              else f"{type(e).__name__}: {why}")) from None
+            changed = _changed_built_ins(built_ins, classes)
+            if changed:
+                raise ReslmError(f"--import {f} changes reslm's own substrate(s) ({', '.join(changed[:4])}): "
+                                 "register yours under a name of its own")
+            names = [n for n in RESERVOIRS if n not in registry or registry[n] is not RESERVOIRS[n]
+                     or n in _FROM_FILE.get(path.resolve(), ())]
+            if not names:
+                raise ReslmError(f"--import {f} registered no reservoir: it should set "
+                                 "reslm.reservoir.RESERVOIRS['NAME'] = (ConfigClass, ReservoirClass)")
+        except BaseException:
+            _put_back(registry, classes)
+            raise
+        for n in names:
+            RESERVOIRS[source_name(n, sha)] = RESERVOIRS[n]
+        _FROM_FILE[path.resolve()] = names
+        out.append(dict(path=str(path), sha256=sha, names=names))
     return out
 
 
@@ -154,8 +257,11 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     if budget not in BUDGETS:
         raise ReslmError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
     sources = _import(imports)
+    # a reservoir from a file runs under its own name and the file's sha256 (source_name), never a built-in's
+    source = next((s for s in sources if reservoir in s["names"]), None)
     base = recipe_config(recipe_plan, results)
-    cfg, notes = bench_config(reservoir, base, budget=budget, reservoir_options=reservoir_options, size=size)
+    cfg, notes = bench_config(source_name(reservoir, source["sha256"]) if source else reservoir, base, budget=budget,
+                              reservoir_options=reservoir_options, size=size, label=f"{reservoir}-{budget}")
     dataset = find_dataset(cfg.data, "chars", data_root, prepare=True)
     out = Path(out)
     runs = {s: out / run_name(cfg.run_config(s), cfg.label) for s in seeds}
@@ -181,7 +287,8 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     refs += [next((g for g in (_group("trained ceiling", p, results) for p in CEILING_PLANS) if g), None)]
     lines = ["| model | budget | trainable | test CE, state carried (nats, mean ± sd (seeds)) | bits/char | "
              "train time per seed |", "|---|---|---|---|---|---|",
-             _row(f"**{reservoir}** (this bench)", mine["test"], mine["seconds"], mine["trainable"], budget)]
+             _row(f"**{reservoir}** (this bench" + (f"; {source['path']}, sha256 {source['sha256'][:12]})" if source
+                                                   else ")"), mine["test"], mine["seconds"], mine["trainable"], budget)]
     lines += [_row(r["name"], r["test"], r["seconds"], r["trainable"], r["budget"]) for r in refs if r]
     table = "\n".join(lines)
     card = _card(reservoir, cfg, base, notes, sources, budget, runs, summaries, table, threads)
@@ -229,7 +336,7 @@ def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, su
     L = [f"# Model card: {reservoir} in the reservoir frontier's recipe ({budget})", "",
          f"Made by `reslm frontier bench` (reslm {reslm.__version__}) on {cpu_name()}"
          + (f", {threads} thread{'s' if threads != 1 else ''} per run" if threads else "") + ".", "",
-         f"- Reservoir: `{reservoir}`" + "".join(f"; registered by `{s['path']}` (sha256 {s['sha256'][:16]})" for s in sources),
+         f"- Reservoir: `{cfg.model['reservoir']}`" + "".join(f"; registered by `{s['path']}` (sha256 {s['sha256'][:16]})" for s in sources),
          f"- Recipe: the {RECIPE_PLAN} plan's choice ({base.label or 'base'}), changed: {', '.join(change) or 'nothing'}",
          f"- Strict reservoir rules: checked before training (fixed substrate, head reads the state only, "
          f"{summaries[next(iter(summaries))].get('trainable_params', 0):,} trainable parameters)",
@@ -254,4 +361,4 @@ def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, su
     return "\n".join(L) + "\n"
 
 
-__all__ = ["BUDGETS", "CARD", "QUICK", "RECIPE_PLAN", "bench", "bench_config", "recipe_config"]
+__all__ = ["BUDGETS", "CARD", "QUICK", "RECIPE_PLAN", "bench", "bench_config", "recipe_config", "source_name"]

@@ -3,6 +3,7 @@
 what each line asked for, so nothing trains and anything injected would show as a PWNED file)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import shutil
@@ -115,3 +116,85 @@ def test_a_newline_in_a_printed_argument_is_refused(tmp_path, monkeypatch, capsy
     line = one_error(capsys)
     assert "newline" in line and (where == "plan" or f"the value of {where}" in line)
     assert not pwned(tmp_path)
+
+
+# --- 72.2: a user's reservoir never passes for a built-in one -------------------------------------------------
+@pytest.fixture
+def no_data(monkeypatch):
+    """The bench stops where it would open its dataset: these tests never get as far as training."""
+    from reslm.core.errors import ReslmError
+    from reslm.frontier import bench as fbench
+
+    def stop(*args, **kw):
+        raise ReslmError("got past --import")
+    monkeypatch.setattr(fbench, "find_dataset", stop)
+
+
+def bench_argv(tmp_path, *files, reservoir="ring"):
+    return (["frontier", "bench", "--reservoir", reservoir, "--out", str(tmp_path / "out"), "--results",
+             str(tmp_path / "results")] + [w for f in files for w in ("--import", str(f))])
+
+
+@pytest.mark.parametrize("body, changed", [
+    ('RESERVOIRS["esn"] = RESERVOIRS["leaky"]', "esn"),
+    ('del RESERVOIRS["gru"]', "gru"),
+    ('RESERVOIRS["ring"] = RESERVOIRS["esn"]\nESN.forward = lambda self, u, s0=None: (u, u)', "ESN.forward"),
+    ('RESERVOIRS["ring"] = RESERVOIRS["esn"]\nESNConfig.validate = lambda self: None', "ESNConfig.validate"),
+])
+def test_an_import_file_cannot_change_a_built_in_substrate(tmp_path, capsys, registry, no_data, body, changed):
+    """A file that re-registers, removes or patches one of reslm's substrates is refused before anything is
+    made, and the registry and classes are put back: a run named esn is always reslm's ESN."""
+    from reslm.reservoir import ESN, ESNConfig
+    before, forward, validate = dict(registry), ESN.forward, ESNConfig.validate
+    user = tmp_path / "evil.py"
+    user.write_text(f"from reslm.reservoir import RESERVOIRS, ESN, ESNConfig\n{body}\n")
+    assert main(bench_argv(tmp_path, user, reservoir="esn")) == 2
+    line = one_error(capsys)
+    assert str(user) in line and "changes reslm's own substrate" in line and changed in line
+    assert registry == before and ESN.forward is forward and ESNConfig.validate is validate
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_reservoir_from_a_file_is_named_by_its_name_and_the_files_hash(tmp_path, registry):
+    """The same substrate as a built-in, registered from a file under a name of its own, gets a configuration
+    (and so a fingerprint and folder name) of its own, which carries the file's sha256."""
+    from reslm.frontier import bench as fbench
+    user = tmp_path / "mine.py"
+    user.write_text('from reslm.reservoir import RESERVOIRS\nRESERVOIRS["leaky2"] = RESERVOIRS["leaky"]\n')
+    (source,) = fbench._import([str(user)])
+    sha = hashlib.sha256(user.read_bytes()).hexdigest()
+    assert source["names"] == ["leaky2"] and source["sha256"] == sha
+    base = fbench.recipe_config("esn-lr", tmp_path / "results")
+    theirs, _ = fbench.bench_config(fbench.source_name("leaky2", sha), base, label="leaky2-quick")
+    ours, _ = fbench.bench_config("leaky", base)
+    assert theirs.model["reservoir"] == f"leaky2@{sha[:12]}" and theirs.fingerprint != ours.fingerprint
+    assert theirs.name(0) != ours.name(0) and "leaky2" in theirs.name(0)
+    user.write_text(user.read_text() + "# edited\n")   # another file: another configuration
+    (again,) = fbench._import([str(user)])
+    edited, _ = fbench.bench_config(fbench.source_name("leaky2", again["sha256"]), base, label="leaky2-quick")
+    assert edited.fingerprint != theirs.fingerprint
+
+
+# --- 72.3: --import answers in one line -----------------------------------------------------------------------
+@pytest.mark.parametrize("name, body, message", [
+    ("exit0.py", "import sys\nsys.exit(0)\n", "exited (sys.exit(0))"),
+    ("exit3.py", "import sys\nsys.exit(3)\n", "exited (sys.exit(3))"),
+    ("boom.py", "raise RuntimeError('boom')\n", "failed: RuntimeError: boom"),
+    ("syntax.py", "def (:\n", "failed: SyntaxError"),
+    ("nothing.py", "x = 1\n", "registered no reservoir"),
+    ("ring.txt", "from reslm.reservoir import RESERVOIRS\nRESERVOIRS['ring'] = RESERVOIRS['esn']\n",
+     "not a Python file (.py)"),
+    ("folder.py", None, "is a folder"),
+    ("missing.py", False, "no such file"),
+])
+def test_a_bad_import_file_is_one_line_naming_it(tmp_path, capsys, registry, no_data, name, body, message):
+    before = dict(registry)
+    user = tmp_path / name
+    if body is None:
+        user.mkdir()
+    elif body:
+        user.write_text(body)
+    assert main(bench_argv(tmp_path, user)) == 2
+    line = one_error(capsys)
+    assert str(user) in line and message in line, line
+    assert registry == before and not (tmp_path / "out").exists()

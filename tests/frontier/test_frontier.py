@@ -1,10 +1,12 @@
 """`reslm frontier`: plans as data, the rule, the ledger, running, claiming, commands and the bench, on a
 tiny corpus made in the test."""
+import hashlib
 import json
 import shlex
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -506,7 +508,7 @@ def test_every_bundled_plan_loads():
         assert p.about.strip() and all(c.label for c in p.candidates)
 
 
-def test_bench_runs_a_reservoir_from_a_user_file_in_the_recipe(where, tmp_path, monkeypatch, capsys):
+def test_bench_runs_a_reservoir_from_a_user_file_in_the_recipe(where, tmp_path, monkeypatch, capsys, registry):
     path, results, runs, root = where
     monkeypatch.chdir(tmp_path)
     user = tmp_path / "ring.py"
@@ -521,11 +523,13 @@ def test_bench_runs_a_reservoir_from_a_user_file_in_the_recipe(where, tmp_path, 
 
         RESERVOIRS["ring-test"] = (ESNConfig, RingESN)
         """))
-    monkeypatch.setitem(RESERVOIRS, "ring-test", None)   # the file registers it; gone again after this test
     out = tmp_path / "bench"
     r = bench("ring-test", imports=[str(user)], seeds=(0, 1), out=out, results=results, data_root=root,
               progress=False, recipe_plan=str(path))
-    assert r["mine"]["test"][2] == 2 and "**ring-test** (this bench)" in r["table"]
+    assert r["mine"]["test"][2] == 2 and f"**ring-test** (this bench; {user}, sha256 " in r["table"]
+    # its runs record the reservoir by its name and the file's sha256
+    sha = hashlib.sha256(user.read_bytes()).hexdigest()[:12]
+    assert all(read_config(Path(d))["model"]["reservoir"] == f"ring-test@{sha}" for d in r["runs"].values())
     card = (out / "card.md").read_text()
     assert "ring-test" in card and str(user) in card and "Strict reservoir rules" in card
     # the seeds at once, each in its own process: it must register the user's reservoir too, and train the same
