@@ -18,7 +18,7 @@ MODES = ("window", "stream")
 
 
 # --- plan ------------------------------------------------------------------------------------------
-SECTIONS = ("recurrence", "states", "training", "tokens", "substrates")   # what `--only` can pick
+SECTIONS = ("recurrence", "states", "training", "window", "tokens", "substrates")   # what `--only` can pick
 
 
 def parse_sections(sections) -> tuple[str, ...]:
@@ -64,6 +64,8 @@ class BenchPlan:
     tf_steps: int = 2                      # transformer training steps per repetition
     tf_warmup: int = 2                     # untimed transformer steps first
     tf_gemm: tuple = (1024, 768, 4)        # (rows, N, count): the GEMM timed beside the transformer, fp32
+    # the transformer's window step: fused kernel and plain path, fp32 and bf16, beside fp32 and bf16 GEMMs
+    window_models: tuple = ("tf-128-8-8", "tf-256-16-16")
     # repetitions (see reslm.bench.timing.repeat)
     reps: int = 3                          # at least this many timed repetitions ...
     max_reps: int = 20                     # ... and up to this many while under min_time_s
@@ -81,7 +83,7 @@ class BenchPlan:
     def quick(cls) -> "BenchPlan":
         return cls(recurrence_work=12e9, recurrence_steps=(2, 16), stream_work=0.3e12, stream_steps=(16, 64),
                    window_work=0.05e12, states_bf16=False, models=("rc-750", "aerc-100-20", "tf-128-8-8", "rnn-gru-32-200"), head_steps=4,
-                   tf_steps=1, tf_warmup=1, reps=1, max_reps=10, min_time_s=1.0, budget_s=3.0,
+                   window_models=("tf-128-8-8",), tf_steps=1, tf_warmup=1, reps=1, max_reps=10, min_time_s=1.0, budget_s=3.0,
                    substrate_chars=2**13)
 
     def only(self, sections) -> "BenchPlan":
@@ -91,6 +93,7 @@ class BenchPlan:
                        states_sizes=self.states_sizes if "states" in keep else (),
                        states_bf16=self.states_bf16 and "states" in keep,
                        models=self.models if "training" in keep else (),
+                       window_models=self.window_models if "window" in keep else (),
                        token_level=self.token_level and "tokens" in keep,
                        substrate_chars=self.substrate_chars if "substrates" in keep else 0)
 

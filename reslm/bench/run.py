@@ -14,7 +14,7 @@ from reslm.bench.kernels import recurrence_rows, states_rows, substrate_rows
 from reslm.bench.plan import (AUTHORS_QUOTED, AUTHORS_QUOTED_CONDITIONS, MODES, SECTIONS, SUFFIX, TARGETS, BenchPlan,
                               _spec, parse_sections)
 from reslm.bench.timing import contention_probe, loadavg, sig
-from reslm.bench.training import training_rows
+from reslm.bench.training import training_rows, window_step_rows
 from reslm.core.device import bf16_status, cpu_name, pick_device
 from reslm.models import MODELS, make_config
 from reslm.models.reservoir_lm import ReservoirLM
@@ -123,6 +123,7 @@ def run_bench(quick: bool = False, progress: bool = False, plan: BenchPlan | Non
     probes["after states"] = contention_probe()
 
     training = training_rows(plan, dev, states.get("float32", {}), say)
+    window = window_step_rows(plan, dev, say)
 
     result = dict(machine(dev), dtype="float32", bf16=bf16_note, batch_size=plan.batch, context=plan.context,
                   epochs_per_shard=plan.epochs_per_shard, quick=bool(quick),
@@ -131,6 +132,10 @@ def run_bench(quick: bool = False, progress: bool = False, plan: BenchPlan | Non
                   authors_quoted=dict(AUTHORS_QUOTED, conditions=AUTHORS_QUOTED_CONDITIONS), targets=TARGETS,
                   recurrence=recurrence, reservoir_states=states.get("float32", {}),
                   reservoir_states_bf16=states.get("bfloat16", {}), training=training, method=method(plan))
+    if window:
+        result["window_step"] = window
+        result["window_step_vs_plain_fp32"] = {k: v["fused_fp32"]["vs_plain_fp32"] for k, v in window.items()
+                                               if "fused_fp32" in v}
     result["meets_target"] = meets_target(result, training)
     result["load_average"] = dict(before=load_before, after=loadavg(), cpus=os.cpu_count())
     if plan.token_level:
@@ -193,6 +198,13 @@ def method(plan: BenchPlan) -> dict:
                                   f"{plan.tf_gemm[2]} x torch.mm(({plan.tf_gemm[0]}, {plan.tf_gemm[1]}), "
                                   f"({plan.tf_gemm[1]}, {plan.tf_gemm[1]})) fp32 timed in the same repetitions as "
                                   "the transformer; transformer_vs_gemm = their quotient"),
+        window_step=(f"the transformer's window training step (train_step + Adam, batch {plan.batch}, random "
+                     "windows, dropout on) with the fused C kernel (fused_fp32) and the plain torch path "
+                     "(plain_fp32, and plain_bf16 under bf16 autocast where bf16 is fast here), "
+                     f"{plan.tf_steps} steps per repetition, alternately with {plan.tf_gemm[2]} x torch.mm(("
+                     f"{plan.tf_gemm[0]}, {plan.tf_gemm[1]}), ({plan.tf_gemm[1]}, {plan.tf_gemm[1]})) in fp32 and "
+                     "bf16; vs_gemm = windows/s x training_flops_per_sample / the GEMM's flop rate of the same "
+                     "dtype; vs_plain_fp32 = windows/s / the plain fp32 step's"),
         speedup_vs_authors="ours / the authors' approach measured in this run (per context mode for RC/AERC); "
                            "speedup_vs_authors_quoted divides by authors_quoted instead",
     )
@@ -232,6 +244,15 @@ def format_summary(r: dict) -> str:
                              f"x{r['speedup_vs_authors_bf16'][name]:.1f} vs authors' approach (fp32)")
         if name in r.get("all_position_targets_per_s", {}) and name not in r.get("causal_speedup_vs_authors", {}):
             lines.append(f"train {name} stream: {r['all_position_targets_per_s'][name]:,.0f} targets/s")
+    for name, row in r.get("window_step", {}).items():
+        for key in ("fused_fp32", "plain_fp32", "plain_bf16"):
+            if key in row:
+                v = row[key]
+                lines.append(f"window step {name} {key.replace('_', ' ')}: {v['windows_per_s']:,.0f} windows/s, "
+                             f"{v['vs_gemm']:.3f} of the {key[-4:]} GEMM rate ({row['gemm_gflops'][key[-4:]]} GFLOP/s), "
+                             f"x{v['vs_plain_fp32']:.2f} the plain fp32 step")
+        if "fused_fp32" not in row:
+            lines.append(f"window step {name}: fused {row['fused']}")
     for name, v in r.get("substrate_chars_per_s", {}).items():
         lines.append(f"substrate {name} (N={v['size']}): {v['chars_per_s']:,.0f} chars/s stream"
                      + (f", x{v['vs_esn']:.1f} the esn's" if v.get("vs_esn") else ""))

@@ -20,7 +20,7 @@ from reslm.bench.plan import AUTHORS_QUOTED, MODES, BenchPlan, _spec
 from reslm.bench.reference import ReferenceTransformer, authors_logits, authors_window_states
 from reslm.bench.timing import repeat, sig, stats, timing_model
 from reslm.core.device import bf16_status, grad_scaler
-from reslm.models import MODELS, make_config
+from reslm.models import MODELS, make_config, window_kernel
 from reslm.models.base import TensorFeatures
 from reslm.models.reservoir_lm import ReservoirLM
 from reslm.models.rnn import CharRNN
@@ -172,6 +172,7 @@ def transformer_training_row(cfg, family: str, plan: BenchPlan, device, quoted: 
                gemm_gflops=sig(gemm_gflops), model_vs_gemm=sig(ours * flops / 1e9 / gemm_gflops),
                gemm=dict(shape=[rows, n, n], count=count, **{k: v for k, v in gemm_row.items() if k != "samples_per_s"}),
                detail=d)
+    row["window_step"] = "fused" if device.type == "cpu" and window_kernel.status(cfg)[0] else "plain"
     row.update(causal_targets_per_s=d["causal"]["samples_per_s"],
                causal_speedup_vs_authors=sig(d["causal"]["samples_per_s"] / theirs),
                causal_speedup_vs_window=sig(d["causal"]["samples_per_s"] / ours))
@@ -179,6 +180,59 @@ def transformer_training_row(cfg, family: str, plan: BenchPlan, device, quoted: 
         row.update(samples_per_s_bf16=d["ours_bf16"]["samples_per_s"],
                    speedup_vs_authors_bf16=sig(d["ours_bf16"]["samples_per_s"] / theirs),
                    model_gflops_bf16=sig(d["ours_bf16"]["samples_per_s"] * flops / 1e9))
+    return row
+
+
+def _gemm(shape: tuple, dtype: torch.dtype, device) -> tuple:
+    """(a callable running `count` x torch.mm((rows, n), (n, n)) in `dtype`, its flops per call)."""
+    rows, n, count = shape
+    g = torch.Generator().manual_seed(6)
+    a, w = torch.randn(rows, n, generator=g).to(device, dtype), torch.randn(n, n, generator=g).to(device, dtype)
+    out = torch.empty(rows, n, device=device, dtype=dtype)
+
+    def run(_k=None):
+        for _ in range(count):
+            torch.mm(a, w, out=out)
+    return run, 2.0 * rows * n * n * count
+
+
+def window_step_row(cfg, family: str, plan: BenchPlan, device) -> dict:
+    """window_step[label]: the transformer's window training step (reslm train's, train_step + Adam, batch
+    plan.batch, dropout on) on the fused kernel and on the plain torch path, in fp32 and (where bf16 is
+    fast here) under bf16 autocast, with fp32 and bf16 GEMMs in the same repetitions. The fused kernel
+    computes in fp32 only: under bf16 autocast the plain path runs, so there is no fused bf16 figure."""
+    batches = random_windows(cfg.vocab_size, plan.batch, cfg.context, device, seed=5)
+    trainers, gemm_flops = {}, {}
+    for name, step, precision in (("fused_fp32", "auto", "fp32"), ("plain_fp32", "plain", "fp32"),
+                                  ("plain_bf16", "plain", "bf16")):
+        if precision == "bf16" and not bf16_status(device)[0]:
+            continue
+        model = CharTransformer(cfg).to(device)
+        model.window_step = step
+        if name == "fused_fp32" and not (device.type == "cpu" and window_kernel.status(cfg)[0]):
+            continue
+        trainers[name] = trainer(model, model, batches, family=family, lr=plan.lr, precision=precision)
+    for dtype, key in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        if any(k.endswith(key) for k in trainers):
+            trainers[f"gemm_{key}"], gemm_flops[key] = _gemm(plan.tf_gemm, dtype, device)
+
+    def warm():
+        for run in trainers.values():
+            run(plan.tf_warmup)
+
+    d = bench_training(trainers, dict.fromkeys(trainers, plan.tf_steps), batch=plan.batch, device=device,
+                       warmup=warm, **plan.timing())
+    gemm = {key: sig(gemm_flops[key] / d.pop(f"gemm_{key}")["best_s"] / 1e9) for key in gemm_flops}
+    flops = training_flops_per_sample(cfg)
+    plain = d["plain_fp32"]["samples_per_s"]
+    row = dict(family=family, flops_per_sample=sig(flops), gemm_gflops=gemm, detail=d,
+               fused=("the fused C kernel (reslm.models.window_kernel)" if "fused_fp32" in d else
+                      f"not available here: {window_kernel.status(cfg)[1]}"),
+               bf16=("the plain path under bf16 autocast (the fused kernel computes in fp32)"
+                     if "plain_bf16" in d else f"skipped: {bf16_status(device)[1]}"))
+    for name, r in d.items():
+        rate, key = r["samples_per_s"], name.split("_")[1]
+        row[name] = dict(windows_per_s=rate, vs_gemm=sig(rate * flops / 1e9 / gemm[key]), vs_plain_fp32=sig(rate / plain))
     return row
 
 
@@ -225,4 +279,15 @@ def training_rows(plan: BenchPlan, device: torch.device, states: dict, say) -> d
                 f"{r['causal_targets_per_s']} targets/s, x{r['causal_speedup_vs_authors']} the authors'"
                 + (f"; bf16 autocast {r['samples_per_s_bf16']} samples/s, x{r['speedup_vs_authors_bf16']}"
                    if "samples_per_s_bf16" in r else ""))
+    return rows
+
+
+def window_step_rows(plan: BenchPlan, device: torch.device, say) -> dict:
+    """The window-step section for every transformer of plan.window_models: {label: row}."""
+    rows = {}
+    for label, family, overrides in map(_spec, plan.window_models):
+        r = rows[label] = window_step_row(make_config(family, **overrides), family, plan, device)
+        say(f"window step {label}: " + ", ".join(
+            f"{k} {v['windows_per_s']} windows/s ({v['vs_gemm']} of GEMM, x{v['vs_plain_fp32']} plain fp32)"
+            for k, v in r.items() if isinstance(v, dict) and "windows_per_s" in v))
     return rows

@@ -107,6 +107,9 @@ def add_parser(sub, argv: list[str]) -> None:
     t.add_argument("--checkpoint-minutes", type=float, default=CHECKPOINT_SECONDS / 60, metavar="MIN",
                    help="between evaluations, also checkpoint after this many minutes of training, so that a kill "
                         f"loses at most that much (default {CHECKPOINT_SECONDS / 60:g}; the result is the same)")
+    t.add_argument("--stop-at", type=int_range(1, 2**62), metavar="STEP",
+                   help="stop once this many optimiser steps are done (after an evaluation and a checkpoint); "
+                        "--resume continues the run to its end (default: train to the end)")
     t.add_argument("--cache-states", action="store_true",
                    help="character reservoir runs: keep the current shard's and the test reservoir states in "
                         "RUN/states, so that --resume reads them back instead of computing them again, and with "
@@ -136,7 +139,7 @@ def _train(args, out: Path, model_over: dict, train_over: dict):
     published = is_published(out)
     with unpacked(out) if published else current_evals(out, fresh):   # results/NAME: published again after
         summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,
-                        cache_states=args.cache_states)
+                        cache_states=args.cache_states, stop_at=args.stop_at)
     if published:   # and its check recorded for the weights it now holds (reslm verify)
         record_check(out)
     if launched_main():

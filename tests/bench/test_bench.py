@@ -28,6 +28,7 @@ TINY = BenchPlan(batch=16, recurrence_sizes=(32,), recurrence_work=1e5, recurren
                  window_work=1e5, window_samples=(8, 24),
                  models=(("rc-32", "rc", dict(size=32)), ("aerc-24-4", "aerc", dict(size=24, hidden=4)),
                          ("tf-16-2-1", "tf", dict(ff_dim=16, n_heads=2, n_layers=1))),
+                 window_models=(("tf-16-2-1", "tf", dict(ff_dim=16, n_heads=2, n_layers=1)),),
                  head_steps=2, authors_steps=1, tf_steps=1, tf_warmup=1, reps=2, max_reps=2, budget_s=5.0,
                  token_level=False, substrate_chars=0)
 RESERVOIR_MODELS = ("rc-32", "aerc-24-4")
@@ -331,3 +332,23 @@ def test_transformer_model_flops_beside_the_same_runs_gemm(report):
     assert report["transformer_gemm_gflops"]["tf-16-2-1"] == t["gemm_gflops"] > 0
     assert "gemm" not in t["detail"] and t["gemm"]["reps"] == t["detail"]["ours"]["reps"]
     assert "model GFLOP/s" in bench.format_summary(report)
+
+
+def test_window_step_section_times_fused_and_plain_beside_gemms_of_their_dtype(report):
+    """The fused and plain window steps (fp32, and the plain one under bf16 autocast): each rate is batch x
+    steps over the best repetition, vs_gemm its model flop rate over the same-dtype GEMM of the same
+    repetitions, vs_plain_fp32 its ratio to the plain fp32 step; the fused kernel has no bf16 row."""
+    from reslm.models import make_config
+    from reslm.models.transformer import training_flops_per_sample
+    row = report["window_step"]["tf-16-2-1"]
+    flops = training_flops_per_sample(make_config("tf", ff_dim=16, n_heads=2, n_layers=1))
+    assert set(row["detail"]) == {"fused_fp32", "plain_fp32", "plain_bf16"} and "fused_bf16" not in row
+    for key in ("fused_fp32", "plain_fp32", "plain_bf16"):
+        v, raw = row[key], row["detail"][key]
+        assert v["windows_per_s"] == pytest.approx(TINY.batch * TINY.tf_steps / raw["best_s"], rel=REL)
+        assert v["vs_gemm"] == pytest.approx(v["windows_per_s"] * flops / 1e9 / row["gemm_gflops"][key[-4:]], rel=REL)
+        assert v["vs_plain_fp32"] == pytest.approx(v["windows_per_s"] / row["plain_fp32"]["windows_per_s"], rel=REL)
+    assert report["window_step_vs_plain_fp32"] == {"tf-16-2-1": row["fused_fp32"]["vs_plain_fp32"]}
+    assert report["training"]["tf-16-2-1"]["window_step"] == "fused"
+    assert "window step tf-16-2-1 fused fp32" in bench.format_summary(report)
+    assert TINY.only("training").window_models == () and TINY.only("window").window_models == TINY.window_models
