@@ -10,7 +10,7 @@ BIN     = $(VENV)/bin
 # fixtures are built once; the DDP tests, which start their own processes, stay in one worker)
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test test-slow bench clean
+.PHONY: setup setup-reservoirpy demo test test-slow bench clean
 
 $(BIN)/reslm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ $(BIN)/reslm: pyproject.toml
 	@touch $@
 
 setup: $(BIN)/reslm
+
+# the optional reservoirpy adapter and its tests (skipped without it): scipy is large, so not in setup
+setup-reservoirpy: setup
+	$(BIN)/python -m pip install --quiet -e '.[reservoirpy]'
 
 demo: setup
 	$(BIN)/reslm demo

@@ -1,0 +1,93 @@
+"""`reslm frontier bench` end to end on substrates that come from outside reslm: a physical device's recorded
+states (docs/recorded-substrates.md) and a reservoirpy node registered by an --import file, each at a tiny
+budget (a tiny recipe plan on a tiny corpus made in the test, in place of the esn-lr plan's choice)."""
+import json
+import textwrap
+
+import pytest
+
+from reslm.cli import main
+from reslm.frontier import bench as fbench
+from reslm.frontier import load_plan
+from reslm.recording import export_drive, import_states, simulate
+from reslm.run import read_config
+
+N = 24
+# the in-process equivalent of a recording's protocol: stream context, one stream per shard, whole shards
+RECIPE = f"""
+[plan]
+about = "a tiny recipe for the bench"
+
+[base]
+label = "tiny-recipe"
+family = "rc"
+data = "tiny"
+model = {{ size = {N}, streams = 1, context_mode = "stream" }}
+train = {{ batch_size = 64, epochs_per_shard = 1, epoch_samples = 128, shard_chars = 0, lr = 3e-3, val_fraction = 0.2, eval_samples = 0 }}
+
+[rule]
+seeds = [0]
+"""
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path, chars, monkeypatch):
+    """The bench's recipe replaced by the tiny plan's base; returns the flags that point the bench at the
+    tiny corpus, an empty results registry and an output folder."""
+    plan = tmp_path / "tiny-recipe.toml"
+    plan.write_text(textwrap.dedent(RECIPE))
+    monkeypatch.setattr(fbench, "recipe_config", lambda *a, **k: load_plan(plan).base)
+    monkeypatch.chdir(tmp_path)
+    return lambda out: ["--seeds", "0", "--out", str(tmp_path / out), "--results", str(tmp_path / "results"),
+                        "--root", str(chars.path.parent), "--no-progress"]
+
+
+def bench_row(text: str, name: str) -> list[str]:
+    """The cells of the table row of `name` (the bench's own row) in the printed table."""
+    row = next(line for line in text.splitlines() if line.startswith(f"| **{name}**"))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_a_recorded_device_runs_through_the_bench_like_the_reservoir_it_recorded(tiny_recipe, chars, tmp_path, capsys):
+    """export -> a simulated device (the in-process ESN, no noise) -> import -> `reslm frontier bench
+    --reservoir recorded`: a table row, a card and a run on the recording, whose test CE is the bench of
+    the ESN it recorded (the same layout: stream context, one stream per shard, whole shards)."""
+    export_drive(chars, tmp_path / "drive", embed_dim=16, seed=0)
+    simulate(tmp_path / "drive", tmp_path / "states.npy", reservoir="esn", size=N)
+    import_states(tmp_path / "states.npy", tmp_path / "drive", tmp_path / "sub")
+    assert main(["frontier", "bench", "--reservoir", "recorded", "--reservoir-options", f"path={tmp_path / 'sub'}",
+                 *tiny_recipe("rec")]) == 0
+    rec = capsys.readouterr().out
+    assert main(["frontier", "bench", "--reservoir", "esn", *tiny_recipe("esn")]) == 0
+    esn = capsys.readouterr().out
+    cells = bench_row(rec, "recorded")
+    assert cells[1] == "quick" and cells[3].endswith("(1)")        # one seed measured at the quick budget
+    assert cells[3] == bench_row(esn, "esn")[3]                     # the recording scores as its reservoir
+    run, ref = (next(p for p in (tmp_path / d).iterdir() if p.is_dir()) for d in ("rec", "esn"))
+    got, want = (json.loads((r / "summary.json").read_text()) for r in (run, ref))
+    tests = [k for k in want if k.endswith("test_loss")]
+    assert tests and all(got[k] == want[k] for k in tests)          # to the bit
+    model = read_config(run)["model"]
+    assert model["reservoir"] == "recorded" and model["size"] == N and str(tmp_path / "sub") in model["reservoir_options"]
+    card = (tmp_path / "rec" / "card.md").read_text()
+    assert "`recorded`" in card and "Strict reservoir rules" in card and run.name in card
+
+
+def test_a_reservoirpy_node_from_an_import_file_runs_through_the_bench(tiny_recipe, tmp_path, capsys, registry):
+    """An --import file that builds reservoirpy nodes (one per seed) and registers them with the adapter:
+    the bench trains on them under the name and the file's sha256, with the node's size."""
+    pytest.importorskip("reservoirpy")
+    user = tmp_path / "my_node.py"
+    user.write_text(textwrap.dedent(f"""\
+        from reservoirpy.nodes import Reservoir
+        from reslm.reservoir.reservoirpy_node import register
+        register("rpy-test", lambda seed: Reservoir({N}, lr=0.5, sr=0.9, seed=seed))
+        """))
+    assert main(["frontier", "bench", "--reservoir", "rpy-test", "--import", str(user), *tiny_recipe("rpy")]) == 0
+    cells = bench_row(capsys.readouterr().out, "rpy-test")
+    assert cells[3].endswith("(1)") and float(cells[3].split()[0]) > 0
+    run = next(p for p in (tmp_path / "rpy").iterdir() if p.is_dir())
+    model = read_config(run)["model"]
+    assert model["reservoir"].startswith("rpy-test@") and model["size"] == N
+    assert json.loads((run / "summary.json").read_text())["trainable_params"] > 0
+    assert str(user) in (tmp_path / "rpy" / "card.md").read_text()
