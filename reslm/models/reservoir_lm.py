@@ -194,7 +194,7 @@ class ReservoirLM(nn.Module):
         if self.projection is None:
             return states
         # one 2-D GEMM over contiguous rows: the stream path hands in a strided (B, k, N) view, and a
-        # matmul on a strided bfloat16 view takes a slow CPU kernel (benchmarks/projection_read.py)
+        # matmul on a strided bfloat16 view takes a slow CPU kernel (docs/physical-constraints.md)
         flat = states.reshape(-1, states.shape[-1])
         return (flat @ self.projection.to(states.dtype)).view(*states.shape[:-1], -1)
 

@@ -180,8 +180,8 @@ class SelfAttention(nn.Module):
         out-projection is applied by EncoderLayer (which folds the next dropout's rescaling into it).
         `causal`: query t attends to keys <= t only (the last query, which sees them all, needs no mask).
 
-        `drop` is the dropout function (`dropout`, or `HashedDropout` of benchmarks/fused.py on the
-        compiled path that the bench keeps for the next attempt; training uses `dropout`).
+        `drop` is the dropout function (`dropout`, or `HashedDropout` of models/window_kernel.py: the fused
+        kernel's masks, to check the kernel against this path; training uses `dropout`).
         `pointwise` writes the two attention products as broadcast multiply + sum over the head
         dimension instead of batched matmuls: the same numbers up to float rounding; compiled, the
         scores, softmax, dropout and the weighted sum fuse into loops over (B, T, T, h) and no

@@ -24,8 +24,7 @@ per step. It needs a reservoir whose forward(u, s0) is a pure function of its ar
 attribute `pure = True`: every registered digital substrate); a device that cannot be set to a given
 state (a physical reservoir) runs every window from zero. Each step of a chunk also costs a dozen
 small index operations, so sharing is the default only from N = SHARE_MIN_SIZE on, where the step's
-GEMM outweighs them (the prefix counts and timings behind that threshold: docs/design-figures.md;
-benchmarks/window_prefix_sharing.py measures it again).
+GEMM outweighs them (the prefix counts and timings behind that threshold: docs/design-figures.md).
 """
 from __future__ import annotations
 

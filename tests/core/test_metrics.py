@@ -8,7 +8,7 @@ from reslm.core.metrics import (CHECK_LOSS, FIGURES, MIN_TRAIN_LOSS, SPLIT_FIGUR
                                 VAL_LOSS, best_of, bits, final_of, kept_of, summary_names)
 
 ROOT = Path(__file__).resolve().parents[2]
-CODE = [p for d in ("reslm", "scripts") for p in sorted((ROOT / d).rglob("*.py"))
+CODE = [p for d in ("reslm", "benchmarks") for p in sorted((ROOT / d).rglob("*.py"))
         if p != ROOT / "reslm" / "core" / "metrics.py"]
 
 

@@ -6,7 +6,6 @@ import torch
 from reslm import train as tt
 from reslm.train.batches import CharShards
 from reslm.core.errors import ReslmError
-from reslm.data.splits import val_groups_cut
 from reslm.models import build_model
 from reslm.run import read_metrics
 
@@ -81,33 +80,6 @@ def test_validation_groups_hold_out_whole_files_at_the_end_of_the_training_text(
                                                                 "eval_samples": 64}, grouped)
     tt.train(out, progress=False)
     assert all("val_loss" in r for r in read_metrics(out) if r["kind"] == "eval")
-
-
-def test_score_groups_splits_the_logged_validation_ce_by_file_group(grouped, tmp_path, capsys, monkeypatch):
-    """scripts/score_groups.py over a run's validation split: its "all" row is the validation CE the
-    run logged, and the groups' rows, weighted by their positions, make it up."""
-    import importlib.util
-    import json
-    import sys
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location("score_groups", Path(__file__).parents[2] / "scripts/score_groups.py")
-    score_groups = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(score_groups)
-    out = tt.create_run(tmp_path / "r", "rc", dict(size=16), {**TINY, "val_fraction": 0.15, "val_split": "groups",
-                                                                "eval_samples": 0}, grouped)
-    tt.train(out, progress=False)   # eval_samples 0: the whole split, not evenly spaced samples of it
-    cut = val_groups_cut(grouped, 0.15, 32)   # where the run's validation split starts
-    last = grouped.shards[grouped.test_shard][0]
-    monkeypatch.setattr(sys, "argv", ["score_groups", str(cut), str(last), str(out), "--json", str(tmp_path / "t.json")])
-    assert score_groups.main() == 0
-    row = json.loads((tmp_path / "t.json").read_text())["runs"]["r"]
-    logged = [r for r in read_metrics(out) if r["kind"] == "eval"][-1]["val_loss"]
-    assert row["all"][0] == pytest.approx(logged, abs=1e-5) and row["all"][1] == last - cut
-    groups = {k: v for k, v in row.items() if k != "all"}
-    assert len(groups) > 1 and sum(n for _, n in groups.values()) == last - cut
-    assert sum(ce * n for ce, n in groups.values()) / (last - cut) == pytest.approx(row["all"][0], abs=1e-5)
-    monkeypatch.setattr(sys, "argv", ["score_groups", "0", "5", str(out)])
-    assert score_groups.main() == 2 and "must lie in" in capsys.readouterr().err
 
 
 def test_validation_groups_need_groups_and_whole_shards(grouped, chars, tmp_path):
