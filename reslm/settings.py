@@ -19,6 +19,9 @@ COMPILES = ("auto", "on", "off")           # whether the training forward is com
 WINDOW_STEPS = ("auto", "fused", "plain")  # the window transformer's CPU step (reslm.models.window_kernel)
 VAL_SPLITS = ("tails", "groups")           # how --val-fraction carves the validation split (val_split)
 TEST_EVERY = ("evaluation", "shard")       # which evaluations of a run with a validation split score the test shard
+# the largest count accepted for fields whose work grows with the value, so that a typo (1e20) is refused with its
+# limit instead of running for ever (the command line's flags and the frontier's plans alike)
+COUNT_LIMITS = {"max_steps": 10**9, "cycles": 10**4, "epochs_per_shard": 10**4}
 
 
 _CHARS = {"data": "chars"}     # field metadata: a training field that only this kind of data uses
@@ -115,6 +118,9 @@ class TrainConfig:
                      "eval_batches", "log_every"):
             if not getattr(self, name) > 0:
                 raise ReslmError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name, most in COUNT_LIMITS.items():
+            if getattr(self, name) > most:
+                raise ReslmError(f"{name} must be at most {most:,}, got {getattr(self, name):,}")
         if self.lr > 10:
             raise ReslmError(f"lr {self.lr:g} is not a usable learning rate (> 10)")
         for name in ("warmup_steps", "hold_steps", "epoch_samples", "shard_chars", "eval_samples", "threads",

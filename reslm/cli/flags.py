@@ -10,6 +10,7 @@ from pathlib import Path
 
 from reslm.core.device import usable_cores
 from reslm.core.errors import ReslmError
+from reslm.settings import COUNT_LIMITS
 
 
 RIDGE_ONLY = ("ridge_alpha", "ridge_refit", "ridge_heldout_samples",   # the closed-form readout (reslm.train.ridge)
@@ -39,7 +40,7 @@ SEED = (0, 2**63 - 1)          # every seed: a non-negative 64-bit integer
 # Count flags whose work grows with the value: the largest accepted, so that a typo (1e20) is refused
 # with its limit instead of running for ever. Other integer flags take any 64-bit value (their own
 # checks follow).
-COUNTS = {"max_steps": (0, 10**9), "cycles": (0, 10**4), "epochs_per_shard": (0, 10**4), "trials": (1, 10**5),
+COUNTS = {**{name: (0, most) for name, most in COUNT_LIMITS.items()}, "trials": (1, 10**5),
           "threads": (0, usable_cores())}   # threads: never more than this machine runs (10,000 stalled it)
 
 

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import os
 import platform
+import resource
 import sys
 import time
 
@@ -207,6 +208,24 @@ def available_memory(device: torch.device) -> int | None:
     except OSError:
         pass
     return None
+
+
+def memory_limit() -> int | None:
+    """The most memory this process can ever hold, in bytes: the machine's physical memory, lowered by a
+    cgroup limit (a container's memory.max) and by the process's address-space limit (`ulimit -v`); None
+    where none can be read."""
+    limits = []
+    with contextlib.suppress(OSError, ValueError):
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    with contextlib.suppress(OSError, ValueError), open("/sys/fs/cgroup/memory.max") as f:
+        text = f.read().strip()
+        if text.isdigit():
+            limits.append(int(text))
+    with contextlib.suppress(OSError, ValueError):
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            limits.append(soft)
+    return min(limits) if limits else None
 
 
 # a margin for what a training process holds besides its states (torch, the text, the head's batches, the

@@ -34,6 +34,7 @@ from reslm.frontier.plan import Config, load_plan
 from reslm.frontier.runner import plan_table, selection
 from reslm.models import check_frontier_config, make_config
 from reslm.models.identity import command, delta, describe, run_name
+from reslm.models.load import check_fits
 from reslm.reservoir import RESERVOIRS
 from reslm.run import SUMMARY, is_finished
 from reslm.train import ensure_run, train
@@ -97,6 +98,7 @@ def bench_config(reservoir: str, base: Config, *, budget: str = "quick", reservo
     verdict = check_frontier_config(cfg.family, make_config(cfg.family, **{**cfg.model, "vocab_size": 59}))
     if not verdict.ok:
         raise ReslmError(f"{reservoir} in the recipe breaks the strict rules: {'; '.join(verdict.reasons)}")
+    check_fits(cfg.family, {**cfg.model, "vocab_size": 59})   # before any folder is made or model built
     return cfg, notes
 
 

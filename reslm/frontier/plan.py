@@ -50,6 +50,8 @@ else:   # pragma: no cover - Python 3.10
 
 BUNDLED = Path(__file__).resolve().parent / "plans"   # the plans reslm ships (`reslm frontier list`)
 SELECTS = ("screen", "none")
+MAX_SEEDS = 100          # seeds (and finalists) of one plan: each seed trains every configuration that goes on
+SEED_MAX = 2**63 - 1     # a seed is a non-negative 64-bit integer, as on the command line
 _KEYS = {"plan": {"about"}, "base": {"label", "preset", "family", "data", "model", "train", "full"},
          "rule": {"select", "screen_seed", "seeds", "finalists", "strict", "budget"},
          "candidate": {"label", "preset", "model", "train", "about", "full"}}
@@ -115,9 +117,14 @@ class Plan:
 
 
 def find_plan(name_or_path: str) -> Path:
-    """A plan file: a path, or the name of a plan reslm ships (reslm/frontier/plans/NAME.toml)."""
+    """A plan file: a path, or the name of a plan reslm ships (reslm/frontier/plans/NAME.toml). A folder, a
+    FIFO or a device in its place is refused as what it is (a FIFO is never opened: it would block)."""
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
+        if p.is_dir():
+            raise ReslmError(f"plan {p} is a folder, not a plan file: give a .toml file or a plan's name")
+        if p.exists() and not p.is_file():
+            raise ReslmError(f"plan {p} is not a regular file (a FIFO, socket or device): give a .toml file")
         if not p.is_file():
             raise ReslmError(f"plan {p}: no such file")
         return p
@@ -135,7 +142,11 @@ def bundled_plans() -> list[Path]:
 def load_plan(name_or_path: str | Path) -> Plan:
     """Read, check and resolve a plan file (ReslmError naming the file and what is wrong)."""
     path = find_plan(str(name_or_path))
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ReslmError(f"plan {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start:,})") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -156,6 +167,9 @@ def _keys(where: str, table, kind: str) -> dict:
 
 
 def _config(where: str, table: dict, base: Config | None) -> Config:
+    for key in ("label", "preset", "family", "data", "about"):
+        if key in table and not isinstance(table[key], str):
+            raise ReslmError(f"[{where}] {key} must be a string, got {table[key]!r}")
     for part in ("model", "train"):
         if not isinstance(table.get(part, {}), dict):
             raise ReslmError(f"[{where}] {part} must be a table of fields")
@@ -188,6 +202,10 @@ def _config(where: str, table: dict, base: Config | None) -> Config:
     full = table.get("full", base.full if base is not None else {})
     if not isinstance(full, dict) or set(full) - {"epochs_per_shard", "cycles", "epoch_samples"}:
         raise ReslmError(f"[{where}] full gives the full budget's epochs_per_shard, cycles or epoch_samples only")
+    try:   # the full budget's fields, typed and in range as the training fields they replace
+        TrainConfig(**{**recipe(fam)["train"], **train, **full}).validate()
+    except ReslmError as e:
+        raise ReslmError(f"[{where}] full: {e}") from None
     return Config(label=label, family=fam, preset=preset, data=str(data), model=model, train=train,
                   about=str(table.get("about", "")), full=dict(full))
 
@@ -202,18 +220,31 @@ def _other_preset(where: str, base: Config, preset: str) -> tuple[str, dict]:
 
 
 def _rule(table: dict) -> Rule:
-    rule = Rule(**{k: tuple(v) if k == "seeds" else v for k, v in table.items()})
-    if rule.select not in SELECTS:
-        raise ReslmError(f"[rule] select must be one of {', '.join(SELECTS)}, got {rule.select!r}")
-    if not rule.seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in rule.seeds) \
-            or len(set(rule.seeds)) != len(rule.seeds):
-        raise ReslmError(f"[rule] seeds must be distinct non-negative integers, got {list(rule.seeds)}")
+    """The [rule] table as a Rule, each field checked for its type and range first (TOML gives any type)."""
+    def integer(key: str, lo: int, hi: int) -> int:
+        v = table.get(key, getattr(Rule, key))
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ReslmError(f"[rule] {key} must be an integer from {lo:,} to {hi:,}, got {v!r}")
+        return v
+    seeds = table.get("seeds", Rule.seeds)
+    if not isinstance(seeds, (list, tuple)) or not seeds:
+        raise ReslmError(f"[rule] seeds must be a list of seeds such as [0, 1, 2], got {seeds!r}")
+    if len(seeds) > MAX_SEEDS:
+        raise ReslmError(f"[rule] seeds lists {len(seeds):,} seeds; a plan takes at most {MAX_SEEDS} (each seed "
+                         "is a training of every configuration that goes on)")
+    if any(not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= SEED_MAX for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise ReslmError(f"[rule] seeds must be distinct integers from 0 to {SEED_MAX:,}, got {list(seeds)}")
+    select = table.get("select", Rule.select)
+    if select not in SELECTS:
+        raise ReslmError(f"[rule] select must be one of {', '.join(SELECTS)}, got {select!r}")
+    strict = table.get("strict", Rule.strict)
+    if not isinstance(strict, bool):
+        raise ReslmError(f"[rule] strict must be true or false, got {strict!r}")
+    rule = Rule(select=select, screen_seed=integer("screen_seed", 0, SEED_MAX), seeds=tuple(seeds),
+                finalists=integer("finalists", 1, MAX_SEEDS), strict=strict, budget=integer("budget", 1, 10**12))
     if rule.select == "screen" and rule.screen_seed not in rule.seeds:
         raise ReslmError(f"[rule] screen_seed {rule.screen_seed} is not one of the seeds {list(rule.seeds)}")
-    if not isinstance(rule.finalists, int) or rule.finalists < 1:
-        raise ReslmError(f"[rule] finalists must be an integer >= 1, got {rule.finalists!r}")
-    if not isinstance(rule.strict, bool) or not isinstance(rule.budget, int) or rule.budget < 1:
-        raise ReslmError("[rule] strict must be true or false and budget a positive integer")
     return rule
 
 
@@ -236,6 +267,8 @@ def _resolve(path: Path, text: str, raw: dict) -> Plan:
     if unknown:
         raise ReslmError(f"unknown table(s) {', '.join(unknown)} (known: plan, base, rule, candidate)")
     about = _keys("plan", raw.get("plan", {}), "plan").get("about", "")
+    if not isinstance(about, str):
+        raise ReslmError(f"[plan] about must be a string, got {about!r}")
     if "base" not in raw:
         raise ReslmError("no [base] table: the configuration the candidates change")
     base = _config("base", _keys("base", raw["base"], "base"), None)

@@ -7,6 +7,7 @@ training code. (reslm.run itself does not import this module, so that the regist
 which load_run reads, can stand on reslm.run.)
 
     load_model(cfg, device)        the model a run config describes (weights not loaded)
+    check_fits(family, fields)     refuse a model whose weights alone cannot fit in memory, before it is built
     load_run(run_dir, device)      (model with the last checkpoint's weights, tokenizer, run config)
 """
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from reslm.core.device import bf16_status
-from reslm.core.errors import ReslmError
+from reslm.core.device import available_memory, bf16_status, memory_limit
+from reslm.core.errors import OutOfMemory, ReslmError
 from reslm.data.datasets import check_dataset, codec_of, data_kind, open_dataset
 from reslm.models import build_model, family
 from reslm.core.radii import deferred, remember_radii
@@ -25,14 +26,41 @@ from reslm.run.checkpoint import load_checkpoint
 from reslm.run.folder import read_config
 
 
+def model_bytes(name: str, fields: dict) -> int:
+    """Bytes of every parameter and buffer (the fixed reservoir's matrices included) of the model a family's
+    fields describe, counted on a shape-only model on the meta device: nothing is drawn or allocated."""
+    with torch.device("meta"):
+        shape = build_model(name, **fields)
+    return sum(t.numel() * t.element_size() for t in (*shape.parameters(), *shape.buffers()))
+
+
+def check_fits(name: str, fields: dict, flag: str = "--size") -> None:
+    """Refuse, before any matrix is drawn, a model whose weights alone do not fit in memory (every model is
+    built on the CPU first): ReslmError (exit 2) beyond what this process can ever hold (memory_limit: the
+    machine, its cgroup, `ulimit -v`), OutOfMemory (exit 75: try again later) beyond what is available now.
+    `flag` names the setting that shrinks it. The count is a lower bound: building takes some more."""
+    need = model_bytes(name, fields)
+    size = fields.get("size")
+    what = f"a model of reservoir size {size:,}" if isinstance(size, int) else "the model"
+    limit, avail = memory_limit(), available_memory(torch.device("cpu"))
+    if limit is not None and need > limit:
+        raise ReslmError(f"{what} needs at least {need / 2**30:.1f} GiB for its weights, more than the "
+                         f"{limit / 2**30:.1f} GiB this machine lets it hold: give a smaller {flag}")
+    if avail is not None and need > avail:
+        raise OutOfMemory(f"{what} needs at least {need / 2**30:.1f} GiB for its weights but {avail / 2**30:.1f} "
+                          f"GiB is available now: free memory, or give a smaller {flag}")
+
+
 def load_model(cfg: dict, device="cpu"):
-    """Build the model a run config describes (weights not loaded). A reservoir asked to compute in
-    bfloat16 on a device without fast bf16 is refused (without hardware bf16 it runs far slower than float32)."""
+    """Build the model a run config describes (weights not loaded), once its weights are known to fit in
+    memory (check_fits). A reservoir asked to compute in bfloat16 on a device without fast bf16 is refused
+    (without hardware bf16 it runs far slower than float32)."""
     name = cfg["family"]
     family(name)
     model = cfg["model"]
     if not isinstance(model, dict):
         raise ReslmError("the run config's model section is not an object")
+    check_fits(name, model)
     model = build_model(name, **model).to(device)
     if any(getattr(getattr(m, "config", None), "dtype", None) == "bfloat16" for m in model.modules()):
         fast, why = bf16_status(torch.device(device))

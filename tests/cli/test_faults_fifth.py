@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -198,3 +199,99 @@ def test_a_bad_import_file_is_one_line_naming_it(tmp_path, capsys, registry, no_
     line = one_error(capsys)
     assert str(user) in line and message in line, line
     assert registry == before and not (tmp_path / "out").exists()
+
+
+# --- 72.4: the budget, memory and the plan's fields checked before anything is built --------------------------
+def test_a_reservoir_too_large_for_memory_is_refused_by_the_bench_before_anything_is_made(
+        tmp_path, capsys, monkeypatch, no_data):
+    """`bench --size 100000` fits the trainable budget (a 1-wide head) but not memory: one line naming --size,
+    counted on a shape-only model, before any folder or matrix."""
+    import reslm.models.load as mload
+    monkeypatch.setattr(mload, "memory_limit", lambda: 8 * 2**30)
+    assert main(bench_argv(tmp_path, reservoir="esn") + ["--size", "100000"]) == 2
+    line = one_error(capsys)
+    assert "reservoir size 100,000" in line and "GiB" in line and "--size" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_reservoir_too_large_for_memory_is_refused_by_train_before_anything_is_made(tmp_path, chars):
+    """The same through `reslm train` (the path plans take), in a process held to 8 GiB of address space: one
+    line and exit 2 instead of the allocator's error, and no run folder."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    out = tmp_path / "big"
+    p = subprocess.run([sys.executable, "-m", "reslm.cli", "train", "--family", "rc", "--size", "100000", "--head",
+                        "mlp", "--head-hidden", "1", "--data", chars.path.name, "--root", str(chars.path.parent),
+                        "--out", str(out), "--no-progress"], capture_output=True, text=True, preexec_fn=limit,
+                       timeout=300)
+    err = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2 and len(err) == 1 and "--size" in err[0] and "GiB" in err[0], p.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("rule, message", [
+    ("seeds = 5", "[rule] seeds must be a list of seeds"),
+    ("seeds = [0, 1, 'x']", "[rule] seeds must be distinct integers"),
+    ("seeds = [0, true]", "[rule] seeds must be distinct integers"),
+    ("seeds = [0, 99999999999999999999]", "[rule] seeds must be distinct integers"),   # past 64 bits
+    ("finalists = true", "[rule] finalists must be an integer from 1"),
+    ("finalists = 0", "[rule] finalists must be an integer from 1"),
+    ("finalists = 2.5", "[rule] finalists must be an integer from 1"),
+    ("screen_seed = 'a'", "[rule] screen_seed must be an integer"),
+    ("strict = 'yes'", "[rule] strict must be true or false"),
+    ("budget = -1", "[rule] budget must be an integer"),
+    ("select = 3", "[rule] select must be one of"),
+])
+def test_a_plans_rule_is_typed_and_bounded(tmp_path, capsys, rule, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(f"[base]\nlabel = 'b'\nfamily = 'rc'\ntrain = {{ val_fraction = 0.2 }}\n[rule]\n{rule}\n")
+    assert main(["frontier", "run", str(path), "--commands", "--results", str(tmp_path / "r")]) == 2
+    line = one_error(capsys)
+    assert str(path) in line and message in line, line
+
+
+def test_a_plan_with_too_many_seeds_is_refused_before_any_run(tmp_path, capsys):
+    path = tmp_path / "many.toml"
+    path.write_text("[base]\nlabel = 'b'\nfamily = 'rc'\n[rule]\nselect = 'none'\nseeds = ["
+                    + ", ".join(map(str, range(100_000))) + "]\n")
+    assert main(["frontier", "run", str(path), "--results", str(tmp_path / "r"), "--runs", str(tmp_path / "u")]) == 2
+    line = one_error(capsys)
+    assert str(path) in line and "100,000 seeds" in line and "at most 100" in line
+    assert not (tmp_path / "r").exists() and not (tmp_path / "u").exists()
+
+
+@pytest.mark.parametrize("table, message", [
+    ("[base]\nlabel = 'b'\nfamily = 'rc'\nfull = { cycles = 'two' }\n", "[base] full: cycles must be of type int"),
+    ("[base]\nlabel = 'b'\nfamily = 'rc'\nfull = { cycles = 0 }\n", "[base] full: cycles must be > 0"),
+    ("[base]\nlabel = 'b'\nfamily = 'rc'\nfull = { epochs_per_shard = 100000000 }\n",
+     "[base] full: epochs_per_shard must be at most 10,000"),
+    ("[base]\nlabel = 'b'\nfamily = 'rc'\ntrain = { cycles = 1000000 }\n", "[base] cycles must be at most 10,000"),
+    ("[base]\nlabel = 'b'\npreset = ['rc-750']\n", "[base] preset must be a string"),
+    ("[base]\nlabel = 7\nfamily = 'rc'\n", "[base] label must be a string"),
+    ("[plan]\nabout = 3\n[base]\nfamily = 'rc'\n", "[plan] about must be a string"),
+    ("[base]\nlabel = 'b'\nfamily = 'rc'\n[[candidate]]\nlabel = 'c'\nfull = { cycles = 'x' }\n",
+     "[candidate 1] full: cycles must be of type int"),
+])
+def test_a_plans_tables_are_typed_naming_the_file_and_table(tmp_path, capsys, table, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(table + "[rule]\nselect = 'none'\n")
+    assert main(["frontier", "run", str(path), "--commands", "--results", str(tmp_path / "r")]) == 2
+    line = one_error(capsys)
+    assert str(path) in line and message in line, line
+
+
+def test_a_plan_that_is_not_a_readable_text_file_is_named(tmp_path, capsys):
+    """A non-UTF-8 byte, a folder and a FIFO: each refused as what it is, naming the plan (a FIFO is not opened)."""
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b"[plan]\nabout = 'caf\xe9'\n[base]\nfamily = 'rc'\n")
+    folder = tmp_path / "folder.toml"
+    folder.mkdir()
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    for path, words in ((latin, "not UTF-8 text (byte 0xe9"), (folder, "is a folder"),
+                        (fifo, "not a regular file (a FIFO")):
+        assert main(["frontier", "status", str(path), "--results", str(tmp_path)]) == 2
+        line = one_error(capsys)
+        assert str(path) in line and words in line, line

@@ -20,7 +20,6 @@ from reslm.frontier import schedule as fschedule
 from reslm.frontier.bench import bench
 from reslm.frontier.report import plan_markdown, status_lines
 from reslm.models.identity import fingerprint, name_problem
-from reslm.reservoir import RESERVOIRS
 from reslm.run import LOCK, read_config
 
 BASE = """
