@@ -68,7 +68,8 @@ def why_not(source: Path) -> str | None:
 @functools.lru_cache(maxsize=None)
 def build(source: Path, macros: tuple[tuple[str, int], ...]) -> ctypes.CDLL | None:
     """`source` compiled with `-DNAME=VALUE` for each of `macros`, loaded; None when it cannot be built
-    here (no compiler, a compiler error), with the reason kept for `why_not`."""
+    here (no compiler, a compiler error), with the reason kept for `why_not`. A process loads each
+    (source, macros) once: the package's sources do not change while it runs."""
     cc = compiler()
     if cc is None:
         _why[str(source)] = "no C compiler (set CC, or install gcc)"
@@ -82,7 +83,7 @@ def build(source: Path, macros: tuple[tuple[str, int], ...]) -> ctypes.CDLL | No
     if not lib.is_file():
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+            fd, tmp = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=folder)
             os.close(fd)
             done = subprocess.run([cc, *FLAGS, *defines, str(source), "-o", tmp, "-lm"], capture_output=True,
                                   text=True, timeout=300)
