@@ -15,7 +15,8 @@ was and every build draws the same weights. Sparse matrices (reservoirpy's defau
 `ReservoirpyNode` then runs the same recurrence for a batch: forward(u (B,T,d), s0 (B,N)) -> (states
 (B,T,N), s_T), in u's dtype, from a zero state unless s0 is given (reslm starts every window and shard
 at rest, whatever node.state holds). A Reservoir with tanh and one leak rate goes through the ESN's
-loop (esn.tanh_recurrence); the rest through a plain loop that autograd can follow.
+loop (esn.tanh_recurrence, with tanh as 2 sigmoid(2z) - 1 in float32 on a CPU, as the ESN's CPU default
+does); the rest through a plain loop that autograd can follow.
 
     from reservoirpy.nodes import Reservoir
     from reslm.reservoir.reservoirpy_node import register
@@ -172,7 +173,7 @@ class ReservoirpyNode(Reservoir):
         self.register_buffer("bias", torch.from_numpy(a.bias))              # (N,)
         self.register_buffer("leak", torch.from_numpy(a.leak))              # (N,)
         self.register_buffer("O_T", None if a.O is None else torch.from_numpy(a.O.T.copy()))   # (N, N) or None
-        # one leak rate, tanh and no O: the ESN's in-place loop computes exactly this
+        # one leak rate, tanh and no O: the ESN's in-place loop computes this
         self.esn_loop = a.O is None and a.activation == "tanh" and bool((a.leak == a.leak[0]).all())
         self._cast: tuple | None = None
 
@@ -197,7 +198,7 @@ class ReservoirpyNode(Reservoir):
         inputs = torch.addmm(bias, u.transpose(0, 1).reshape(T * B, d), W_in_T).view(T, B, self.size)  # Win u + b
         grad = torch.is_grad_enabled() and (u.requires_grad or (s0 is not None and s0.requires_grad))
         if self.esn_loop and not grad:
-            tanh_recurrence(inputs, s0 if s0 is None else s, W_T, float(self.leak[0]))
+            tanh_recurrence(inputs, s0 if s0 is None else s, W_T, float(self.leak[0]), via_sigmoid=True)
             return inputs.transpose(0, 1), inputs[-1]
         f, out = _TORCH[self.activation], []
         for x in inputs:                                   # x (B, N) = Win u_t + b
