@@ -23,7 +23,7 @@ import re
 import time
 from pathlib import Path
 
-from reslm.core.errors import ReslmError
+from reslm.core.errors import ReslmError, describe
 from reslm.core.files import read_json
 from reslm.core.metrics import CHECK_LOSS, TEST_LOSS, final_of, kept_of
 from reslm.evaluate import evaluate_run, record_check, score_check
@@ -86,45 +86,114 @@ def _readme_problems(folder: Path, readme: str | None) -> list[str]:
     return out
 
 
+class Unreadable(ReslmError):
+    """A published file that verify cannot read as what it should be (a damaged manifest check, a figure
+    of the wrong type): the run is reported UNREADABLE, and the other runs are still verified."""
+
+
+def _check_of(folder: Path, manifest: dict) -> dict | None:
+    """The manifest's check (None without one), its fields typed: Unreadable naming the file otherwise."""
+    check = manifest.get("check")
+    if check is None:
+        return None
+    where = folder / "manifest.json"
+    if not isinstance(check, dict):
+        raise Unreadable(f"{where}: its check is not an object")
+    for key, kinds in (("positions", int), (CHECK_LOSS, (int, float)), ("weights_digest", str)):
+        if key not in check:
+            raise Unreadable(f"{where}: its check has no {key!r}")
+        if not isinstance(check[key], kinds) or isinstance(check[key], bool):
+            raise Unreadable(f"{where}: its check's {key!r} is {type(check[key]).__name__}, not a "
+                             f"{'string' if kinds is str else 'number'}")
+    return check
+
+
+def _sampled(cfg: dict, summary: dict) -> int:
+    """How many test samples the summary's headline figure was scored on (0: the whole test shard): a run
+    trained with eval_samples (or final_eval_samples) N scores N samples, in 8 blocks (eval_slices), at each
+    evaluation; the kept weights' figure comes from any of them, the last one's from the last."""
+    train = cfg.get("train") or {}
+    every = train.get("eval_samples", 0)
+    final = train.get("final_eval_samples", -1)
+    last = every if not isinstance(final, int) or final < 0 else final
+    sizes = [last] if kept_of(TEST_LOSS) not in summary else [every, last]
+    return max((n for n in sizes if isinstance(n, int) and n > 0), default=0)
+
+
+def _check_problems(folder: Path, check: dict | None, device: str) -> tuple[list[str], int | None]:
+    """The weights re-scored on the check's positions against the CE recorded there."""
+    if not check:
+        return ["no check recorded (publish again, or `reslm verify --record`)"], None
+    got = score_check(folder, check["positions"], device=device)
+    positions, out = got["positions"], []
+    if got["weights_digest"] != check["weights_digest"]:
+        out.append("the weights are not those the check was recorded for")
+    if abs(got[CHECK_LOSS] - check[CHECK_LOSS]) > TOLERANCE:
+        out.append(f"re-scored on the check's {positions:,} test positions: {got[CHECK_LOSS]:.6f}, "
+                   f"recorded {check[CHECK_LOSS]:.6f} (differs by {got[CHECK_LOSS] - check[CHECK_LOSS]:+.2e})")
+    return out, positions
+
+
 def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, device: str = "cpu") -> dict:
-    """Verify one published run; returns {run, ok, problems, mode, positions, seconds}."""
+    """Verify one published run; returns {run, ok, status, problems, notes, mode, positions, seconds}. status:
+    "ok", "DIFFERS" (a figure or file is not what it should be) or "UNREADABLE" (a file verify cannot read, or
+    any other failure: one run's problem never stops the others). notes: what could not be compared, and why.
+
+    `full` compares like with like: the whole test shard's CE with a figure of the whole shard (the summary's,
+    or an eval.json scored on all of it). A summary figure of a run that evaluated N sampled positions
+    (eval_samples) is not a figure of the whole shard: without a whole-shard eval.json, the check's positions
+    are re-scored in its place and a note says why."""
     t0 = time.perf_counter()
     folder = Path(folder)
     problems: list[str] = []
+    notes: list[str] = []
     positions = None
+    status = "DIFFERS"
     try:
         manifest = verify_published(folder)
-        ensure_dataset(read_config(folder))   # a fresh clone: the Shakespeare datasets are built, as eval does
+        check = _check_of(folder, manifest)
+        cfg = read_config(folder)
+        ensure_dataset(cfg)   # a fresh clone: the Shakespeare datasets are built, as eval does
         summary = read_json(folder / SUMMARY) or {}
         problems += _summary_problems(folder, summary) + _readme_problems(folder, readme)
         if full:
             r = evaluate_run(folder, write=False, score=0, length=1, ns=(1,), seed=0, device=device)
-            want = _headline(summary)
-            if want is None and r["kind"] == "tokens":   # a token run's figure: its whole-val-split eval.json
-                ev = read_json(folder / "eval.json") or {}
-                want = ev.get(TEST_LOSS) if ev.get("settings", {}).get("score") == 0 else None
             positions = r["score_positions"]
-            if want is None:
+            ev = read_json(folder / "eval.json") or {}
+            whole = ev.get(TEST_LOSS) if (ev.get("settings") or {}).get("score") == 0 and \
+                ev.get("weights_sha256") in (None, r["weights_sha256"]) else None   # eval.json of these weights
+            sampled = _sampled(cfg, summary)
+            want, what, elsewhere = _headline(summary), "published", False
+            if r["kind"] == "tokens" and want is None:   # a token run's figure: its whole-val-split eval.json
+                want, what = whole, "eval.json"
+            elif 0 < sampled < positions:   # the summary's figure is of sampled positions: not comparable
+                want, what, elsewhere = whole, "eval.json (whole test text)", whole is None
+                notes.append(f"{SUMMARY}'s figure is of {sampled:,} sampled test positions (eval_samples), not the "
+                             f"whole shard's {positions:,}: " + ("not compared; the check re-scored instead"
+                                                                 if elsewhere else "eval.json's whole-shard figure "
+                                                                 "compared instead"))
+            if elsewhere:
+                found, positions = _check_problems(folder, check, device)
+                problems += found
+            elif want is None:
                 problems.append("no published figure to compare with (an unfinished run)")
             elif abs(r[TEST_LOSS] - want) > TOLERANCE:
-                problems.append(f"re-scored on the whole test text: {r[TEST_LOSS]:.6f}, published {want:.6f} "
+                problems.append(f"re-scored on the whole test text: {r[TEST_LOSS]:.6f}, {what} {want:.6f} "
                                 f"(differs by {r[TEST_LOSS] - want:+.2e})")
         else:
-            check = manifest.get("check")
-            if not check:
-                problems.append("no check recorded (publish again, or `reslm verify --record`)")
-            else:
-                got = score_check(folder, check["positions"], device=device)
-                positions = got["positions"]
-                if got["weights_digest"] != check["weights_digest"]:
-                    problems.append("the weights are not those the check was recorded for")
-                if abs(got[CHECK_LOSS] - check[CHECK_LOSS]) > TOLERANCE:
-                    problems.append(f"re-scored on the check's {positions:,} test positions: {got[CHECK_LOSS]:.6f}, "
-                                    f"recorded {check[CHECK_LOSS]:.6f} (differs by {got[CHECK_LOSS] - check[CHECK_LOSS]:+.2e})")
+            found, positions = _check_problems(folder, check, device)
+            problems += found
+    except Unreadable as e:
+        problems.append(str(e))
+        status = "UNREADABLE"
     except ReslmError as e:
         problems.append(str(e))
-    return dict(run=str(folder), ok=not problems, problems=problems, mode="full" if full else "check",
-                positions=positions, seconds=time.perf_counter() - t0)
+    except Exception as e:   # a file verify cannot read as it should: this run's line, then the next run
+        problems.append(describe(e))
+        status = "UNREADABLE"
+    return dict(run=str(folder), ok=not problems, status="ok" if not problems else status, problems=problems,
+                notes=notes, mode="full" if full else "check", positions=positions,
+                seconds=time.perf_counter() - t0)
 
 
 def publish_checked(run_dir: Path, dest: Path, *, command: str | None = None, replace: bool = False) -> dict:
@@ -137,4 +206,4 @@ def publish_checked(run_dir: Path, dest: Path, *, command: str | None = None, re
     return publish(run, dest, command=command, replace=replace, check=check)
 
 
-__all__ = ["TOLERANCE", "publish_checked", "record_check", "targets", "verify_run"]
+__all__ = ["TOLERANCE", "Unreadable", "publish_checked", "record_check", "targets", "verify_run"]

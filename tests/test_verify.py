@@ -49,7 +49,7 @@ def verify(capsys, *args):
 def test_a_published_run_verifies(copy, capsys):
     assert "check" in json.loads((copy / MANIFEST).read_text())
     rc, out, err = verify(capsys, copy)
-    assert rc == 0 and out.startswith("ok ") and "1 ok, 0 differing" in err
+    assert rc == 0 and out.startswith("ok ") and "1 ok, 0 differing, 0 unreadable" in err
     rc, out, _ = verify(capsys, copy, "--full")
     assert rc == 0 and "full" in out
 
@@ -102,3 +102,44 @@ def test_a_readme_row_that_no_evaluation_gives_is_named(copy, tmp_path, capsys):
     readme.write_text(f"| rc-16 | 1 | stream | 1 | 9.8765 | 1.234 | - | [results/{copy.name}](results/{copy.name}) |\n")
     rc = main(["verify", str(copy), "--readme", str(readme)])
     assert rc == 2 and "the README's row shows 9.8765" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def sampled(chars, tmp_path_factory):
+    """A finished tiny rc run that evaluated 200 sampled test positions (eval_samples), published."""
+    base = tmp_path_factory.mktemp("sampled")
+    run = create_run(base / "run", "rc", dict(size=16, streams=4, head="mlp", head_hidden=8),
+                     {**TINY, "eval_samples": 200}, chars)
+    train(run, progress=False)
+    assert main(["publish", str(run), str(base / "results" / "sampled")]) == 0
+    return base / "results" / "sampled"
+
+
+def test_full_compares_a_sampled_figure_like_with_like(sampled, published, tmp_path, monkeypatch, capsys):
+    """An untampered run whose figure is of 200 sampled positions is not DIFFERS beside the whole shard's CE:
+    the check is re-scored in its place, and the line says why; a tampered check is still caught."""
+    monkeypatch.setenv("RESLM_DATA", str(published[1].path.parent))
+    copy = tmp_path / "results" / "sampled"
+    shutil.copytree(sampled, copy)
+    rc, out, _ = verify(capsys, copy, "--full")
+    assert rc == 0 and out.startswith("ok ") and "200 sampled test positions" in out and "check re-scored" in out
+    m = json.loads((copy / MANIFEST).read_text())
+    m["check"]["loss"] += 0.05
+    (copy / MANIFEST).write_text(json.dumps(m))
+    rc, out, _ = verify(capsys, copy, "--full")
+    assert rc == 2 and out.startswith("DIFFERS") and "re-scored on the check's" in out
+
+
+def test_a_damaged_manifest_is_one_line_and_the_other_runs_are_verified(copy, tmp_path, capsys):
+    other = copy.parent / "other"
+    shutil.copytree(copy, other)
+    m = json.loads((copy / MANIFEST).read_text())
+    del m["check"]["loss"]
+    (copy / MANIFEST).write_text(json.dumps(m))
+    rc, out, err = verify(capsys, copy.parent)
+    lines = out.splitlines()
+    assert rc == 2 and len(lines) == 2, out
+    bad = next(line for line in lines if str(copy) + ":" in line)
+    assert bad.startswith("UNREADABLE") and f"{copy / MANIFEST}: its check has no 'loss'" in bad
+    assert any(line.startswith("ok ") and str(other) in line for line in lines)
+    assert "1 ok, 0 differing, 1 unreadable" in err and "Traceback" not in err

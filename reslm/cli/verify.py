@@ -33,19 +33,22 @@ def cmd_verify(args):
         return
     readme = Path(args.readme)
     text = readme.read_text(encoding="utf-8") if readme.is_file() else None
-    bad = 0
+    bad = unreadable = 0
     for folder in runs:
         r = verify_run(folder, full=args.full, readme=text, device=args.device)
         where = f"{r['mode']}, {r['positions']:,} positions" if r["positions"] else r["mode"]
+        note = f"; {'; '.join(r['notes'])}" if r["notes"] else ""
         if r["ok"]:
-            print(f"ok       {folder} ({where}, {r['seconds']:.1f} s)", flush=True)
+            print(f"ok       {folder} ({where}, {r['seconds']:.1f} s{note})", flush=True)
         else:
             bad += 1
-            print(f"DIFFERS  {folder}: {'; '.join(r['problems'])}", flush=True)
-    print(f"{len(runs)} run(s): {len(runs) - bad} ok, {bad} differing ({time.perf_counter() - t0:.0f} s)",
-          file=sys.stderr)
+            unreadable += r["status"] == "UNREADABLE"
+            print(f"{r['status']:<8} {folder}: {'; '.join(r['problems'])}{note}", flush=True)
+    print(f"{len(runs)} run(s): {len(runs) - bad} ok, {bad - unreadable} differing, {unreadable} unreadable "
+          f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     if bad:
-        raise ReslmError(f"{bad} of {len(runs)} published run(s) do not re-score to what they publish")
+        raise ReslmError(f"{bad} of {len(runs)} published run(s) do not re-score to what they publish"
+                         + (f" ({unreadable} unreadable)" if unreadable else ""))
 
 
 def add_parser(sub) -> None:
