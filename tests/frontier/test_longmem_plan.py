@@ -34,3 +34,12 @@ def test_every_candidate_is_strict_at_the_base_budget(plan):
             esn, memory = res.part_configs()
             assert (esn.spectral_radius, esn.input_scaling, esn.input_init) == (1.1111, 1.1111, "normal")
             assert type(memory) is RESERVOIRS["legendre" if "lmu" in c.label else "diagonal"][0]
+
+
+def test_the_quick_screen_trains_the_same_models_at_the_quick_budget(plan):
+    quick = load_plan("esn-longmem-quick")
+    assert [c.label for c in quick.configs] == [f"{c.label}-quick" for c in plan.configs]
+    for q, full in zip(quick.configs, plan.configs):
+        assert q.model == full.model
+        assert (q.train["epochs_per_shard"], q.train["cycles"], q.full) == (1, 1, {"epochs_per_shard": 5, "cycles": 2})
+    assert quick.rule.select == "none" and list(quick.rule.seeds) == [0]
