@@ -20,7 +20,8 @@ system, its coefficients on one scale beside other substrates' states.
 Fast path: the system is linear and time-invariant, so the states of a chunk of C steps are one GEMM of
 the chunk's inputs with the lower-triangular Toeplitz matrix of the impulse response Abar^k Bbar
 (k < C), for every chunk at once, plus the state carried into each chunk times Abar^(j+1) (one more
-GEMM); only the carries (one (q, q) product per chunk) are sequential. chunk = 1 is the step-by-step
+GEMM); only the carries (one (q, q) product per chunk) are sequential. A call of T < chunk steps (stream
+mode's training often steps one character at a time) uses chunks of T. chunk = 1 is the step-by-step
 recurrence. Powers are computed and kept in float64; states come back in float32 (float64 for float64
 inputs).
 Gradients flow to u when it requires grad (every operation is out of place).
@@ -125,7 +126,6 @@ class LegendreMemory(Reservoir):
         self.register_buffer("Bbar", Bbar)                                             # (q,)
         self.register_buffer("toeplitz", toeplitz.permute(0, 2, 1).reshape(C * q, C))   # rows (j, p)
         self.register_buffer("carry", torch.stack(powers[1:]).reshape(C * q, q))       # Abar^(j+1), rows (j, p)
-        self.register_buffer("Abar_C", powers[C])                                      # Abar^C
         self.q = q
 
     def init_state(self, batch: int, device=None, dtype=None) -> torch.Tensor:
@@ -140,7 +140,7 @@ class LegendreMemory(Reservoir):
 
     def forward(self, u: torch.Tensor, s0: torch.Tensor | None = None):
         B, T, d = u.shape
-        q, C = self.q, self.config.chunk
+        q, C = self.q, min(self.config.chunk, max(T, 1))   # a short call (stream mode: often 1 step) pads nothing
         dtype = torch.float64 if u.dtype == torch.float64 else torch.float32
         grad = torch.is_grad_enabled() and (u.requires_grad or (s0 is not None and s0.requires_grad))
         with torch.set_grad_enabled(grad), torch.autocast(u.device.type, enabled=False):
@@ -152,13 +152,16 @@ class LegendreMemory(Reservoir):
             if n * C > T:                                                        # zeros after the end: causal
                 x = torch.cat([x, x.new_zeros(n * C - T, Bd)])
             x = x.view(n, C, Bd).transpose(0, 1).reshape(C, n * Bd)             # (C, chunks x B d)
-            within = (self.toeplitz.to(dtype) @ x).view(C, q, n, Bd)             # each chunk from a zero state
+            C0 = self.config.chunk                                               # the buffers' chunk; C <= C0
+            toeplitz = self.toeplitz.view(C0, q, C0)[:C, :, :C].reshape(C * q, C)  # the first C steps' response
+            within = (toeplitz.to(dtype) @ x).view(C, q, n, Bd)                  # each chunk from a zero state
             m = s0.to(dtype).reshape(B * d, q).T if s0 is not None else x.new_zeros(q, Bd)
-            A_C, starts = self.Abar_C.to(dtype), []
+            powers = self.carry[:C * q]                                          # Abar^(j+1), j < C
+            A_C, starts = powers[(C - 1) * q:].to(dtype), []
             for k in range(n):                                                   # the state entering chunk k
                 starts.append(m)
                 m = A_C @ m + within[C - 1, :, k]
-            carried = (self.carry.to(dtype) @ torch.stack(starts, 1).view(q, n * Bd)).view(C, q, n, Bd)
+            carried = (powers.to(dtype) @ torch.stack(starts, 1).view(q, n * Bd)).view(C, q, n, Bd)
             m_all = within + carried                                            # (C, q, n, B d)
             states = m_all.permute(2, 0, 3, 1).reshape(n * C, B, d * q)[:T].transpose(0, 1)
         return states, states[:, -1]

@@ -97,6 +97,10 @@ def test_legendre_fast_path_equals_the_recurrence(chunk):
     states64, _ = res(u.double(), s0.double())                          # float64 in, float64 out
     assert states64.dtype == torch.float64
     torch.testing.assert_close(states64, exact, rtol=1e-9, atol=1e-9)
+    s = s0.double()
+    for t0 in range(0, 40, 3):                                           # short calls (stream mode: T < chunk)
+        short, s = res(u[:, t0:t0 + 3].double(), s)
+        torch.testing.assert_close(short, exact[:, t0:t0 + 3], rtol=1e-9, atol=1e-9)
 
 
 def test_legendre_memory_holds_the_window_and_each_dimension_apart():
