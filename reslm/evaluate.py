@@ -82,21 +82,25 @@ def _score_chars(model, tokens: torch.Tensor, context: int, position: int, clock
                 progress: Progress | None = None, batch_size: int = 1024) -> tuple[float, float, float]:
     """CE over every sample of `tokens` (at `position` of the dataset's stream), in pieces of PIECE samples
     (each with its own `context` lead-in). `clock`: the reservoir_clock running around the call. With
-    `progress` (reslm.scoring.Progress), the pieces it holds are skipped and its sums saved after each
-    piece. Returns (CE, seconds, reservoir seconds): the time is what earlier calls took for the pieces
-    they scored, to add to this call's."""
+    `progress` (reslm.scoring.Progress), the pieces it holds are skipped (once its spot piece re-scores to
+    what it holds) and its sums saved after each piece. Returns (CE, seconds, reservoir seconds): the time
+    is what earlier calls took for the pieces they scored, to add to this call's."""
+    def piece(a: int) -> tuple[float, int]:   # the piece starting at sample a: (summed loss, samples)
+        feats = model.features(tokens[a:a + PIECE + context], position=position + a,
+                               **noise_stream(model, TEST_KEY, a))
+        loss, n = estimate_loss(model, feature_batches(feats, eval_batch_size(model, batch_size, feats.targets.device)))
+        synchronize(tokens.device)
+        return loss * n, n
+
     p = progress or Progress(Path(), {})
+    if p.spot is not None:   # a kept piece scored again before the kept sums are trusted (else started over)
+        p.check_spot(*piece(p.spot * PIECE))
     before = p.seconds, p.reservoir_seconds
-    device = tokens.device
     for k, a in enumerate(range(0, tokens.numel() - context, PIECE)):
         if k < p.pieces:
             continue
         t0, r0 = time.perf_counter(), clock["seconds"]
-        feats = model.features(tokens[a:a + PIECE + context], position=position + a,
-                               **noise_stream(model, TEST_KEY, a))
-        loss, n = estimate_loss(model, feature_batches(feats, eval_batch_size(model, batch_size, feats.targets.device)))
-        synchronize(device)
-        p.pieces, p.total, p.count = k + 1, p.total + loss * n, p.count + n
+        p.add(*piece(a))
         p.seconds += time.perf_counter() - t0
         p.reservoir_seconds += clock["seconds"] - r0
         if progress is not None:
@@ -256,7 +260,8 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
                 context_mode=getattr(model.config, "context_mode", None), physical=physics))
             if progress.pieces:
                 print(f"reslm: note: continuing the scoring of {run_dir} after the {progress.pieces} pieces of "
-                      f"{progress.count:,} samples kept in {progress.path.name}", file=sys.stderr)
+                      f"{progress.count:,} samples kept in {progress.path.name} (its piece {progress.spot + 1} "
+                      "scored again first)", file=sys.stderr)
         (loss, *before), score_s, score_res = _timed(
             lambda clock: _score_chars(model, chunk, context, a, clock, progress), model)
         score_s, score_res = score_s + before[0], score_res + before[1]   # pieces an earlier call scored

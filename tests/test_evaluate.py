@@ -183,7 +183,7 @@ def test_a_scoring_stopped_part_way_continues_from_its_last_piece(chars, tmp_pat
     with monkeypatch.context() as m:
         calls = _stop_at_piece(m, pieces + 5)   # never stops: counts the pieces scored
         resumed = evaluate_run(out, length=10, score=0, context_mode="window")
-    assert len(calls) == pieces - 2
+    assert len(calls) == pieces - 2 + 1   # the pieces left, and one kept piece scored again (its spot check)
     assert resumed["test_loss"] == whole["test_loss"]
     assert resumed["score_seconds"] >= kept["seconds"] and not partial.exists()
     if published:
@@ -214,3 +214,97 @@ def test_progress_kept_for_other_weights_or_positions_is_started_over(chars, tmp
     partial.write_text("{not json")
     assert evaluate_run(out, length=10, score=300)["test_loss"] == whole["test_loss"]
     assert not partial.exists()
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    import reslm.evaluate as ev
+    import reslm.scoring as sc
+    monkeypatch.setattr(sc, "PIECE", 97)
+    monkeypatch.setattr(ev, "PIECE", 97)
+
+
+@pytest.fixture
+def stream_run(chars, tmp_path):
+    out = tt.create_run(tmp_path / "rc", "rc", dict(size=32, context_mode="stream"), TRAIN, chars)
+    tt.train(out, progress=False)
+    return out
+
+
+# the child: `reslm eval` in pieces of 97 samples, which stops for good (marker written) after its 2nd piece is kept
+_KILLED_CHILD = """
+import sys, time
+from pathlib import Path
+import reslm.evaluate as ev, reslm.scoring as sc
+sc.PIECE = ev.PIECE = 97
+real = sc.Progress.save
+def save(self):
+    real(self)
+    if self.pieces == 2:
+        Path(sys.argv[1]).write_text("kept")
+        time.sleep(3600)
+sc.Progress.save = save
+from reslm.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_scoring_killed_with_kill_9_continues_to_the_same_figure(stream_run, small_pieces, tmp_path):
+    """A real `reslm eval` process killed with SIGKILL after two kept pieces: the next call continues from
+    them and writes the uninterrupted figure (to 1e-9; in fact to the last bit)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    whole = evaluate_run(stream_run, length=10, score=0, context_mode="window", write=False)
+    marker = tmp_path / "kept"
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(marker), "eval", str(stream_run),
+                              "--context-mode", "window", "--score", "0", "--length", "10", "--write"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while child.poll() is None and not marker.exists():   # no clock: the child's own end bounds the wait
+        time.sleep(0.1)
+    assert marker.exists(), child.stderr.read()
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    kept = json.loads((stream_run / "eval-window.partial.json").read_text())
+    assert kept["pieces"] == 2 and not (stream_run / "eval-window.json").exists()
+    resumed = evaluate_run(stream_run, length=10, score=0, context_mode="window")
+    assert abs(resumed["test_loss"] - whole["test_loss"]) <= 1e-9
+    assert not (stream_run / "eval-window.partial.json").exists()
+
+
+def _stopped(out, monkeypatch) -> dict:
+    """The progress file a scoring stopped after 2 pieces keeps."""
+    with monkeypatch.context() as m:
+        _stop_at_piece(m, 2)
+        with pytest.raises(KeyboardInterrupt):
+            evaluate_run(out, length=10, score=0, context_mode="window")
+    return json.loads((out / "eval-window.partial.json").read_text())
+
+
+def _redigest(d: dict) -> dict:
+    """What a tamperer who knows the format does: the digest made to match the edited fields again."""
+    import hashlib
+    body = {k: v for k, v in d.items() if k != "digest"}
+    return {**body, "digest": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()}
+
+
+@pytest.mark.parametrize("tamper, warning", [
+    (lambda d: {**d, "total": d["total"] - 10.0}, "does not match its digest"),
+    (lambda d: {k: v for k, v in d.items() if k not in ("digest", "sums")}, "has no digest"),
+    (lambda d: _redigest({**d, "total": d["total"] - 20.0,
+                          "sums": [[t - 10.0, n] for t, n in d["sums"]]}), "re-scores to"),
+])
+def test_a_tampered_partial_file_is_detected_and_scored_again(stream_run, small_pieces, monkeypatch, capsys,
+                                                               tamper, warning):
+    """A kept scoring is never trusted as written: an edited file (digest), an older one (no digest) and
+    a consistent forgery with a recomputed digest (a kept piece, drawn at random, re-scored) are each
+    scored from the start with a warning, to the uninterrupted figure."""
+    whole = evaluate_run(stream_run, length=10, score=0, context_mode="window", write=False)
+    partial = stream_run / "eval-window.partial.json"
+    partial.write_text(json.dumps(tamper(_stopped(stream_run, monkeypatch))))
+    capsys.readouterr()
+    resumed = evaluate_run(stream_run, length=10, score=0, context_mode="window")
+    err = capsys.readouterr().err
+    assert warning in err and "scoring from the start" in err and str(partial) in err
+    assert resumed["test_loss"] == whole["test_loss"] and not partial.exists()
