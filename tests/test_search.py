@@ -181,6 +181,22 @@ def _complete(db: Path, *also: str) -> list[tuple[int, float]]:
     return [(t.number, t.value) for t in study.trials if t.state.name in ("COMPLETE", *also)]
 
 
+def test_two_workers_started_together_on_a_new_folder_share_one_study(chars, tmp_path):
+    """Two real `reslm search --worker` processes started at once on a folder that does not exist yet: one
+    makes it while the other waits its turn, and both add their trials to the one study."""
+    out = tmp_path / "s"
+
+    def worker(index: int):
+        return subprocess.Popen([sys.executable, "-m", "reslm.cli", "search", "--data", str(chars.path), "--out",
+                                 str(out), "--size", "30", "--streams", "8", "--trials", "1", "--worker", str(index),
+                                 "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    workers = [worker(0), worker(1)]
+    for w in workers:
+        assert w.wait(timeout=600) == 0, w.stderr.read()
+    assert len(_complete(out / "study.db", "FAIL")) == 2 and json.loads((out / "search.json").read_text())
+
+
 @pytest.mark.slow
 def test_two_workers_share_a_study_and_survive_kill_9(chars, tmp_path):
     """The issue's check, with real processes: two workers fill one SQLite study, one is killed with
