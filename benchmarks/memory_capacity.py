@@ -60,6 +60,7 @@ def main(argv=None) -> int:
         reach = capacity_reach(mc["r2"]), capacity_reach(mc["r2"], 0.1)
         print(f"{label:>14}  {c.model.get('reservoir', 'esn'):>9}  N={res.size:,}  MC {mc['capacity']:7.2f}  "
               f"r2>=0.5 to k={reach[0]:3d}  r2>=0.1 to k={reach[1]:3d}  ({secs:.0f} s)", flush=True)
+        mc["r2"] = [round(x, 6) for x in mc["r2"]]
         rows.append(dict(label=label, model=c.model, reach_05=reach[0], reach_01=reach[1], seconds=round(secs, 1), **mc))
     if a.out:
         write_json(a.out, dict(plan=plan.name, seed=a.seed, threads=a.threads, cpu=platform.processor() or platform.machine(),
