@@ -28,13 +28,14 @@ SUBSTRATES: dict[str, dict[str, dict]] = {
     "gru": {"rc": {}, "aerc": {}},   # the candidate's radius and input scaling as the esn's; gates at their defaults
     "poly": {"rc": {}, "aerc": {}},  # half the size an ESN, half fixed monomials of its state (the default)
     # the long-memory substrates (issue 70): ES2N at beta 0.1 with a random orthogonal map; the Legendre memory
-    # (size = embed_dim x order: 16 x 162 = 2,592 and 16 x 10); the ESN beside a Legendre memory of a 64-character
-    # window; the diagonal's log-uniform timescales are its options (`diagonal` keeps its default draw)
+    # (size = embed_dim x order: 16 x 162 = 2,592 and 16 x 10); the ESN beside, in half the units, a linear
+    # diagonal memory with timescales log-uniform over 4-512 characters (halves of any even size, so it fits
+    # whatever size a caller sets)
     "es2n": {"rc": dict(reservoir_options="beta=0.1"), "aerc": dict(reservoir_options="beta=0.1")},
     "legendre": {"rc": dict(size=2592, input_scaling=1.0, reservoir_options="theta=64"),
                  "aerc": dict(size=160, input_scaling=1.0, reservoir_options="theta=16")},
-    "composite": {"rc": dict(reservoir_options="parts=esn+legendre:1296(theta=64;input_scaling=1)"),
-                  "aerc": dict(reservoir_options="parts=esn+legendre:80(theta=16;input_scaling=1)")},
+    "composite": {fam: dict(reservoir_options="parts=esn+diagonal(tau_min=4;tau_max=512;normalize=true)")
+                  for fam in ("rc", "aerc")},
 }
 
 
