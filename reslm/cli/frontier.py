@@ -87,7 +87,8 @@ def cmd_report(args):
 
 def cmd_bench(args):
     result = fbench.bench(args.reservoir, budget=args.budget, seeds=tuple(args.seeds), imports=args.imports,
-                          reservoir_options=args.reservoir_options, size=args.size, out=Path(args.out),
+                          reservoir_options=args.reservoir_options, settings=args.set, size=args.size,
+                          out=Path(args.out),
                           results=Path(args.results), jobs=args.jobs, threads=args.threads,
                           data_root=data_root(args), progress=not args.no_progress)
     print(result["table"])
@@ -199,7 +200,11 @@ def _add_bench(acts) -> None:
     bn.add_argument("--import", dest="imports", action="append", metavar="FILE.py",
                     help="a Python file to run first: it registers your reservoir in reslm.reservoir.RESERVOIRS "
                          "(repeatable)")
-    bn.add_argument("--reservoir-options", help="options of the reservoir, k=v,k=v (e.g. path=... for a recorded one)")
+    bn.add_argument("--reservoir-options", help="the substrate's own options, k=v,k=v (e.g. path=... for a recorded "
+                    "one, k=1 for nvar)")
+    bn.add_argument("--set", metavar="FIELD=V,...", help="model fields, e.g. spectral_radius=0.99,input_scaling=0.5: "
+                    "the substrate's operating point (the recipe's values were tuned for the ESN and apply to it only; "
+                    "any other substrate starts from its own defaults); recorded in the runs' config and name")
     bn.add_argument("--size", type=int_range(1, 100_000), help="reservoir size N (default the recipe's 750); the "
                     "head's width is fitted to the budget")
     bn.add_argument("--budget", choices=fbench.BUDGETS, default="quick", help="quick (default) or full")

@@ -14,12 +14,15 @@ full is measured in docs/frontier-plans.md (plan quick-ranks).
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 import statistics
 import subprocess
 import sys
 import time
 import types
+from dataclasses import MISSING
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import reslm
@@ -32,10 +35,10 @@ from reslm.core.metrics import LN2, TEST_LOSS, VAL_LOSS, final_of, kept_of
 from reslm.data.datasets import find_dataset
 from reslm.frontier.plan import Config, load_plan
 from reslm.frontier.runner import plan_table, selection
-from reslm.models import check_frontier_config, make_config
+from reslm.models import check_frontier_config, family, make_config
 from reslm.models.identity import command, delta, describe, run_name
 from reslm.models.load import check_fits
-from reslm.reservoir import RESERVOIRS
+from reslm.reservoir import KNOBS, RESERVOIRS, parse_options
 from reslm.run import SUMMARY, is_finished
 from reslm.train import ensure_run, train
 
@@ -56,7 +59,10 @@ def recipe_config(plan_name: str = RECIPE_PLAN, results: Path = Path("results"))
 
 
 def _fit_head(cfg: Config, budget: int) -> Config:
-    """The same configuration with the widest head_hidden whose trainable count fits `budget`."""
+    """The same configuration with the widest head_hidden whose trainable count fits `budget` (a linear head
+    has no width: unchanged, its count is checked with the strict rules)."""
+    if make_config(cfg.family, **{**cfg.model, "vocab_size": 59}).head == "linear":
+        return cfg
     def count(h):
         return check_frontier_config(cfg.family, make_config(cfg.family, **{**cfg.model, "head_hidden": h,
                                                                          "vocab_size": 59})).trainable_params
@@ -70,32 +76,120 @@ def _fit_head(cfg: Config, budget: int) -> Config:
     return Config(**{**cfg.__dict__, "model": {**cfg.model, "head_hidden": lo}})
 
 
+# model fields a `--set` may not give: each has its own flag (or is the dataset's)
+_OWN_FLAGS = {"reservoir": "--reservoir", "reservoir_options": "--reservoir-options", "size": "--size",
+              "seed": "--seeds", "vocab_size": "the dataset"}
+
+
+def parse_set(family_name: str, text: str | None) -> dict:
+    """{field: value} from `--set k=v,k=v`: fields of the family's model config, each value converted to its
+    field's type. One line naming the field for an unknown one, a bad value, or a field with its own flag."""
+    fields_ = {f.name: f for f in dataclass_fields(family(family_name).config)}
+    out = {}
+    for item in filter(None, (t.strip() for t in (text or "").split(","))):
+        key, eq, value = (t.strip() for t in item.partition("="))
+        if not eq or not key:
+            raise ReslmError(f"--set {item!r} is not field=value (e.g. --set spectral_radius=0.99)")
+        if key in _OWN_FLAGS:
+            raise ReslmError(f"--set {key}: give it with {_OWN_FLAGS[key]}")
+        if key not in fields_:
+            raise ReslmError(f"--set {key}: the {family_name} model has no such field; its fields: "
+                             f"{', '.join(k for k in fields_ if k not in _OWN_FLAGS)}")
+        kind = type(fields_[key].default)
+        try:
+            out[key] = _value(kind, value)
+        except ValueError:
+            raise ReslmError(f"--set {key}={value!r} is not a valid {kind.__name__}") from None
+    return out
+
+
+def _value(kind: type, text: str):
+    """`text` as a value of type `kind` (a bool from true/false, yes/no, on/off, 1/0); ValueError otherwise."""
+    if kind is bool:
+        if text.lower() not in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            raise ValueError(text)
+        return text.lower() in ("true", "yes", "on", "1")
+    return kind(text)
+
+
+def _own_defaults(reservoir: str, base: Config) -> tuple[dict, dict]:
+    """The recipe's model fields with its reservoir values (the knobs it tuned for its own substrate: spectral
+    radius, input scaling, ..., and its reservoir options: the input initialisation) replaced by `reservoir`'s
+    own defaults, those of its registered config class (a field it does not have is left at the family's
+    default); and {field: the recipe's value} of what was not applied."""
+    own = {f.name: f.default for f in dataclass_fields(RESERVOIRS[reservoir][0]) if f.default is not MISSING}
+    tuned = {k: v for k, v in base.model.items() if k in KNOBS and k not in ("size", "seed")}
+    model = {k: v for k, v in base.model.items() if k not in tuned and k != "reservoir_options"}
+    model.update({k: own[k] for k in tuned if k in own})
+    if base.model.get("reservoir_options"):
+        tuned["reservoir_options"] = base.model["reservoir_options"]
+    return model, tuned
+
+
+def _with_flags(reservoir: str, e: ReslmError) -> ReslmError:
+    """A substrate's refusal in the bench's words: the flag that fixes it named."""
+    text = re.sub(r"set size to (\d+), not \d+", r"give --size \1", str(e))
+    text = text.replace("(a model field: set it with its own flag)", "(a model field: give it with --set KEY=VALUE)")
+    hint = "" if "--" in text else (" (the reservoir's size: --size; other model fields: --set KEY=VALUE; the "
+                                    "substrate's own options: --reservoir-options)")
+    return ReslmError(f"{reservoir} in the recipe: {text}{hint}")
+
+
+def _shown(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def used_values(cfg: Config, names=None) -> dict:
+    """{knob: value} the configuration's substrate runs at, for the knobs `names` (default: every reservoir
+    knob and input_init) that its config has."""
+    res = make_config(cfg.family, **{**cfg.model, "vocab_size": 59}).reservoir_config()
+    names = names or [k for k in (*KNOBS, "input_init") if k not in ("size", "seed")]
+    return {k: getattr(res, k) for k in names if hasattr(res, k)}
+
+
 def bench_config(reservoir: str, base: Config, *, budget: str = "quick", reservoir_options: str | None = None,
-                 size: int | None = None, limit: int = 155_459, label: str | None = None) -> tuple[Config, list[str]]:
+                 size: int | None = None, limit: int = 155_459, label: str | None = None,
+                 settings: dict | None = None) -> tuple[Config, list[str]]:
     """The recipe with `reservoir` (its registry name: source_name for one from a file) in place of its own,
-    checked against the strict rules; and notes on what was adapted (options dropped, head refitted). The
-    configuration's label (default "RESERVOIR-BUDGET") goes into its runs' folder names."""
+    checked against the strict rules and memory; and notes on what was adapted. The recipe's reservoir values
+    were tuned for its own substrate (the ESN) and go with it only: any other substrate starts from its own
+    registered defaults (`_own_defaults`), then `settings` (`--set`: model fields) and `reservoir_options`
+    over them. A substrate's refusal names the flag that fixes it. The configuration's label (default
+    "RESERVOIR-BUDGET") goes into its runs' folder names."""
     if reservoir not in RESERVOIRS:
         raise ReslmError(f"unknown reservoir {reservoir!r} (registered: {', '.join(RESERVOIRS)}; --import FILE.py "
                          "registers your own)")
     notes = []
-    model = {**base.model, "reservoir": reservoir}
+    if reservoir == base.model.get("reservoir", "esn"):
+        model = dict(base.model)
+    else:
+        model, tuned = _own_defaults(reservoir, base)
+        if tuned:
+            notes.append(f"the recipe's values tuned for {base.model.get('reservoir', 'esn')} "
+                         f"({', '.join(f'{k}={v}' for k, v in tuned.items())}) are not applied to {reservoir}: it "
+                         "starts from its own defaults")
+    model = {**model, **(settings or {}), "reservoir": reservoir}
     if reservoir_options is not None:
         model["reservoir_options"] = reservoir_options
-    elif reservoir != base.model.get("reservoir", "esn"):
-        try:
-            make_config(base.family, **{**model, "vocab_size": 59})
-        except ReslmError:
-            notes.append(f"the recipe's reservoir options ({base.model.get('reservoir_options')}) do not apply to "
-                         f"{reservoir}: left out")
-            model["reservoir_options"] = ""
+    cfg_cls = RESERVOIRS[reservoir][0]
+    try:   # fields a substrate fixes itself (a recording's size): its own, not the recipe's
+        implied = cfg_cls.implied(parse_options(reservoir, cfg_cls, model.get("reservoir_options", ""),
+                                                reserved={*family(base.family).config.__dataclass_fields__,
+                                                          "input_dim"}))
+    except ReslmError as e:
+        raise _with_flags(reservoir, e) from None
+    model = {k: v for k, v in model.items() if k not in implied or k in (settings or {})}
     train = {**base.train, **(QUICK if budget == "quick" else {})}
-    cfg = Config(label=label or f"{reservoir}-{budget}", family=base.family, preset=base.preset, data=base.data, model=model,
-                 train=train)
-    if size is not None and size != base.model.get("size", make_config(base.family, vocab_size=59).size):
-        cfg = _fit_head(Config(**{**cfg.__dict__, "model": {**model, "size": size}}), limit)
-        notes.append(f"size {size}: the head's width fitted to the budget ({cfg.model['head_hidden']})")
-    verdict = check_frontier_config(cfg.family, make_config(cfg.family, **{**cfg.model, "vocab_size": 59}))
+    cfg = Config(label=label or f"{reservoir}-{budget}", family=base.family, preset=base.preset, data=base.data,
+                 model=model, train=train)
+    try:
+        if size is not None and size != base.model.get("size", make_config(base.family, vocab_size=59).size):
+            cfg = _fit_head(Config(**{**cfg.__dict__, "model": {**model, "size": size}}), limit)
+            if "head_hidden" in cfg.model:
+                notes.append(f"size {size}: the head's width fitted to the budget ({cfg.model['head_hidden']})")
+        verdict = check_frontier_config(cfg.family, make_config(cfg.family, **{**cfg.model, "vocab_size": 59}))
+    except ReslmError as e:
+        raise _with_flags(reservoir, e) from None
     if not verdict.ok:
         raise ReslmError(f"{reservoir} in the recipe breaks the strict rules: {'; '.join(verdict.reasons)}")
     check_fits(cfg.family, {**cfg.model, "vocab_size": 59})   # before any folder is made or model built
@@ -254,8 +348,10 @@ def _row(name, st, seconds, trainable, budget) -> str:
 def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=None, reservoir_options=None,
           size=None, out: Path = OUT, results: Path = Path("results"), jobs: int = 1,
           threads: int | None = None, data_root: Path | None = None, progress: bool = True,
-          recipe_plan: str = RECIPE_PLAN, table_only: bool = False) -> dict:
-    """Run the recipe with `reservoir` at each seed in out/, then the table and the model card."""
+          recipe_plan: str = RECIPE_PLAN, table_only: bool = False, settings: str | None = None) -> dict:
+    """Run the recipe with `reservoir` at each seed in out/, then the table and the model card. `settings`:
+    model fields as `--set` gives them ("spectral_radius=0.99,input_scaling=0.5"), recorded in the runs'
+    config, and so in their fingerprint and folder name."""
     if budget not in BUDGETS:
         raise ReslmError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
     sources = _import(imports)
@@ -263,7 +359,12 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     source = next((s for s in sources if reservoir in s["names"]), None)
     base = recipe_config(recipe_plan, results)
     cfg, notes = bench_config(source_name(reservoir, source["sha256"]) if source else reservoir, base, budget=budget,
-                              reservoir_options=reservoir_options, size=size, label=f"{reservoir}-{budget}")
+                              reservoir_options=reservoir_options, size=size, label=f"{reservoir}-{budget}",
+                              settings=parse_set(base.family, settings))
+    # the operating point shown beside the figure: the knobs the recipe tuned, input_init and what --set gave
+    shown = [k for k in base.model if k in KNOBS and k not in ("size", "seed")] + ["input_init"] + \
+        list(parse_set(base.family, settings))
+    used = ", ".join(f"{k}={_shown(v)}" for k, v in used_values(cfg, list(dict.fromkeys(shown))).items())
     dataset = find_dataset(cfg.data, "chars", data_root, prepare=True)
     out = Path(out)
     runs = {s: out / run_name(cfg.run_config(s), cfg.label) for s in seeds}
@@ -289,11 +390,15 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     refs += [next((g for g in (_group("trained ceiling", p, results) for p in CEILING_PLANS) if g), None)]
     lines = ["| model | budget | trainable | test CE, state carried (nats, mean ± sd (seeds)) | bits/char | "
              "train time per seed |", "|---|---|---|---|---|---|",
-             _row(f"**{reservoir}** (this bench" + (f"; {source['path']}, sha256 {source['sha256'][:12]})" if source
-                                                   else ")"), mine["test"], mine["seconds"], mine["trainable"], budget)]
+             _row(f"**{reservoir}** (this bench" + (f"; {source['path']}, sha256 {source['sha256'][:12]}" if source
+                                                   else "") + (f"; {used})" if used else ")"), mine["test"], mine["seconds"], mine["trainable"], budget)]
     lines += [_row(r["name"], r["test"], r["seconds"], r["trainable"], r["budget"]) for r in refs if r]
     table = "\n".join(lines)
-    card = _card(reservoir, cfg, base, notes, sources, budget, runs, summaries, table, threads)
+    flags = [*(["--size", str(size)] if size is not None else []),
+             *(["--reservoir-options", reservoir_options] if reservoir_options is not None else []),
+             *(["--set", settings] if settings else [])]
+    card = _card(reservoir, cfg, base, notes + ([f"the substrate ran at {used}"] if used else []), sources, budget,
+                 runs, summaries, table, threads, flags)
     atomic_write(out / CARD, lambda p: p.write_text(card))
     return dict(table=table, card=str(out / CARD), runs={s: str(d) for s, d in runs.items()}, mine=mine,
                 wall_seconds=time.perf_counter() - t0)
@@ -331,7 +436,8 @@ def _train_one(argv: list[str]) -> int:
     return 0
 
 
-def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, summaries, table, threads) -> str:
+def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, summaries, table, threads,
+          flags=()) -> str:
     """card.md: what ran (the reservoir's source and its sha256, the recipe and what changed), where, every
     seed's figures and the references."""
     change = describe(delta(cfg.run_config(0), base.run_config(0)))
@@ -353,7 +459,7 @@ def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, su
     seed = next(iter(runs))
     again = shlex.join(["reslm", "frontier", "bench", "--reservoir", reservoir,
                         *[w for s in sources for w in ("--import", path_word(s["path"]))],
-                        "--budget", budget, "--seeds", str(seed), "--out", "DIR"]) if sources else \
+                        *flags, "--budget", budget, "--seeds", str(seed), "--out", "DIR"]) if sources else \
         command(cfg.run_config(seed), out=str(runs[seed]))
     L += ["", "## Beside the references", "", table, "",
           "The references are published runs (results/), each the configuration its plan's rule chose on validation; "
@@ -363,4 +469,5 @@ def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, su
     return "\n".join(L) + "\n"
 
 
-__all__ = ["BUDGETS", "CARD", "QUICK", "RECIPE_PLAN", "bench", "bench_config", "recipe_config", "source_name"]
+__all__ = ["BUDGETS", "CARD", "QUICK", "RECIPE_PLAN", "bench", "bench_config", "parse_set", "recipe_config",
+           "source_name", "used_values"]
