@@ -9,8 +9,9 @@ samples. A linear reservoir of N units has MC <= N, and a nonlinear one usually 
 The reservoirs here read d-dimensional inputs (a character's fixed embedding, of norm about 1), so the
 signal enters along a fixed random unit direction v of R^d: u_t = z_t v, a unit-variance input at the
 scale of an embedded character. `channels` > 1 drives c independent signals along c orthonormal
-directions at once, u_t = sum_c z_{t,c} v_c, and sums MC over them (a vector memory capacity, at most
-N as well); channels = 1 is Jaeger's.
+directions at once, u_t = sum_c z_{t,c} v_c / sqrt(c) (the same input power), and sums MC over them (a
+vector memory capacity, at most N as well; a delay's r^2 is then summed over the c signals, at most c);
+channels = 1 is Jaeger's.
 
 Protocol: `streams` independent sequences, each run from a zero state; the first `washout` steps of each
 (at least K, so every delay's target exists) are dropped. Half the streams fit the readouts (ridge
@@ -67,7 +68,8 @@ def memory_capacity(reservoir, *, max_delay: int = 200, fit: int | None = None, 
     v, _ = torch.linalg.qr(torch.randn(d, channels, generator=g, dtype=torch.float64))   # (d, c) orthonormal
     z = (torch.rand(streams, washout + per, channels, generator=g, dtype=torch.float64) * 2 - 1) * math.sqrt(3)
     device = next((b.device for b in reservoir.buffers()), torch.device("cpu"))
-    X = reservoir_states(reservoir, (z @ v.T).to(dtype).to(device))[:, washout:].double().cpu()   # (S, per, N)
+    u = (z @ v.T) / math.sqrt(channels)                                    # E|u_t|^2 = 1 for any channels
+    X = reservoir_states(reservoir, u.to(dtype).to(device))[:, washout:].double().cpu()   # (S, per, N)
     delays = range(0, max_delay + 1)
     idx = torch.arange(washout, washout + per)
     Y = torch.stack([z[:, idx - k] for k in delays], 2).reshape(streams, per, -1)   # (S, per, (K+1) c)
@@ -103,6 +105,7 @@ def _r2(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return cov ** 2 / ((p * p).sum(0) * (t * t).sum(0)).clamp_min(1e-300)
 
 
-def capacity_reach(r2: list[float], level: float = 0.5) -> int:
-    """The last delay (1-based) whose MC_k is at least `level` (0: none): how far back the state holds the signal."""
-    return max((k for k, x in enumerate(r2, 1) if x >= level), default=0)
+def capacity_reach(r2: list[float], level: float = 0.5, channels: int = 1) -> int:
+    """The last delay (1-based) whose MC_k, per signal (r2 / channels), is at least `level` (0: none): how far
+    back the state holds the signal."""
+    return max((k for k, x in enumerate(r2, 1) if x / channels >= level), default=0)

@@ -248,6 +248,7 @@ def test_memory_capacity_of_a_delay_line_and_of_a_nonlinear_reservoir():
     lin = memory_capacity(LegendreMemory(LegendreConfig(size=6 * D, input_dim=D, theta=20.0)), max_delay=40, fit=3000,
                           channels=D)
     assert 6 * D * 0.7 < lin["capacity"] < 6 * D + 0.5 and lin["channels"] == D          # d independent signals
+    assert max(lin["r2"]) <= D + 1e-9 and capacity_reach([4.5, 2.4, 0.3], 0.5, channels=D) == 1
     for bad, match in [(dict(streams=6), "multiple of 4"), (dict(channels=9), "channels"), (dict(max_delay=0), "max_delay")]:
         with pytest.raises(ReslmError, match=match):
             memory_capacity(esn and ESN(ESNConfig(size=8, input_dim=D)), **bad)
