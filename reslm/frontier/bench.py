@@ -388,10 +388,11 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     if budget == "quick":
         refs.append(_group("ESN, quick", "esn-quick", results, "quick"))
     refs += [next((g for g in (_group("trained ceiling", p, results) for p in CEILING_PLANS) if g), None)]
+    about = ["this bench"] + ([f"{source['path']}, sha256 {source['sha256'][:12]}"] if source else []) + \
+        ([used] if used else [])   # what the row's substrate is: its file, and the values it ran at
     lines = ["| model | budget | trainable | test CE, state carried (nats, mean ± sd (seeds)) | bits/char | "
              "train time per seed |", "|---|---|---|---|---|---|",
-             _row(f"**{reservoir}** (this bench" + (f"; {source['path']}, sha256 {source['sha256'][:12]}" if source
-                                                   else "") + (f"; {used})" if used else ")"), mine["test"], mine["seconds"], mine["trainable"], budget)]
+             _row(f"**{reservoir}** ({'; '.join(about)})", mine["test"], mine["seconds"], mine["trainable"], budget)]
     lines += [_row(r["name"], r["test"], r["seconds"], r["trainable"], r["budget"]) for r in refs if r]
     table = "\n".join(lines)
     flags = [*(["--size", str(size)] if size is not None else []),
