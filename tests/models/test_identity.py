@@ -20,7 +20,7 @@ def cfg(model=None, train=None, preset="rc-750", seed=0, data="shakespeare"):
 def test_every_training_field_has_a_role():
     roles = field_roles()
     assert set(roles.values()) <= set(ROLES)
-    assert {k for k, v in roles.items() if v != "identity"} == {"seed", "threads", "device", "precision", "compile",
+    assert {k for k, v in roles.items() if v != "identity"} == {"seed", "threads", "device", "precision", "compile", "window_step",
                                                                    "log_every", "test_every"}
 
 
