@@ -276,8 +276,7 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
                     train(folder, progress=progress, until=until, cache_states="auto", data_root=data_root)
                 finally:
                     shutil.rmtree(folder / STATE_CACHE, ignore_errors=True)
-            if is_finished(folder):
-                record_check(folder, root=data_root)   # the check of the weights it now holds (reslm verify)
+            record_check(folder, root=data_root)   # the check of the weights it now holds (reslm verify)
             return "trained" if is_finished(folder) else "stopped"
         c, cfg = entry.config, entry.config.run_config(entry.seed)
         dataset = find_dataset(c.data, "chars", data_root, prepare=True)
