@@ -3,6 +3,7 @@ it stays small, and every docs/ page it links to exists.
 
 The example reads `./data/shakespeare` (what `reslm data shakespeare` writes); here that name is a
 tiny in-test corpus in a temporary working folder, so the example runs in seconds and offline."""
+import math
 import random
 import re
 from pathlib import Path
@@ -37,6 +38,34 @@ def test_docs_pages_link_only_to_existing_files():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if not re.match(r"[a-z]+:", target):
                 assert (page.parent / target).exists(), f"{page.name} links to a missing file: {target}"
+
+
+def test_the_results_table_has_one_row_per_table1_preset_beside_the_papers_figure():
+    """The README's results: one row per Table 1 preset (reslm.models.PRESETS with the paper's count), in the
+    window or stream context, the paper's figure (reslm.paper) beside the test CE, bits/char and a link to
+    the weights where they are published; the trained ceilings in one line under the table. Every other row
+    is in docs/results.md, which the README links."""
+    from reslm.models import PRESETS
+    from reslm.paper import LARGEST, TEST_CE
+    text = README.read_text()
+    block = text.split("<!-- results:begin -->")[1].split("<!-- results:end -->")[0]
+    lines = [line for line in block.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| preset | trainable | context | test CE (nats) | paper | bits/char | weights |"
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[1:]]
+    table1 = [name for name, (_, _, count) in PRESETS.items() if count is not None]
+    assert [r[0] for r in rows] == table1, "one row per Table 1 preset, in Table 1's order"
+    paper = {name: f"{TEST_CE[family]:.2f}" for family, name in LARGEST.items()}
+    for name, trainable, context, ce, fig, bits, weights in rows:
+        assert int(trainable.replace(",", "")) == PRESETS[name][2], name
+        assert context in ("window", "stream"), name
+        assert fig == paper.get(name, "-"), name
+        assert ce == "..." or abs(float(bits.split()[0]) - float(ce) / math.log(2)) < 1e-3, name
+        link = re.fullmatch(r"\[(results/[^]]+)\]\(\1\)( \(in progress\))?", weights)
+        assert link or weights == "not published", (name, weights)
+        assert not link or (ROOT / link.group(1) / "manifest.json").is_file(), name
+    ceilings = [line for line in block.splitlines() if line.startswith("Trained ceilings")]
+    assert len(ceilings) == 1 and "[rnn-gru-32-200](results/" in ceilings[0] and "[rnn-lstm-32-173](" in ceilings[0]
+    assert "[docs/results.md](docs/results.md)" in text
 
 
 def test_the_readme_has_one_short_python_example():

@@ -105,7 +105,7 @@ def test_report_tabulates_fits_and_ablations_from_results(published, capsys):
     assert "| LAERC | 3 |" in page and "| GPT | 3 |" in page and "| -0.81 |" in page and "| -1.72 |" in page
     assert "[laerc-d8-l1-noreservoir](../results/laerc-d8-l1-noreservoir) | no_reservoir=True |" in page
     assert "[laerc-d8-l1-lr](../results/laerc-d8-l1-lr) | lr=0.0001 |" in page   # trained otherwise: a variant
-    fits = json.loads((repo / "docs" / "token-scaling.json").read_text())
+    fits = json.loads((repo / "results" / "token-scaling.json").read_text())
     (per_key,) = fits["groups"].values()
     laerc = [r for r in token_rows(repo) if r["family"] == "laerc" and not r["variant"]]
     assert len(laerc) == 3 and per_key["best_val_loss"]["laerc"]["n"] == 3

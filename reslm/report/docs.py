@@ -13,8 +13,10 @@ Writes (the tables: here; the rows: reslm.report.rows; the frontier page: reslm.
     docs/results-fig2.png and .csv   Fig. 2 of the paper-protocol runs (reslm.report.figures.plot_char_losses)
     docs/speed.md         the bench tables, one row per JSON, each with its CPU
     docs/frontier.md and docs/frontier.png and .csv   the reservoir frontier
-    docs/token-scaling.md and .png, .csv, .json   the token-level runs, fits and ablations (reslm.report.tokens)
-    README.md             the table between README_BEGIN and README_END and the token-level lines between
+    docs/token-scaling.md and .png, .csv   the token-level runs, fits and ablations (reslm.report.tokens); the
+                          fits as data: results/token-scaling.json
+    README.md             the table between README_BEGIN and README_END (one row per Table 1 preset, the ceilings
+                          under it; every other row is in docs/results.md) and the token-level lines between
                           TOKENS_BEGIN and TOKENS_END (the rest is left as it is)
 
 Every input is checked before a row is drawn from it (check_inputs): each published folder's files
@@ -39,8 +41,8 @@ from reslm.models.budget import FRONTIER_BUDGET
 from reslm.report import figures, plots
 from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, frontier_md, frontier_points
 from reslm.report.names import REGISTRY, registry_md, registry_rows
-from reslm.report.rows import (LEGACY, NOT_PUBLISHED, PAPER_OPTIMISER, PAPER_SAMPLING, _read_csv, legacy_rows,
-                               published_rows, replace_between)
+from reslm.report.rows import (LEGACY, NOT_PUBLISHED, PAPER_OPTIMISER, PAPER_SAMPLING, STREAM_TOLERANCE, _read_csv,
+                               ceiling_rows, legacy_rows, preset_rows, published_rows, replace_between)
 from reslm.report.tokens import plot_tokens, token_outputs
 from reslm.run.lock import writer_of
 from reslm.run.registry import is_published, verify_published
@@ -93,21 +95,26 @@ def _paper_short(paper: str) -> str:
     return "-" if paper == "Fig. 2 only" else paper
 
 
+def _readme_link(r: dict) -> str:
+    link = f"[{r['weights']}]({r['weights']})" if r["weights"] else "not published"
+    return link + (" (in progress)" if r["weights"] and not r.get("finished", True) else "")
+
+
 def readme_table(rows: list[dict]) -> str:
-    """The README's results table: one line per paper-protocol run of a preset as Table 1 defines it
-    (variants of a preset are in docs/results.md and docs/frontier.md), its last test CE, the paper's
-    figure and where its weights are."""
-    L = ["| preset | trainable | context | cycle | test CE (nats) | bits/char | paper | weights |",
-         "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r.get("variant"):
-            continue
+    """The README's results: one line per Table 1 preset at the paper's protocol (reslm.report.rows.preset_rows),
+    its last test CE beside the paper's figure, bits/char and where its weights are; under it, one line of the
+    trained ceilings (rows.ceiling_rows). Every other row is in docs/results.md."""
+    L = ["| preset | trainable | context | test CE (nats) | paper | bits/char | weights |",
+         "|---|---|---|---|---|---|---|"]
+    for r in preset_rows(rows):
         done = [v for v in r["shards"] if v is not None]
-        link = f"[{r['weights']}]({r['weights']})" if r["weights"] else "not published"
-        if r["weights"] and not r.get("finished", True):
-            link += " (in progress)"
-        L.append(f"| {r['name']} | {r['trainable']:,} | {r['context']} | {r['cycle']} | "
-                 f"{_ce(done[-1] if done else None)} | {_bits(r)} | {_paper_short(r['paper'])} | {link} |")
+        L.append(f"| {r['name']} | {r['trainable']:,} | {r['context']} | {_ce(done[-1] if done else None)} | "
+                 f"{_paper_short(r['paper'])} | {_bits(r)} | {_readme_link(r)} |")
+    ceilings = ceiling_rows(rows)
+    if ceilings:
+        L += ["", "Trained ceilings at the same protocol: " + "; ".join(
+            f"[{r['name']}]({r['weights']}), {r['trainable']:,} trainable, {r['context']} context: "
+            f"{r['shards'][-1]:.4f} nats ({_bits(r)} bits/char)" for r in ceilings) + "."]
     return "\n".join(L)
 
 
@@ -216,7 +223,10 @@ def results_md(paper: list[dict], other: list[dict], fig: str | None) -> str:
          "after the last epoch of each shard of the row's cycle. The training wall time is the run's "
          "`train_seconds` (the readout's steps plus the training shards' reservoir states, in brackets); the test "
          "shard's states and scorings are not in it. Wall times from different CPUs or thread counts do not "
-         "compare.", "", results_table(paper), ""]
+         "compare. The README shows one of these rows per Table 1 preset (`reslm.report.rows.preset_rows`): its "
+         "one-pass run in window context, or in stream context where the family's stream figures equal its window "
+         f"figures within {STREAM_TOLERANCE:g} nats at every preset measured in both; a finished run with weights "
+         "first.", "", results_table(paper), ""]
     if fig:
         L += [f"![Fig. 2 at the paper's protocol]({fig}.png)", "",
               f"*Train (top) and test (bottom) loss after every shard-epoch of the runs above, first cycle "

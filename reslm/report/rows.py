@@ -1,6 +1,8 @@
 """The runs `reslm report` tabulates, read from the repository: the published runs under results/ (their
 config, metrics, summary, manifest and provenance) and results/legacy.csv (runs measured before the
-registry whose folders are gone, their per-shard-epoch curves in the docs/ CSVs each row names).
+registry whose folders are gone, their per-shard-epoch curves in the docs/ CSVs each row names), and which of
+them the README shows (preset_rows: one per Table 1 preset at the paper's protocol; ceiling_rows: the trained
+networks under it).
 """
 from __future__ import annotations
 
@@ -176,6 +178,62 @@ def legacy_rows(repo: Path, published: list[dict]) -> list[dict]:
                         epochs=epochs, train_s=_num(r["train_seconds"]), reservoir_s=_num(r["reservoir_seconds"]),
                         cpu=r["cpu"], threads=_num(r["threads"]), notes=notes, weights=None))
     return out
+
+
+# --- the README's rows -------------------------------------------------------------------------------
+STREAM_TOLERANCE = 3e-4   # nats: how closely a family's stream figures must equal its window figures to stand for them
+
+
+def _final(r: dict) -> float | None:
+    done = [v for v in r["shards"] if v is not None]
+    return done[-1] if done else None
+
+
+def _unfinished(r: dict) -> bool:
+    return r["partial"] or not r.get("finished", True)
+
+
+def stream_stands_for_window(rows: list[dict]) -> set[str]:
+    """The families whose stream figure is the paper's (window) figure, as measured: at least one preset has a
+    finished one-pass row in both contexts, and every such pair agrees within STREAM_TOLERANCE."""
+    finals: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for r in rows:
+        if r["cycle"] == 1 and not r.get("variant") and not _unfinished(r):
+            finals.setdefault((r["family"], r["name"]), {}).setdefault(r["context"], []).append(_final(r))
+    agree: dict[str, list[bool]] = {}
+    for (family, _), by in finals.items():
+        agree.setdefault(family, [])
+        agree[family] += [abs(w - s) <= STREAM_TOLERANCE for w in by.get("window", []) for s in by.get("stream", [])]
+    return {family for family, pairs in agree.items() if pairs and all(pairs)}
+
+
+def preset_rows(rows: list[dict]) -> list[dict]:
+    """One row per preset of the paper's character families (reslm.paper.LARGEST), in the rows' order: its
+    one-pass run at the paper's protocol (window context, or stream where stream_stands_for_window), the first of
+    finished with weights (a window run before a stream one), finished without (results/legacy.csv), then
+    unfinished (its latest figure). Variants, other contexts and cycles are in docs/results.md only."""
+    stream_ok = stream_stands_for_window(rows)
+    chosen: dict[str, tuple[tuple, int, dict]] = {}
+    for i, r in enumerate(rows):
+        if r.get("variant") or r["cycle"] != 1 or r["family"] not in LARGEST:
+            continue
+        if r["context"] != "window" and not (r["context"] == "stream" and r["family"] in stream_ok):
+            continue
+        rank = (_unfinished(r), r["weights"] is None, r["context"] != "window")
+        if r["name"] not in chosen or rank < chosen[r["name"]][0]:
+            chosen[r["name"]] = (rank, i, r)
+    return [r for _, _, r in sorted(chosen.values(), key=lambda c: c[1])]
+
+
+def ceiling_rows(rows: list[dict]) -> list[dict]:
+    """The finished one-pass runs of the trained networks beyond the paper's families (rnn: GRU, LSTM), one
+    per preset, in the rows' order: the ceilings the paper's comparison is read against."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        if (r["family"] not in LARGEST and not r.get("variant") and r["cycle"] == 1 and not _unfinished(r)
+                and r["weights"]):
+            out.setdefault(r["name"], r)
+    return list(out.values())
 
 
 def replace_between(text: str, begin: str, end: str, block: str, what: str) -> str:

@@ -18,7 +18,7 @@ threads.
 Writes (text outputs; the PNG only when not checking):
     docs/token-scaling.md    the tables
     docs/token-scaling.csv   one row per run (the figure's points)
-    docs/token-scaling.json  the fits of every group (the figure's lines)
+    results/token-scaling.json  the fits of every group (the figure's lines): data, so under results/
     docs/token-scaling.png   min training loss and best val loss against N, both families, fit lines
     README.md                the part between TOKENS_BEGIN and TOKENS_END: one line per family
 """
@@ -43,6 +43,7 @@ from reslm.report.scaling import FIT_KEYS, fit_all, plot_scaling
 
 TOKENS_BEGIN, TOKENS_END = "<!-- tokens:begin -->", "<!-- tokens:end -->"
 PAGE, STEM = "docs/token-scaling.md", "token-scaling"
+FITS = f"results/{STEM}.json"   # the fits are data: results/, beside kneser-ney.json; docs/ holds pages
 SIZE_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "context", "r_mult", "seed")
 FIELDS = ("name", "family", "group", "variant", "dim", "n_layers", "trainable_params", "fixed_params", "steps",
           "tokens_seen", "epochs", MIN_TRAIN_LOSS, best_of(VAL_LOSS), "best_val_step", final_of(VAL_LOSS),
@@ -201,7 +202,7 @@ def token_md(rows: list[dict], fits: dict, fig: bool) -> str:
          "eval.json. Nothing here is chosen on a test split: the token datasets have train and val only. "
          "The fits: L = a log10 N + b per family over N = trainable parameters (a tied embedding counted "
          "once, as the paper counts), OLS, 95% t interval of a with n - 2 degrees of freedom "
-         f"([data]({STEM}.csv), [fits]({STEM}.json); `reslm.report.scaling`). How the sweep was sized: "
+         f"([data]({STEM}.csv), [fits](../{FITS}); `reslm.report.scaling`). How the sweep was sized: "
          "[laerc.md](laerc.md#the-published-sweep).", ""]
     for g in dict.fromkeys(r["group"] for r in rows):
         sized = [r for r in rows if r["group"] == g and not r["variant"]]
@@ -216,7 +217,7 @@ def token_md(rows: list[dict], fits: dict, fig: bool) -> str:
     if fig:
         L += [f"![Token-level scaling]({STEM}.png)", "",
               f"*Min training loss (left, the paper's fit) and best validation loss (right) against trainable "
-              f"parameters, with the fit lines and their slopes ([data]({STEM}.csv), [fits]({STEM}.json); "
+              f"parameters, with the fit lines and their slopes ([data]({STEM}.csv), [fits](../{FITS}); "
               f"`reslm.report.scaling.plot_scaling`).*", ""]
     return "\n".join(L)
 
@@ -274,8 +275,8 @@ def token_outputs(repo: Path, readme: str | None) -> tuple[dict[str, str], list[
     if rows:
         out[PAGE] = token_md(rows, fits, fig=bool(fits))
         out[f"docs/{STEM}.csv"] = _csv(rows)
-        out[f"docs/{STEM}.json"] = json.dumps(dict(fit="loss = a * log10(trainable_params) + b", keys=list(FIT_KEYS),
-                                                   paper=dict(SLOPES), groups=fits), indent=1) + "\n"
+        out[FITS] = json.dumps(dict(fit="loss = a * log10(trainable_params) + b", keys=list(FIT_KEYS),
+                                    paper=dict(SLOPES), groups=fits), indent=1) + "\n"
     if readme is not None and TOKENS_BEGIN in readme:
         out["README.md"] = replace_block(readme, readme_block(rows, fits))
     return out, rows, fits

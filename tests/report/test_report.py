@@ -46,7 +46,7 @@ def test_legacy_rows_are_marked_and_read_from_their_curves(checkout):
     curves = figs["curves"]
     table = outputs["README.md"].split(README_BEGIN)[1].split(README_END)[0]
     row = next(line for line in table.splitlines() if line.startswith("| aerc-160-30 |") and "| window |" in line)
-    assert "| 1.7992 | 2.596 | 1.73 |" in row and "not published" in row
+    assert "| 1.7992 | 1.73 | 2.596 | not published |" in row
     assert any(c["name"] == "tf-64-4-4" and len(c["epochs"]) >= 15 for c in curves)
     assert ("| aerc-75-13 | aerc | 15,464 | window | 2 | 1.9754 / 1.9838 / 1.9770 / 1.9617 / 1.9621 | 2.831 |"
             in outputs["docs/results.md"])
@@ -92,7 +92,7 @@ def test_report_twice_gives_no_diff_and_published_runs_replace_legacy_rows(repo,
     assert (repo / "docs" / "results-fig2.png").read_bytes().startswith(b"\x89PNG")
     readme = (repo / "README.md").read_text()
     assert "[results/rc-250](results/rc-250)" not in readme      # the README lists Table-1 presets only
-    assert "| rc-250 | 14,809 | window | 1 | 2.1953 |" in readme
+    assert "| rc-250 | 14,809 | stream | 2.1953 | - | 3.167 | [results/rc-250-stream](results/rc-250-stream) |" in readme
 
 
 def test_speed_page_reads_the_bench_files_in_results_bench(tmp_path):
@@ -112,13 +112,15 @@ def test_speed_page_reads_the_bench_files_in_results_bench(tmp_path):
 
 
 def test_docs_holds_pages_and_what_the_report_draws_not_its_inputs(checkout):
-    """Every JSON file under docs/ is one `reslm report` writes (a figure's fits) or a command's report
-    folder's own results.json beside its report.md; measured data lives under results/ (bench: results/bench/)."""
+    """docs/ holds no JSON but a command's report folder's own results.json beside its report.md: measured
+    data lives under results/ (bench: results/bench/), and so do the fits the report computes
+    (results/token-scaling.json); the report writes no JSON into docs/."""
     outputs, _ = build(REPO)
+    assert not [rel for rel in outputs if rel.startswith("docs/") and rel.endswith(".json")]
+    assert "results/token-scaling.json" in outputs and (REPO / "results" / "token-scaling.json").is_file()
     docs = REPO / "docs"
     stray = [str(p.relative_to(REPO)) for p in sorted(docs.rglob("*.json"))
-             if str(p.relative_to(REPO)) not in outputs and not (p.name == "results.json"
-                                                                 and (p.parent / "report.md").is_file())]
+             if not (p.name == "results.json" and (p.parent / "report.md").is_file())]
     assert not stray, f"data files in docs/ (move them under results/, e.g. results/bench/): {stray}"
 
 
@@ -339,3 +341,41 @@ def test_a_run_that_scores_test_at_shard_ends_is_read_where_its_last_evaluation_
     assert [r["loss"] for r in paper + other] == [evals[-2]["test_loss"]]
     point = next(p for p in frontier_points(tmp_path, []) if p["name"] == "r")
     assert (point["test_loss"], point["val_loss"]) == (evals[-2]["test_loss"], evals[-2]["val_loss"])
+
+
+def test_the_readme_takes_one_row_per_preset_at_the_papers_protocol():
+    """preset_rows: per preset of the paper's families, its one-pass row in window context, or in stream context
+    where the family's stream figures equal its window figures within STREAM_TOLERANCE wherever both were
+    measured; a finished run with weights first (window before stream), then one without weights (legacy),
+    then an unfinished one; variants, other contexts and other cycles never. ceiling_rows: the finished rnn
+    runs, one per preset."""
+    from reslm.report.rows import STREAM_TOLERANCE, ceiling_rows, preset_rows, stream_stands_for_window
+
+    def row(name, family, context, last, weights=None, cycle=1, done=5, finished=True, variant=False):
+        shards = [2.0] * (done - 1) + [last] + [None] * (5 - done)
+        return dict(name=name, family=family, context=context, cycle=cycle, shards=shards, weights=weights,
+                    partial=done < 5, finished=finished, variant=variant, trainable=1, paper="Fig. 2 only")
+
+    rows = [row("rc-250", "rc", "window", 2.1953), row("rc-250", "rc", "stream", 2.1954, "results/rc-250-stream"),
+            row("rc-1750", "rc", "window", 1.8838),
+            row("rc-1750", "rc", "stream", 1.95, "results/rc-1750-s", done=2, finished=False),
+            row("aerc-160-30", "aerc", "window", 1.7992),
+            row("aerc-160-30", "aerc", "stream", 1.7434, "results/a-s", cycle=3),
+            row("aerc-160-30", "aerc", "stream", 1.70, "results/a-variant", variant=True),
+            row("tf-64-4-4", "tf", "causal", 2.1786, "results/tf-c"),
+            row("tf-64-4-4", "tf", "window", 2.032, "results/tf-w"),
+            row("tf-72-8-8", "tf", "window", 2.25, "results/tf72-w", done=1, finished=False),
+            row("rnn-gru-32-200", "rnn", "stream", 1.6439, "results/gru"),
+            row("rnn-lstm-32-173", "rnn", "stream", 1.70, "results/lstm", done=3, finished=False)]
+    assert stream_stands_for_window(rows) == {"rc"}   # aerc: no preset measured in both at one pass; tf: none
+    chosen = {r["name"]: (r["context"], r["weights"]) for r in preset_rows(rows)}
+    assert chosen == {"rc-250": ("stream", "results/rc-250-stream"), "rc-1750": ("window", None),
+                      "aerc-160-30": ("window", None), "tf-64-4-4": ("window", "results/tf-w"),
+                      "tf-72-8-8": ("window", "results/tf72-w")}
+    assert [r["name"] for r in preset_rows(rows)] == ["rc-250", "rc-1750", "aerc-160-30", "tf-64-4-4", "tf-72-8-8"]
+    assert [r["weights"] for r in ceiling_rows(rows)] == ["results/gru"]
+    # a stream figure off its window figure by more than the tolerance: the family's window rows stand
+    apart = [row("rc-250", "rc", "window", 2.1953),
+             row("rc-250", "rc", "stream", 2.1953 + 2 * STREAM_TOLERANCE, "results/s")]
+    assert stream_stands_for_window(apart) == set()
+    assert [(r["context"], r["weights"]) for r in preset_rows(apart)] == [("window", None)]
