@@ -184,7 +184,7 @@ def test_the_layers_stand_on_the_floors_docs_architecture_gives_them():
 def test_docs_architecture_names_every_module_and_no_module_that_is_gone():
     """A new module cannot go unmapped: every reslm/**.py is named in the tree under its layer, and every
     NAME.py the tree names under a subpackage is a file of that subpackage (or, written with its folder,
-    a file of the repository, such as benchmarks/memory_capacity.py)."""
+    a file of the repository)."""
     sections = tree_sections()
     missing = unnamed_modules(sections)
     assert not missing, ("docs/architecture.md's tree does not name these modules; add each with a one-line "

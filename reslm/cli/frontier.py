@@ -1,4 +1,4 @@
-"""`reslm frontier`: its parser and its commands (list, run, status, report, bench)."""
+"""`reslm frontier`: its parser and its commands (list, run, status, report, bench, capacity)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,9 @@ from pathlib import Path
 from reslm.cli.flags import data_root, int_range, shared
 from reslm.core.device import pick_device, usable_cores
 from reslm.core.errors import ReslmError
+from reslm.core.files import write_json
 from reslm.frontier import bench as fbench
+from reslm.frontier.capacity import plan_capacities
 from reslm.frontier import bundled_plans, load_plan, plan_table, status_lines, write_plans_page
 from reslm.frontier.schedule import command_lines, run_plans
 RUN_DESCRIPTION = ("Train the plans' runs that are not done (plan by plan in the order given, each its screen "
@@ -147,6 +149,43 @@ def add_parser(sub) -> None:
     _add_status(acts)
     _add_report(acts)
     _add_bench(acts)
+    _add_capacity(acts)
+
+
+def _add_capacity(acts) -> None:
+    cp = acts.add_parser("capacity", help="the cheap screen: Jaeger's memory capacity of each configuration's "
+                         "reservoir, untrained", description=(
+                             "Jaeger's linear memory capacity of the fixed reservoir each configuration of a plan "
+                             "builds at --seed, untrained (no data, no training): an i.i.d. signal along a random "
+                             "input direction, linear readouts per delay k = 1..--max-delay; one line per "
+                             "configuration with the capacity (sum of r^2) and the last delays read with r^2 >= 0.5 "
+                             "and >= 0.1. A minute or two of one thread per 2,250-unit reservoir."))
+    cp.add_argument("plan", help="a plan file (.toml) or the name of a plan reslm ships")
+    cp.add_argument("--only", action="append", default=[], metavar="LABEL",
+                    help="this configuration only (repeatable; the base is `base` where it has no label)")
+    cp.add_argument("--seed", type=int_range(0, 2**31 - 1), default=0, help="the reservoirs' seed (default 0)")
+    cp.add_argument("--max-delay", type=int_range(1, 100_000), default=400, help="delays read (default 400)")
+    cp.add_argument("--channels", type=int_range(1, 4096), default=1,
+                    help="independent signals at once, the same total input power (default 1; 16: a character's width)")
+    cp.add_argument("--fit", type=int_range(100, 10**8), default=None,
+                    help="driven steps the readouts are fitted on (default: the capacity module's)")
+    cp.add_argument("--threads", type=int_range(1, 4096), default=1, help="torch CPU threads (default 1)")
+    cp.add_argument("--out", type=Path, help="write every delay's r^2 per configuration to this JSON file")
+    cp.set_defaults(func=cmd_capacity)
+
+
+def cmd_capacity(args):
+    import platform
+
+    import torch
+
+    torch.set_num_threads(min(args.threads, usable_cores()))
+    plan = load_plan(args.plan)
+    rows = plan_capacities(plan, only=args.only, seed=args.seed, max_delay=args.max_delay, channels=args.channels,
+                           fit=args.fit, say=lambda line: print(line, flush=True))
+    if args.out:
+        write_json(args.out, dict(plan=plan.name, seed=args.seed, threads=torch.get_num_threads(),
+                                  cpu=platform.processor() or platform.machine(), torch=torch.__version__, rows=rows))
 
 
 def _add_run(acts) -> None:
