@@ -28,7 +28,9 @@ import contextlib
 import gc
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -171,60 +173,50 @@ def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
         return summary
 
 
+@dataclass
+class _Training:
+    """An Adam run being trained: the parts its jobs (a training step, an evaluation, a checkpoint)
+    share, and where it stands: the steps done, the seconds trained, the segment's running sums (Meter)
+    and, under keep_best_val, the best evaluation so far ({step, val_loss, model})."""
+    run_dir: Path
+    tc: TrainConfig
+    model: torch.nn.Module
+    source: Any                  # the family's batch source (reslm.train.batches)
+    log: MetricsLog | None       # rank 0's; None on the other ranks
+    device: torch.device
+    precision: str
+    main: bool                   # rank 0: it logs and writes
+    progress: bool
+    evaluate: Callable           # the held-out evaluation: the source's, or HeldoutLoss
+    opt: torch.optim.Optimizer
+    scaler: Any
+    params: list                 # the trainable parameters, clipped and checked in this order
+    ema: EMA | None
+    ddp: Any = None              # the DistributedDataParallel wrapper under torchrun
+    forward: Callable | None = None
+    step: int = 0
+    train_seconds: float = 0.0
+    meter: Meter = field(default_factory=Meter)
+    best: dict | None = None
+
+
 def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float,
            cache_states: bool | str, until: float | None = None, data_root: Path | None = None) -> dict:
+    """train() inside the run's lock: the run opened, its readout solved (SOLVERS) or trained step by
+    step to `stop_at` (resumed from its checkpoint), with an evaluation and a checkpoint at each of the
+    source's evaluation points and a checkpoint every `checkpoint_seconds` between them; then summarised."""
     cfg = read_config(run_dir)
     tc = TrainConfig.of_run(cfg)
     rank, world, local_rank = dist_.init(tc.device)
     main = rank == 0
-    ensure_dataset(cfg, data_root)
-    dataset = open_dataset(cfg["data"], data_root)
-    check_dataset(cfg, dataset)
-    if tc.threads:
-        use_threads(tc.threads)   # a saved count above this machine's cores: its cores, with a note
-    device = pick_device(tc.device)
-    if world > 1 and device.type == "cuda":
-        device = torch.device("cuda", local_rank)
-    precision = resolve_precision(tc.precision, device)
-    setup_cuda()
-    model = load_model(cfg, device)
-    sampler = sampler_for(cfg["family"])
-    if cache_states == "auto":
-        cache_states = sampler.caches(model)
-    if cache_states and not sampler.caches(model):
-        raise ReslmError(f"--cache-states keeps a character reservoir run's states; a {cfg['family']} run has none")
-    log = MetricsLog(run_dir) if main else None
-    source = sampler(model, dataset, tc, device, log, progress and main, world=world, rank=rank,
-                     cache=run_dir / STATES if cache_states else None,
-                     holdout=tc.heldout)
+    model, source, log, device, precision = _open(run_dir, cfg, tc, data_root, cache_states, progress,
+                                                  rank, world, local_rank)
     if tc.optimizer in SOLVERS:
         return _train_ridge(run_dir, cfg, model, source, log, precision, progress)
-    evaluate = (HeldoutLoss(source) if tc.heldout_eval else
-                HeldoutLoss(source, "val", with_test=True) if tc.val_fraction else source.evaluate)
-    opt = make_optimizer(model, tc, device)
-    scaler = grad_scaler(precision, device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    ema = EMA(model, tc.ema) if tc.ema else None
+    t = _optimisation(run_dir, tc, model, source, log, device, precision, main, progress)
     ck = load_checkpoint(run_dir, map_location=device)
-    step, train_seconds, meter = _resume(run_dir, ck, model, ema, opt, scaler, source, log, main)
-    best = ck.get("best") if ck else None   # keep_best_val: {step, val_loss, model} of the best evaluation so far
-
-    def save(weights: dict | None = None, **segment):   # a checkpoint of where training stands
-        save_checkpoint(run_dir, dict(**(weights or checkpoint_weights(model, ema)), optimizer=opt.state_dict(),
-                                      scaler=scaler.state_dict(), step=step, train_seconds=train_seconds,
-                                      metrics_rows=log.rows, sampler=_sampler_state(source), best=best,
-                                      device=device_name(device), **segment))
-
-    # DDP wraps the model for the training forward/backward; evaluation and checkpoints use `model`.
-    # A model with parameters that never get a gradient (LAERC's LN_res, which only feeds the no-grad
-    # reservoir) says so, and DDP then looks for them each step instead of waiting for them forever.
-    ddp = None
-    if world > 1:
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=bool(getattr(model, "has_unused_parameters", False)))
-    choose_window_step(model, tc.window_step, tc.compile, device, precision, announce=main)
-    forward = ddp if ddp is not None else compiled_forward(model, tc.compile, device, announce=main)
+    _resume(t, ck)
+    _wrap_forward(t, world)
     end = source.total if stop_at is None else max(0, min(source.total, stop_at))
     evals = set(source.eval_points) | {end}
 
@@ -232,107 +224,223 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
         row = source.evaluate(model, precision)
         if main:
             log.write(dict(kind="eval", step=0, **row))
-    bar = progress_bar(total=source.total, initial=step, enabled=progress and main and step < end,
+    bar = progress_bar(total=source.total, initial=t.step, enabled=progress and main and t.step < end,
                        desc=f"{cfg.get('preset') or cfg['family']}", unit="step")
     model.train()
-    meter.start_clock()
-    samples_per_step = source.samples_per_step
-    while step < end:
-        lr = set_lr(opt, tc, step, source.total)
-        micro = source.batches(step)
-        torch.manual_seed(step_seed(tc.seed, step))  # dropout
-        step_loss, n_step = train_step(forward, micro, opt, scaler, precision=precision, device=device,
-                                       grad_clip=tc.grad_clip, weights=source.weights, ddp=ddp, ema=ema,
-                                       step=step, params=params)
-        step += 1
-        meter.add(dist_.all_reduce_mean(step_loss).item(), n_step)
+    t.meter.start_clock()
+    while t.step < end:
+        lr = _train_step(t)
         bar.update(1)
-        if step % tc.log_every == 0:
-            synchronize(device)
-            now = time.perf_counter()
-            rate = meter.win_steps * samples_per_step / max(now - meter.t_log, 1e-9)
-            if main:
-                log.write(dict(kind="step", step=step, **source.segment(step - 1), lr=lr,
-                               **{TRAIN_LOSS: meter.window_loss}, samples_per_s=round(rate, 1),
-                               **source.rate_fields(rate),
-                               wall=round(train_seconds + now - meter.t_seg, 3)))
-            bar.set_postfix(loss=f"{meter.window_loss:.3f}", lr=f"{lr:.2e}")
-            meter.logged(now)
-        if step in evals:
-            synchronize(device)
-            seconds = time.perf_counter() - meter.t_seg
-            train_seconds += seconds
-            t_eval = time.perf_counter()
-            final = step == source.total
-            # test_every shard: the test CE at each shard's last evaluation and the final one (validation at all)
-            test = {} if tc.test_every == "evaluation" else \
-                dict(test=final or source.segment(step - 1)["epoch"] == tc.epochs_per_shard - 1)
-            with ema.applied() if ema is not None else contextlib.nullcontext():
-                row = evaluate(model, precision, final=final, **test)  # every rank evaluates; rank 0 logs
-            eval_seconds = time.perf_counter() - t_eval
-            weights = checkpoint_weights(model, ema)
-            if tc.keep_best_val and (best is None or row[VAL_LOSS] < best[VAL_LOSS]):
-                best = dict(step=step, **{VAL_LOSS: row[VAL_LOSS]},   # the trainable tensors; the fixed are the model's
-                            model={k: v.detach().clone() for k, v in only_trainable(model, weights["model"]).items()})
-            if main:
-                seg = source.segment(step - 1)
-                log.write(dict(kind="eval", step=step, **seg, **{TRAIN_LOSS: meter.train_loss}, **row,
-                               samples_per_s=round((step - meter.start) * samples_per_step / max(seconds, 1e-9), 1),
-                               seconds=round(seconds, 3), wall=round(train_seconds, 3),
-                               eval_seconds=round(eval_seconds, 3)))
-                first = next(iter(row))
-                say(f"step {step}/{source.total}" + "".join(f" {k} {v}" for k, v in seg.items())
-                    + f": train {meter.train_loss:.4f}  {first} {row[first]:.4f} nats "
-                    f"({bits(row[first]):.3f} bits)", enabled=progress)
-                if best is not None and step == source.total:   # the finished run's model: the best weights
-                    t_eval = time.perf_counter()
-                    kept = row if best["step"] == step else _score(model, best["model"], evaluate, precision)
-                    log.write(dict(kind="weights", step=best["step"], **kept,
-                                   eval_seconds=round(time.perf_counter() - t_eval, 3)))
-                    weights = dict(weights, model={**weights["model"], **best["model"]}, last=weights["model"])
-                save(weights)
-            dist_.barrier()
-            # windows restart at every checkpoint, so a resumed run logs exactly what an uninterrupted one does
-            meter.restart(step)
-        elif main and (time.perf_counter() - meter.t_saved >= checkpoint_seconds or past(until)):
-            save(segment=meter.state(time.perf_counter()))
-            meter.t_saved = time.perf_counter()
+        if t.step % tc.log_every == 0:
+            _log_step(t, lr, bar)
+        if t.step in evals:
+            _evaluation_point(t)
+        elif main and (time.perf_counter() - t.meter.t_saved >= checkpoint_seconds or past(until)):
+            _checkpoint(t, segment=t.meter.state(time.perf_counter()))
+            t.meter.t_saved = time.perf_counter()
         if past(until):
-            say(f"stopped at step {step}/{source.total}: the deadline; --resume continues", enabled=progress and main)
+            say(f"stopped at step {t.step}/{source.total}: the deadline; --resume continues", enabled=progress and main)
             break
     bar.close()
-    summary = summarize(run_dir, model, cfg, source, eval_kind=getattr(evaluate, "eval_kind", None)) if main else None
+    summary = summarize(run_dir, model, cfg, source, eval_kind=getattr(t.evaluate, "eval_kind", None)) if main else None
     if world > 1:
         dist_.barrier()  # summary.json is written
     return summary if main else read_json(run_dir / SUMMARY)
 
 
-def _resume(run_dir: Path, ck: dict | None, model, ema, opt, scaler, source, log, main: bool):
-    """Where training stands: (step, train seconds, Meter) from the run's checkpoint, with the model,
-    EMA, optimiser, scaler and sampler state loaded and metrics.jsonl cut back to the rows the checkpoint
-    had seen; without a checkpoint, step 0 (and a log begun before it is started afresh)."""
+def _open(run_dir: Path, cfg: dict, tc: TrainConfig, data_root: Path | None, cache_states: bool | str,
+          progress: bool, rank: int, world: int, local_rank: int):
+    """The run's parts: its dataset (built when missing, checked against the config), the device and
+    precision, the model, rank 0's metrics log and the family's batch source (keeping its states in
+    RUN/states under `cache_states`). Returns (model, source, log, device, precision)."""
+    ensure_dataset(cfg, data_root)
+    dataset = open_dataset(cfg["data"], data_root)
+    check_dataset(cfg, dataset)
+    device, precision = _device(tc, world, local_rank)
+    model = load_model(cfg, device)
+    sampler = sampler_for(cfg["family"])
+    if cache_states == "auto":
+        cache_states = sampler.caches(model)
+    if cache_states and not sampler.caches(model):
+        raise ReslmError(f"--cache-states keeps a character reservoir run's states; a {cfg['family']} run has none")
+    log = MetricsLog(run_dir) if rank == 0 else None
+    source = sampler(model, dataset, tc, device, log, progress and rank == 0, world=world, rank=rank,
+                     cache=run_dir / STATES if cache_states else None,
+                     holdout=tc.heldout)
+    return model, source, log, device, precision
+
+
+def _device(tc: TrainConfig, world: int, local_rank: int) -> tuple[torch.device, str]:
+    """Where the run trains and at what precision: its threads, its device (under torchrun on CUDA,
+    this rank's GPU) and the precision resolved for it."""
+    if tc.threads:
+        use_threads(tc.threads)   # a saved count above this machine's cores: its cores, with a note
+    device = pick_device(tc.device)
+    if world > 1 and device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+    precision = resolve_precision(tc.precision, device)
+    setup_cuda()
+    return device, precision
+
+
+def _optimisation(run_dir: Path, tc: TrainConfig, model, source, log: MetricsLog | None,
+                  device: torch.device, precision: str, main: bool, progress: bool) -> _Training:
+    """An Adam run at step 0: its held-out evaluation (the source's; HeldoutLoss on held-out tails or on
+    the validation split), optimiser, loss scaler, the parameters it clips and checks, and the EMA."""
+    evaluate = (HeldoutLoss(source) if tc.heldout_eval else
+                HeldoutLoss(source, "val", with_test=True) if tc.val_fraction else source.evaluate)
+    return _Training(run_dir, tc, model, source, log, device, precision, main, progress, evaluate,
+                     opt=make_optimizer(model, tc, device), scaler=grad_scaler(precision, device),
+                     params=[p for p in model.parameters() if p.requires_grad],
+                     ema=EMA(model, tc.ema) if tc.ema else None)
+
+
+def _wrap_forward(t: _Training, world: int) -> None:
+    """The training forward: under torchrun DDP's wrapper of the model (evaluation and checkpoints use the
+    model itself), else the model's, compiled under --compile; the transformer's window step chosen first.
+    A model with parameters that never get a gradient (LAERC's LN_res, which only feeds the no-grad
+    reservoir) says so, and DDP then looks for them each step instead of waiting for them forever."""
+    if world > 1:
+        t.ddp = torch.nn.parallel.DistributedDataParallel(
+            t.model, device_ids=[t.device.index] if t.device.type == "cuda" else None,
+            find_unused_parameters=bool(getattr(t.model, "has_unused_parameters", False)))
+    choose_window_step(t.model, t.tc.window_step, t.tc.compile, t.device, t.precision, announce=t.main)
+    t.forward = t.ddp if t.ddp is not None else compiled_forward(t.model, t.tc.compile, t.device, announce=t.main)
+
+
+def _train_step(t: _Training) -> float:
+    """One training step: its learning rate, its micro-batches, dropout seeded by the step, the optimiser
+    step (train_step) and the step's loss into the segment's sums; returns the learning rate."""
+    lr = set_lr(t.opt, t.tc, t.step, t.source.total)
+    micro = t.source.batches(t.step)
+    torch.manual_seed(step_seed(t.tc.seed, t.step))  # dropout
+    step_loss, n_step = train_step(t.forward, micro, t.opt, t.scaler, precision=t.precision, device=t.device,
+                                   grad_clip=t.tc.grad_clip, weights=t.source.weights, ddp=t.ddp, ema=t.ema,
+                                   step=t.step, params=t.params)
+    t.step += 1
+    t.meter.add(dist_.all_reduce_mean(step_loss).item(), n_step)
+    return lr
+
+
+def _log_step(t: _Training, lr: float, bar) -> None:
+    """A "step" row (rank 0): the window's mean train loss since the last one, the learning rate, the
+    samples per second and the wall time trained; the window starts again."""
+    synchronize(t.device)
+    now = time.perf_counter()
+    rate = t.meter.win_steps * t.source.samples_per_step / max(now - t.meter.t_log, 1e-9)
+    if t.main:
+        t.log.write(dict(kind="step", step=t.step, **t.source.segment(t.step - 1), lr=lr,
+                         **{TRAIN_LOSS: t.meter.window_loss}, samples_per_s=round(rate, 1),
+                         **t.source.rate_fields(rate),
+                         wall=round(t.train_seconds + now - t.meter.t_seg, 3)))
+    bar.set_postfix(loss=f"{t.meter.window_loss:.3f}", lr=f"{lr:.2e}")
+    t.meter.logged(now)
+
+
+def _evaluation_point(t: _Training) -> None:
+    """At one of the source's evaluation points: the segment's seconds counted, the evaluation, the best
+    weights so far kept (keep_best_val); on rank 0 its row, at the run's end the kept weights scored, and
+    a checkpoint. The segment then starts again: windows restart at every checkpoint, so a resumed run
+    logs exactly what an uninterrupted one does."""
+    synchronize(t.device)
+    seconds = time.perf_counter() - t.meter.t_seg
+    t.train_seconds += seconds
+    row, eval_seconds = _evaluate(t)
+    weights = checkpoint_weights(t.model, t.ema)
+    _keep_best(t, row, weights)
+    if t.main:
+        _log_evaluation(t, row, seconds, eval_seconds)
+        if t.best is not None and t.step == t.source.total:   # the finished run's model: the best weights
+            weights = _score_best(t, row, weights)
+        _checkpoint(t, weights)
+    dist_.barrier()
+    t.meter.restart(t.step)
+
+
+def _evaluate(t: _Training) -> tuple[dict, float]:
+    """The evaluation at this step, of the EMA's weights where there is one (every rank evaluates; rank 0
+    logs); under test_every shard the test CE only at each shard's last evaluation and the final one
+    (validation at all). Returns its row and its seconds."""
+    t_eval = time.perf_counter()
+    final = t.step == t.source.total
+    test = {} if t.tc.test_every == "evaluation" else \
+        dict(test=final or t.source.segment(t.step - 1)["epoch"] == t.tc.epochs_per_shard - 1)
+    with t.ema.applied() if t.ema is not None else contextlib.nullcontext():
+        row = t.evaluate(t.model, t.precision, final=final, **test)
+    return row, time.perf_counter() - t_eval
+
+
+def _keep_best(t: _Training, row: dict, weights: dict) -> None:
+    """keep_best_val: the evaluation's trainable weights (the fixed are the model's) become the best when
+    its validation loss is below the best's."""
+    if t.tc.keep_best_val and (t.best is None or row[VAL_LOSS] < t.best[VAL_LOSS]):
+        t.best = dict(step=t.step, **{VAL_LOSS: row[VAL_LOSS]},
+                      model={k: v.detach().clone() for k, v in only_trainable(t.model, weights["model"]).items()})
+
+
+def _log_evaluation(t: _Training, row: dict, seconds: float, eval_seconds: float) -> None:
+    """The "eval" row: the segment's train loss and speed, the evaluation's figures and times; and its
+    line on the terminal."""
+    seg = t.source.segment(t.step - 1)
+    t.log.write(dict(kind="eval", step=t.step, **seg, **{TRAIN_LOSS: t.meter.train_loss}, **row,
+                     samples_per_s=round((t.step - t.meter.start) * t.source.samples_per_step / max(seconds, 1e-9), 1),
+                     seconds=round(seconds, 3), wall=round(t.train_seconds, 3),
+                     eval_seconds=round(eval_seconds, 3)))
+    first = next(iter(row))
+    say(f"step {t.step}/{t.source.total}" + "".join(f" {k} {v}" for k, v in seg.items())
+        + f": train {t.meter.train_loss:.4f}  {first} {row[first]:.4f} nats "
+        f"({bits(row[first]):.3f} bits)", enabled=t.progress)
+
+
+def _score_best(t: _Training, row: dict, weights: dict) -> dict:
+    """The end-of-run scoring of keep_best_val: the best evaluation's weights scored in full (the last
+    evaluation's row when they are the last's), logged as the "weights" row. Returns the checkpoint's
+    weights with the best as the model and the last weights as `last`."""
+    t_eval = time.perf_counter()
+    kept = row if t.best["step"] == t.step else _score(t.model, t.best["model"], t.evaluate, t.precision)
+    t.log.write(dict(kind="weights", step=t.best["step"], **kept,
+                     eval_seconds=round(time.perf_counter() - t_eval, 3)))
+    return dict(weights, model={**weights["model"], **t.best["model"]}, last=weights["model"])
+
+
+def _checkpoint(t: _Training, weights: dict | None = None, **segment) -> None:
+    """A checkpoint of where training stands (atomically): the weights (default: the model's, and the
+    EMA's), the optimiser, scaler and sampler states, the step, the seconds trained, the log rows seen,
+    the best evaluation's weights and the `segment`'s running sums when it is written between evaluations."""
+    save_checkpoint(t.run_dir, dict(**(weights or checkpoint_weights(t.model, t.ema)), optimizer=t.opt.state_dict(),
+                                    scaler=t.scaler.state_dict(), step=t.step, train_seconds=t.train_seconds,
+                                    metrics_rows=t.log.rows, sampler=_sampler_state(t.source), best=t.best,
+                                    device=device_name(t.device), **segment))
+
+
+def _resume(t: _Training, ck: dict | None) -> None:
+    """Where training stands, from the run's checkpoint `ck`: the step, the seconds trained, the
+    segment's Meter and the best evaluation, with the model, EMA, optimiser, scaler and sampler state
+    loaded and metrics.jsonl cut back to the rows the checkpoint had seen; without a checkpoint, step 0
+    (and a log begun before it is started afresh)."""
     if ck is None:
-        if main and log.rows:   # metrics without a checkpoint: an interrupted start, begin afresh
-            log.truncate(0)
-        return 0, 0.0, Meter()
+        if t.main and t.log.rows:   # metrics without a checkpoint: an interrupted start, begin afresh
+            t.log.truncate(0)
+        t.meter = Meter()
+        return
     try:
         last = ck.get("last", ck["model"])   # a finished keep_best_val run's "model" is its best
-        model.load_state_dict(with_fixed(model, ck["raw"]) if ema is not None else last)
-        if ema is not None:
-            ema.load(last)
-        opt.load_state_dict(ck["optimizer"])
-        scaler.load_state_dict(ck["scaler"])
-        step, train_seconds = int(ck["step"]), float(ck["train_seconds"])
-        meter = Meter(**{"start": step, **ck.get("segment", {})})
-        if hasattr(source, "load_state_dict"):   # e.g. a stream-mode model's carried state
-            source.load_state_dict(ck.get("sampler", {}))
+        t.model.load_state_dict(with_fixed(t.model, ck["raw"]) if t.ema is not None else last)
+        if t.ema is not None:
+            t.ema.load(last)
+        t.opt.load_state_dict(ck["optimizer"])
+        t.scaler.load_state_dict(ck["scaler"])
+        t.step, t.train_seconds = int(ck["step"]), float(ck["train_seconds"])
+        t.meter = Meter(**{"start": t.step, **ck.get("segment", {})})
+        if hasattr(t.source, "load_state_dict"):   # e.g. a stream-mode model's carried state
+            t.source.load_state_dict(ck.get("sampler", {}))
     except (RuntimeError, KeyError, ValueError, TypeError) as e:
-        raise ReslmError(f"the checkpoint in {run_dir} does not fit its config: "
+        raise ReslmError(f"the checkpoint in {t.run_dir} does not fit its config: "
                          f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
-    if main:   # the rows the checkpoint had seen (fewer on disk: an error), and which states they logged
-        source.logged_states = {(r.get("cycle"), r.get("shard"), r.get("part"))
-                                for r in log.truncate(int(ck["metrics_rows"])) if r.get("kind") == "states"}
-    return step, train_seconds, meter
+    if t.main:   # the rows the checkpoint had seen (fewer on disk: an error), and which states they logged
+        t.source.logged_states = {(r.get("cycle"), r.get("shard"), r.get("part"))
+                                  for r in t.log.truncate(int(ck["metrics_rows"])) if r.get("kind") == "states"}
+    t.best = ck.get("best")   # keep_best_val: {step, val_loss, model} of the best evaluation so far
 
 
 def _train_ridge(run_dir: Path, cfg: dict, model, source, log: MetricsLog, precision: str, progress: bool) -> dict:
