@@ -175,53 +175,20 @@ def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, so
         raise ReslmError(f"min_char_count must be >= 1, got {min_char_count}")
     _check_groups_contiguous(files)
     log = logger(verbose)
-
-    texts = [f.text.lower() if lowercase else f.text for f in files]
-    raw_lengths = [len(t) for t in texts]  # lower() can change a length (e.g. 'İ'), so measure after
-    raw = "".join(texts)
-    del texts
-    cps = codepoints(raw)  # (n_raw,) uint32
-    if cps.size == 0:
-        raise ReslmError("corpus is empty")
+    cps, raw_lengths = _joined_codepoints(files, lowercase)
     counts = np.bincount(cps)  # (max codepoint + 1,) occurrences per codepoint
-    present = np.flatnonzero(counts)
-    dropped = {chr(c): int(counts[c]) for c in present if counts[c] < min_char_count}
-    vocab_cps = np.array([c for c in present if counts[c] >= min_char_count], dtype=np.uint32)
-    if vocab_cps.size == 0:
-        raise ReslmError(f"min_char_count={min_char_count} removes every character of the corpus")
-    if vocab_cps.size > 1 << 16:
-        raise ReslmError(f"vocabulary of {vocab_cps.size} characters does not fit in uint16")
-    if vocab_cps.size < MIN_VOCAB_WARNING:
-        shown = ", ".join(repr(chr(c)) for c in vocab_cps)
-        print(f"reslm: warning: dataset {name!r} has a vocabulary of only {vocab_cps.size} "
-              f"character{'s' if vocab_cps.size > 1 else ''} ({shown}): a model learns such a text "
-              f"trivially (loss near 0); is this the corpus you meant?", file=sys.stderr, flush=True)
-    log(f"{cps.size:,} characters, {present.size} distinct; min_char_count={min_char_count} drops "
-        f"{len(dropped)} ({', '.join(f'{c!r}x{n}' for c, n in dropped.items()) or 'none'})")
+    vocab_cps, dropped = _vocabulary(counts, min_char_count, name, log)
 
     keep = counts[cps] >= min_char_count  # (n_raw,) bool
-    # Offsets of each file in the kept text: count kept chars up to each raw file end.
-    kept_before = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])  # (n_raw + 1,)
-    raw_ends = np.cumsum(raw_lengths)
-    file_ends = [int(kept_before[e]) for e in raw_ends]
-    file_starts = [0] + file_ends[:-1]
+    file_starts, file_ends = _kept_offsets(keep, raw_lengths)
     total = file_ends[-1] if file_ends else 0
-
     runs = group_runs([f.group for f in files])
     shards, split = plan_shards(total, [file_ends[j - 1] for _, j in runs] if snap_to_groups else None, n_shards)
 
     dtype = np.uint8 if vocab_cps.size <= 256 else np.uint16
     tokens = np.searchsorted(vocab_cps, cps[keep]).astype(dtype)  # (total,)
     vocab = [chr(c) for c in vocab_cps]
-    boundary = split["boundary"]
-
-    file_rows = [{"name": f.name, "sha256": f.sha256, "group": f.group, "n_chars_raw": n,
-                  "start": s, "end": e} for f, n, s, e in zip(files, raw_lengths, file_starts, file_ends)]
-    groups = [{"key": file_rows[i]["group"], "files": [r["name"] for r in file_rows[i:j]],
-               "start": file_rows[i]["start"], "end": file_rows[j - 1]["end"]} for i, j in runs]
-    for g in groups:
-        g["side"] = "train" if g["end"] <= boundary else "test" if g["start"] >= boundary else "both"
-
+    file_rows, groups = _source_records(files, raw_lengths, file_starts, file_ends, runs, split["boundary"])
     meta = {
         "format_version": FORMAT_VERSION,
         "name": name,
@@ -238,7 +205,7 @@ def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, so
         "split": split,
         "lowercase": lowercase,
         "vocab_rule": {"rule": VOCAB_RULE, "min_char_count": min_char_count,
-                       "n_chars_before": int(cps.size), "n_distinct_before": int(present.size),
+                       "n_chars_before": int(cps.size), "n_distinct_before": int(np.count_nonzero(counts)),
                        "dropped": dropped},
         "source": {**source, "files": file_rows, "groups": groups},
         "reslm_version": reslm_version(),
@@ -249,6 +216,63 @@ def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, so
         + " ".join(f"[{s},{e})" for s, e in shards) + f", test = shard {n_shards - 1} "
         f"({split['test_fraction']:.1%})")
     return CharDataset.load(path)
+
+
+def _joined_codepoints(files: Sequence[SourceFile], lowercase: bool) -> tuple[np.ndarray, list[int]]:
+    """The files' texts (lowercased under ``lowercase``) joined by plain concatenation, as codepoints
+    (n_raw,) uint32, and each text's length; an empty corpus raises."""
+    texts = [f.text.lower() if lowercase else f.text for f in files]
+    raw_lengths = [len(t) for t in texts]  # lower() can change a length (e.g. 'İ'), so measure after
+    raw = "".join(texts)
+    del texts
+    cps = codepoints(raw)  # (n_raw,) uint32
+    if cps.size == 0:
+        raise ReslmError("corpus is empty")
+    return cps, raw_lengths
+
+
+def _vocabulary(counts: np.ndarray, min_char_count: int, name: str, log) -> tuple[np.ndarray, dict[str, int]]:
+    """The vocabulary rule over the corpus's codepoint counts: the codepoints occurring at least
+    ``min_char_count`` times, ascending, and the dropped characters with their counts. No character left,
+    or more than uint16 holds, raises; fewer than MIN_VOCAB_WARNING gets a warning on stderr."""
+    present = np.flatnonzero(counts)
+    dropped = {chr(c): int(counts[c]) for c in present if counts[c] < min_char_count}
+    vocab_cps = np.array([c for c in present if counts[c] >= min_char_count], dtype=np.uint32)
+    if vocab_cps.size == 0:
+        raise ReslmError(f"min_char_count={min_char_count} removes every character of the corpus")
+    if vocab_cps.size > 1 << 16:
+        raise ReslmError(f"vocabulary of {vocab_cps.size} characters does not fit in uint16")
+    if vocab_cps.size < MIN_VOCAB_WARNING:
+        shown = ", ".join(repr(chr(c)) for c in vocab_cps)
+        print(f"reslm: warning: dataset {name!r} has a vocabulary of only {vocab_cps.size} "
+              f"character{'s' if vocab_cps.size > 1 else ''} ({shown}): a model learns such a text "
+              f"trivially (loss near 0); is this the corpus you meant?", file=sys.stderr, flush=True)
+    log(f"{int(counts.sum()):,} characters, {present.size} distinct; min_char_count={min_char_count} drops "
+        f"{len(dropped)} ({', '.join(f'{c!r}x{n}' for c, n in dropped.items()) or 'none'})")
+    return vocab_cps, dropped
+
+
+def _kept_offsets(keep: np.ndarray, raw_lengths: list[int]) -> tuple[list[int], list[int]]:
+    """Where each file starts and ends in the text the vocabulary rule keeps (``keep``: (n_raw,) bool):
+    the kept characters counted up to each file's end in the joined text."""
+    kept_before = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])  # (n_raw + 1,)
+    raw_ends = np.cumsum(raw_lengths)
+    file_ends = [int(kept_before[e]) for e in raw_ends]
+    return [0] + file_ends[:-1], file_ends
+
+
+def _source_records(files: Sequence[SourceFile], raw_lengths: list[int], starts: list[int], ends: list[int],
+                    runs: list[tuple[int, int]], boundary: int) -> tuple[list[dict], list[dict]]:
+    """meta.json's record of the sources: one row per file (name, sha256, group, raw length, its span in
+    the tokens) and one per group (``runs``: each group's [i, j) of files), with the side of the
+    train/test ``boundary`` it lies on."""
+    file_rows = [{"name": f.name, "sha256": f.sha256, "group": f.group, "n_chars_raw": n,
+                  "start": s, "end": e} for f, n, s, e in zip(files, raw_lengths, starts, ends)]
+    groups = [{"key": file_rows[i]["group"], "files": [r["name"] for r in file_rows[i:j]],
+               "start": file_rows[i]["start"], "end": file_rows[j - 1]["end"]} for i, j in runs]
+    for g in groups:
+        g["side"] = "train" if g["end"] <= boundary else "test" if g["start"] >= boundary else "both"
+    return file_rows, groups
 
 
 def _check_groups_contiguous(files: Sequence[SourceFile]) -> None:
