@@ -38,7 +38,7 @@ import os
 import tempfile
 import time
 import warnings
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from reslm.core import claims
@@ -275,6 +275,22 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
     """Add `trials` trials to the study (created or continued) and write the outputs (module doc).
     Returns best.json's content."""
     optuna = _import_optuna()
+    _check_request(family, reservoir, optimizer, trials, seed, worker)
+    search = _Search.of(family, reservoir, optimizer, model_over or {}, train_over or {})
+    search.check_fixed(dataset)
+    out = Path(out)
+    study = _study_in(optuna, out, storage, study_name or f"{family}-{reservoir}-{optimizer}",
+                      dict(family=family, reservoir=reservoir, optimizer=optimizer))
+    # seeded by the worker and the trials already there, so resumed and parallel runs draw apart
+    study.sampler = optuna.samplers.TPESampler(seed=child_seed(seed, SEARCH_KEY, worker, len(study.trials)) % 2**32)
+    study.set_user_attr("setup", dict(family=family, reservoir=reservoir, optimizer=optimizer))
+    study.optimize(lambda trial: search.objective(trial, dataset, progress), n_trials=trials, catch=(ReslmError,))
+    return write_outputs(out, study, family, optimizer, search.train_over, dataset, progress)
+
+
+def _check_request(family: str, reservoir: str, optimizer: str, trials: int, seed: int, worker: int) -> None:
+    """run_search's arguments checked before anything is built: a reservoir family, an objective it has
+    (ridge: rc only), counts in range, a registered substrate with knobs to search."""
     if family not in FAMILIES:
         raise ReslmError(f"reslm search tunes the reservoir families ({', '.join(FAMILIES)}), not {family!r}")
     if optimizer not in ("ridge", "adam"):
@@ -288,50 +304,57 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
     if reservoir not in SPACE:
         raise ReslmError(f"the {reservoir} substrate has no knobs to search (a recording's states are fixed): "
                          f"search one of {', '.join(SPACE)}")
-    model_over = {**(model_over or {}), "reservoir": reservoir}
-    train_over = dict(train_over or {})
-    fixed_options = parse_options(reservoir, RESERVOIRS[reservoir][0], model_over.get("reservoir_options", ""),
-                                  reserved={f.name for f in fields(family_of(family).config)} | {"input_dim"})
-    space_model, space_options = search_space(reservoir, model_over, fixed_options)
 
-    def configure(model: dict, options: dict) -> dict:
+
+@dataclass
+class _Search:
+    """What a search fixes (the model fields and substrate options given as flags, the training
+    overrides) and what it samples (search_space: model fields and substrate options with their bounds)."""
+    family: str
+    reservoir: str
+    optimizer: str
+    model_over: dict         # the fixed model fields, the reservoir among them
+    train_over: dict
+    fixed_options: dict      # the substrate's options given (--reservoir-options)
+    space_model: dict
+    space_options: dict
+
+    @classmethod
+    def of(cls, family: str, reservoir: str, optimizer: str, model_over: dict, train_over: dict) -> "_Search":
+        """The search of `reservoir` under the fixed model fields and substrate options given."""
+        model_over = {**model_over, "reservoir": reservoir}
+        fixed_options = parse_options(reservoir, RESERVOIRS[reservoir][0], model_over.get("reservoir_options", ""),
+                                      reserved={f.name for f in fields(family_of(family).config)} | {"input_dim"})
+        space_model, space_options = search_space(reservoir, model_over, fixed_options)
+        return cls(family, reservoir, optimizer, model_over, dict(train_over), fixed_options, space_model,
+                   space_options)
+
+    def configure(self, model: dict, options: dict) -> dict:
         """The model overrides of one point: fixed flags, then the sampled knobs, repaired."""
-        model, options = {**model_over, **model}, {**fixed_options, **options}
-        _repair(reservoir, model, options)
+        model, options = {**self.model_over, **model}, {**self.fixed_options, **options}
+        _repair(self.reservoir, model, options)
         return {**model, "reservoir_options": _options_text(options)} if options else model
 
-    # the fixed part must be valid before any trial runs (one clear error, not N failed trials)
-    base = make_run_config(family, configure({}, {}), {**train_over, "optimizer": optimizer}, dataset)
-    tc = TrainConfig(**base["train"]).validate()
-    check_tails(dataset, tc.holdout, base["model"]["context"], tc.shard_chars)
-    pick_device(tc.device)   # a bad --device is one error now, not one failed trial each
-    if tc.threads:
-        use_threads(tc.threads)
+    def check_fixed(self, dataset) -> None:
+        """The fixed part must be valid before any trial runs (one clear error, not N failed trials): its
+        run config, the held-out tails, the device; the training's threads are set."""
+        base = make_run_config(self.family, self.configure({}, {}), {**self.train_over, "optimizer": self.optimizer},
+                               dataset)
+        tc = TrainConfig(**base["train"]).validate()
+        check_tails(dataset, tc.holdout, base["model"]["context"], tc.shard_chars)
+        pick_device(tc.device)   # a bad --device is one error now, not one failed trial each
+        if tc.threads:
+            use_threads(tc.threads)
 
-    out = Path(out)
-    made = _claim(out, dict(family=family, reservoir=reservoir, optimizer=optimizer))
-    url = storage or f"sqlite:///{(out / 'study.db').resolve()}"
-    study_name = study_name or f"{family}-{reservoir}-{optimizer}"
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = _open_study(optuna, url, study_name)
-    except ReslmError:
-        if made and {p.name for p in out.iterdir()} <= {LOCK, SEARCH_STAMP}:   # no output folder left behind
-            for name in (SEARCH_STAMP, LOCK):                                  # a bad --storage
-                (out / name).unlink(missing_ok=True)
-            out.rmdir()
-        raise
-    # seeded by the worker and the trials already there, so resumed and parallel runs draw apart
-    study.sampler = optuna.samplers.TPESampler(seed=child_seed(seed, SEARCH_KEY, worker, len(study.trials)) % 2**32)
-    study.set_user_attr("setup", dict(family=family, reservoir=reservoir, optimizer=optimizer))
-
-    def objective(trial):
-        model = {k: _suggest(trial, k, b) for k, b in space_model.items()}
-        options = {k: _suggest(trial, k, b) for k, b in space_options.items()}
-        m_over = configure(model, options)
+    def objective(self, trial, dataset, progress: bool) -> float:
+        """One trial: a point sampled, its configuration built and scored (heldout_loss); its model
+        overrides, seconds, ridge choices or error kept as the trial's attributes, and a line printed."""
+        model = {k: _suggest(trial, k, b) for k, b in self.space_model.items()}
+        options = {k: _suggest(trial, k, b) for k, b in self.space_options.items()}
+        m_over = self.configure(model, options)
         trial.set_user_attr("model", m_over)
         try:
-            result = heldout_loss(family, m_over, train_over, dataset, optimizer)
+            result = heldout_loss(self.family, m_over, self.train_over, dataset, self.optimizer)
         except ReslmError as e:
             trial.set_user_attr("error", str(e))
             raise
@@ -339,14 +362,29 @@ def run_search(out: Path, dataset, *, family: str = "rc", reservoir: str = "esn"
         for k in ("ridge_alpha", "temperature"):
             if k in result:
                 trial.set_user_attr(k, result[k])
-        shown = {**{k: m_over[k] for k in space_model}, **({"options": m_over["reservoir_options"]} if options else {})}
+        shown = {**{k: m_over[k] for k in self.space_model},
+                 **({"options": m_over["reservoir_options"]} if options else {})}
         say(f"trial {trial.number}: held-out CE {result['value']:.4f} nats in {result['seconds']:.1f} s  "
             + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()),
             enabled=progress)
         return result["value"]
 
-    study.optimize(objective, n_trials=trials, catch=(ReslmError,))
-    return write_outputs(out, study, family, optimizer, train_over, dataset, progress)
+
+def _study_in(optuna, out: Path, storage: str | None, study_name: str, stamp: dict):
+    """The study the search adds to: `out` claimed as a search folder (search.json: `stamp`), the study
+    created or loaded from `storage` (default OUT/study.db). A study that cannot be opened leaves no
+    folder behind that this call made (a bad --storage)."""
+    made = _claim(out, stamp)
+    url = storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return _open_study(optuna, url, study_name)
+    except ReslmError:
+        if made and {p.name for p in out.iterdir()} <= {LOCK, SEARCH_STAMP}:   # no output folder left behind
+            for name in (SEARCH_STAMP, LOCK):                                  # a bad --storage
+                (out / name).unlink(missing_ok=True)
+            out.rmdir()
+        raise
 
 
 __all__ = ["SPACE", "MODEL_KNOBS", "SEARCH_DATA", "search_folder", "search_model", "search_space", "heldout_loss",
