@@ -225,6 +225,20 @@ def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str 
     manifest last."""
     run_dir, dest = Path(run_dir), Path(dest)
     cfg = read_config(run_dir)
+    ck = _checkpoint_to_publish(run_dir)
+    in_place = os.path.lexists(dest) and dest.resolve() == run_dir.resolve()
+    swap, prior = _destination(run_dir, dest, cfg, in_place, replace)
+    files = _published_files(run_dir, dest, cfg, ck, prior, command=command, date=date, replace=replace, check=check)
+    if in_place:
+        with lock_run(dest):
+            return _write(dest, ck, files, in_place=True)
+    return _write_beside(dest, ck, files, swap)
+
+
+def _checkpoint_to_publish(run_dir: Path) -> dict:
+    """The run's last checkpoint, what is published; none is an error (a finished published folder has
+    nothing left to publish). A published folder's own checkpoint (no weights in it) is published only
+    when its files are as published (config.json aside: its identity is the checkpoint's)."""
     ck = load_checkpoint(run_dir)
     if ck is None:
         if is_published(run_dir) and read_manifest(run_dir).get("finished"):
@@ -233,28 +247,43 @@ def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str 
         raise ReslmError(f"{run_dir} has no checkpoint yet: train it before publishing it")
     if is_published(run_dir) and "model" not in ck:   # a published folder as published: its files must be
         verify_published(run_dir, skip=(CONFIG,))      # (config.json: its identity is the checkpoint's)
-    in_place = os.path.lexists(dest) and dest.resolve() == run_dir.resolve()
-    swap, prior = _destination(run_dir, dest, cfg, in_place, replace)
+    return ck
+
+
+def _published_files(run_dir: Path, dest: Path, cfg: dict, ck: dict, prior: dict | None, *, command: str | None,
+                     date: str | None, replace: bool, check: dict | None) -> dict:
+    """What the published folder holds (_write's `f`): the config (the dataset by its name), the log up to
+    the checkpoint, the summary when it describes the checkpoint, eval.json when it scored these weights,
+    the model and its fixed tensors' fingerprints, whether the run is finished, the check kept, the
+    provenance with this publish's entry, and, while unfinished, the checkpoint without its weights."""
     model, fixed = _weights(run_dir, cfg, ck)
     rows = read_metrics(run_dir)[:int(ck.get("metrics_rows", 10**12))]
     summary = read_json(run_dir / SUMMARY)
     summary = summary if _consistent_summary(summary, rows) else None
     finished = summary is not None and is_finished(run_dir) and summary.get("steps") == ck.get("step")
     date = date or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    evaluation = _current_eval(run_dir, weights_digest(model), int(ck.get("step", 0)))
+    digest = weights_digest(model)
+    evaluation = _current_eval(run_dir, digest, int(ck.get("step", 0)))
     if evaluation is not None:
         evaluation = {**evaluation, "run": dest.resolve().name}   # no path of this machine
-    digest = weights_digest(model)
+    return dict(cfg=published_config(cfg), rows=rows, summary=summary, evaluation=evaluation, model=model,
+                fixed=fixed, finished=finished, check=_kept_check(dest, check, replace, digest),
+                provenance=_provenance(prior, cfg, ck, rows, finished, command, date, evaluation),
+                checkpoint=None if finished else _trimmed(model, ck))
+
+
+def _kept_check(dest: Path, check: dict | None, replace: bool, digest: str) -> dict | None:
+    """The check the manifest keeps: the one given, else the destination's earlier one (unless it is
+    replaced); never one of other weights than these (`digest`)."""
     if check is None and is_published(dest) and not replace:
         check = read_manifest(dest).get("check")
-    check = check if check and check.get("weights_digest") == digest else None   # never one of other weights
-    files = dict(cfg=published_config(cfg), rows=rows, summary=summary, evaluation=evaluation, model=model,
-                 fixed=fixed, finished=finished, check=check,
-                 provenance=_provenance(prior, cfg, ck, rows, finished, command, date, evaluation),
-                 checkpoint=None if finished else _trimmed(model, ck))
-    if in_place:
-        with lock_run(dest):
-            return _write(dest, ck, files, in_place=True)
+    return check if check and check.get("weights_digest") == digest else None
+
+
+def _write_beside(dest: Path, ck: dict, files: dict, swap: bool) -> dict:
+    """Write the published folder beside `dest` (its parents made; the leftovers of stopped publishes
+    removed) and rename it into place, or exchange it with the folder there (`swap`, under its lock);
+    on any failure nothing is left behind, the parents this call made included. Returns the manifest."""
     made, _ = missing_parents(dest)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
