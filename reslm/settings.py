@@ -104,6 +104,17 @@ class TrainConfig:
         return self.holdout if self.optimizer in SOLVERS or self.heldout_eval else self.val_fraction
 
     def validate(self) -> "TrainConfig":
+        """Check every field, in place; returns self. The first rule broken raises its ReslmError, in this
+        order: the types, the numbers' ranges, the validation split and what reads it, then the solvers'
+        and the schedule's numbers and the named choices."""
+        self._check_types()
+        self._check_ranges()
+        self._check_validation()
+        self._check_solvers_and_choices()
+        return self
+
+    def _check_types(self) -> None:
+        """Each field of its default's type (an int given for a float field becomes that float); floats finite."""
         for f in fields(self):
             v = getattr(self, f.name)
             want = type(f.default)
@@ -114,6 +125,11 @@ class TrainConfig:
                 raise ReslmError(f"{f.name} must be of type {want.__name__}, got {v!r}")
             if want is float and not math.isfinite(v):
                 raise ReslmError(f"{f.name} must be a finite number, got {v!r}")
+
+    def _check_ranges(self) -> None:
+        """The training's numbers in range: the counts and the learning rate positive (counts at most
+        COUNT_LIMITS, the learning rate at most 10), sizes and penalties not negative, the betas, holdout,
+        ridge settings and EMA decay in their intervals; an EMA only with a gradient optimizer."""
         for name in ("lr", "batch_size", "grad_accum", "epochs_per_shard", "cycles", "max_steps", "eval_every",
                      "eval_batches", "log_every"):
             if not getattr(self, name) > 0:
@@ -140,6 +156,10 @@ class TrainConfig:
         if self.ema and self.optimizer in SOLVERS:
             raise ReslmError(f"ema averages gradient-trained weights; optimizer {self.optimizer} solves the readout "
                              "in one step")
+
+    def _check_validation(self) -> None:
+        """The validation split (val_fraction, val_split) and what reads it (test_every, keep_best_val):
+        a split only for gradient training without heldout_eval, and the fields that need one given one."""
         if not 0 <= self.val_fraction < 1:
             raise ReslmError(f"val_fraction must be in [0, 1) (0 = no validation split), got {self.val_fraction}")
         if self.val_fraction and (self.heldout_eval or self.optimizer in SOLVERS):
@@ -160,6 +180,10 @@ class TrainConfig:
         if self.keep_best_val and not self.val_fraction:
             raise ReslmError("keep_best_val keeps the best-on-validation weights: it needs a validation split "
                              "(val_fraction > 0)")
+
+    def _check_solvers_and_choices(self) -> None:
+        """The final evaluation's size, the lbfgs solver's settings and the cosine schedule's floor in range;
+        each named choice (optimizer, schedule, precision, compile, window_step, state_dtype) one reslm has."""
         if self.final_eval_samples < -1:
             raise ReslmError(f"final_eval_samples must be >= 0, or -1 (= eval_samples), got {self.final_eval_samples}")
         if self.lbfgs_samples < 1 or self.lbfgs_iters < 1 or self.lbfgs_l2 < 0:
@@ -173,7 +197,6 @@ class TrainConfig:
                 raise ReslmError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.state_dtype != "auto":
             state_dtype(self.state_dtype)
-        return self
 
 
 # Each family's training defaults over TrainConfig's (a family's `train` in reslm.models.MODELS).
