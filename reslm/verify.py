@@ -197,12 +197,13 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
 
 
 def publish_checked(run_dir: Path, dest: Path, *, command: str | None = None, replace: bool = False) -> dict:
-    """Publish a run into `dest` (reslm.publish.publish; returns the manifest), a finished one with its check
-    (score_check: what `reslm verify` re-scores); a published folder published again in place is not scored
-    (its check stays when its weights are the same)."""
+    """Publish a run into `dest` (reslm.publish.publish; returns the manifest) with its check (score_check:
+    what `reslm verify` re-scores), finished or not: an unfinished run's check is of the weights it holds
+    now; a published folder published again in place is not scored (its check stays when its weights are
+    the same)."""
     run, dest = Path(run_dir), Path(dest)
-    finished = (run / CONFIG).is_file() and is_finished(run) and (run / CHECKPOINT).is_file()
-    check = score_check(run) if finished and not (is_published(run) and dest.resolve() == run.resolve()) else None
+    trained = (run / CONFIG).is_file() and (run / CHECKPOINT).is_file()
+    check = score_check(run) if trained and not (is_published(run) and dest.resolve() == run.resolve()) else None
     return publish(run, dest, command=command, replace=replace, check=check)
 
 

@@ -143,3 +143,15 @@ def test_a_damaged_manifest_is_one_line_and_the_other_runs_are_verified(copy, tm
     assert bad.startswith("UNREADABLE") and f"{copy / MANIFEST}: its check has no 'loss'" in bad
     assert any(line.startswith("ok ") and str(other) in line for line in lines)
     assert "1 ok, 0 differing, 1 unreadable" in err and "Traceback" not in err
+
+
+def test_an_unfinished_published_run_carries_a_check_and_verifies(chars, tmp_path, monkeypatch, capsys):
+    """`reslm publish` of a run stopped part-way records the check of the weights it holds now, so `reslm verify`
+    passes on it (as on a finished one) and would catch an edit of its weights."""
+    monkeypatch.setenv("RESLM_DATA", str(chars.path.parent))
+    run = create_run(tmp_path / "run", "rc", dict(size=16, streams=4, head="mlp", head_hidden=8), TINY, chars)
+    train(run, progress=False, stop_at=2)
+    assert main(["publish", str(run), str(tmp_path / "results" / "part")]) == 0
+    manifest = json.loads((tmp_path / "results" / "part" / MANIFEST).read_text())
+    assert not manifest["finished"] and manifest["check"]["loss"] > 0
+    assert verify(capsys, str(tmp_path / "results" / "part"))[0] == 0

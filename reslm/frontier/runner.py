@@ -291,7 +291,7 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
             train(run_dir, progress=progress, until=until, cache_states="auto")
         finally:   # a later call continues the published run, or this one from its checkpoint
             shutil.rmtree(run_dir / STATE_CACHE, ignore_errors=True)
-        publish(run_dir, Path(results) / entry.name, check=score_check(run_dir) if is_finished(run_dir) else None)
+        publish(run_dir, Path(results) / entry.name, check=score_check(run_dir))   # finished or not: reslm verify
         say(f"{entry.name}: published to {Path(results) / entry.name}"
             + ("" if is_finished(run_dir) else " unfinished (the deadline); run the plan again to continue it"))
         return "trained" if is_finished(run_dir) else "stopped"
