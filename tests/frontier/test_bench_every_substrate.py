@@ -1,13 +1,11 @@
 """`reslm frontier bench` takes each substrate's own settings (issue 74): every registered substrate runs
 through it at a tiny budget (a tiny recipe on a tiny corpus made in the test, in place of the esn-lr plan's
 choice), the recipe's ESN values go with the ESN only, and `--set` gives a substrate its operating point."""
-import textwrap
 
 import pytest
 
 from reslm.cli import main
 from reslm.frontier import bench as fbench
-from reslm.frontier import load_plan
 from reslm.frontier.plan import Config
 from reslm.recording import export_drive, import_states, simulate
 from reslm.reservoir import RESERVOIRS
@@ -34,15 +32,9 @@ EXTRA = {"nvar": ["--reservoir-options", "k=1", "--size", "153"]}
 
 
 @pytest.fixture
-def bench_flags(tmp_path, chars, monkeypatch):
-    """The bench's recipe replaced by the tiny plan's base; returns the flags that point the bench at the
-    tiny corpus, an empty results registry and an output folder."""
-    plan = tmp_path / "tiny-recipe.toml"
-    plan.write_text(textwrap.dedent(RECIPE))
-    monkeypatch.setattr(fbench, "recipe_config", lambda *a, **k: load_plan(plan).base)
-    monkeypatch.chdir(tmp_path)
-    return lambda out: ["--seeds", "0", "--out", str(tmp_path / out), "--results", str(tmp_path / "results"),
-                        "--root", str(chars.path.parent), "--no-progress"]
+def bench_flags(bench_on):
+    """The flags of a bench on this file's tiny recipe (conftest.bench_on)."""
+    return bench_on(RECIPE)
 
 
 @pytest.fixture

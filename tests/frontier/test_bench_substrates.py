@@ -7,8 +7,6 @@ import textwrap
 import pytest
 
 from reslm.cli import main
-from reslm.frontier import bench as fbench
-from reslm.frontier import load_plan
 from reslm.recording import export_drive, import_states, simulate
 from reslm.run import read_config
 
@@ -31,15 +29,9 @@ seeds = [0]
 
 
 @pytest.fixture
-def tiny_recipe(tmp_path, chars, monkeypatch):
-    """The bench's recipe replaced by the tiny plan's base; returns the flags that point the bench at the
-    tiny corpus, an empty results registry and an output folder."""
-    plan = tmp_path / "tiny-recipe.toml"
-    plan.write_text(textwrap.dedent(RECIPE))
-    monkeypatch.setattr(fbench, "recipe_config", lambda *a, **k: load_plan(plan).base)
-    monkeypatch.chdir(tmp_path)
-    return lambda out: ["--seeds", "0", "--out", str(tmp_path / out), "--results", str(tmp_path / "results"),
-                        "--root", str(chars.path.parent), "--no-progress"]
+def tiny_recipe(bench_on):
+    """The flags of a bench on this file's tiny recipe (conftest.bench_on)."""
+    return bench_on(RECIPE)
 
 
 def bench_row(text: str, name: str) -> list[str]:
