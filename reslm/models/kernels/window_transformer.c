@@ -326,11 +326,39 @@ static int64_t threshold(double p) { return (int64_t)llround(p * 4294967296.0); 
 
 int reslm_params_per_layer(void) { return PL; }
 
-/* Forward of B windows. x0 (B, T, D); saved (B, L, T, D): each layer's input; y (B, D): the last
- * layer's output at the last position. seeds: (L, 4, 2) uint32 (attention, out, ff hidden, ff out).
+/* One window forward: x0 (T, D) -> y (D), each layer's input into saved (L, T, D) when saved is not NULL. */
+static void forward_window(const float *params, const Trans *tr, const uint32_t *seeds, int64_t thr, float keep,
+                           int train, Work *w, float *buf, int64_t b, const float *x0, float *saved, float *y) {
+    float *cur = buf, *nxt = buf + T * D;
+    memcpy(cur, x0, sizeof(float) * T * D);
+    for (int l = 0; l < L; l++) {
+        if (saved) memcpy(saved + (int64_t)l * T * D, cur, sizeof(float) * T * D);
+        const int last = l == L - 1;
+        layer_fwd(params + (int64_t)l * PL, tr + l, cur, last ? y : nxt, w, last, b, seeds + l * 8, thr, keep, train);
+        float *t = cur; cur = nxt; nxt = t;
+    }
+}
+
+/* One window backward from its saved layer inputs (L, T, D): dy (D) -> dx0 (T, D), gradients into gp. */
+static void backward_window(const float *params, const Trans *tr, const uint32_t *seeds, int64_t thr, float keep,
+                            int train, Work *w, float *buf, int64_t b, const float *saved, const float *dy,
+                            float *dx0, float *gp) {
+    float *g = buf, *dxl = buf + T * D, *yl = buf + 2 * T * D;
+    memcpy(g, dy, sizeof(float) * D);
+    for (int l = L - 1; l >= 0; l--) {
+        const int last = l == L - 1;
+        const float *xl = saved + (int64_t)l * T * D;
+        const float *pl = params + (int64_t)l * PL;
+        layer_fwd(pl, tr + l, xl, yl, w, last, b, seeds + l * 8, thr, keep, train);
+        layer_bwd(pl, xl, g, l == 0 ? dx0 : dxl, gp + (int64_t)l * PL, w, last, keep);
+        if (l > 0) memcpy(g, dxl, sizeof(float) * T * D);
+    }
+}
+
+/* B windows in parallel, each thread with its own workspace: the forward (dy NULL) or the backward.
  * Returns 0, or 1 when memory could not be allocated. */
-int reslm_window_forward(int64_t B, const float *x0, const float *params, const uint32_t *seeds, double p,
-                         int train, int threads, float *saved, float *y) {
+static int windows(int64_t B, const float *params, const uint32_t *seeds, double p, int train, int threads,
+                   const float *x0, float *saved, float *y, const float *dy, float *dx0, float *grads) {
     Trans *tr = transpose_all(params);
     if (!tr) return 1;
     const int64_t thr = threshold(p);
@@ -339,23 +367,21 @@ int reslm_window_forward(int64_t B, const float *x0, const float *params, const 
 #pragma omp parallel num_threads(threads)
     {
         Work *w = (Work *)malloc(sizeof(Work));
-        float *buf = (float *)malloc(sizeof(float) * 2 * T * D);
+        float *buf = (float *)malloc(sizeof(float) * 3 * T * D);
         if (!w || !buf) {
 #pragma omp atomic write
             fail = 1;
-        } else {
+        } else if (dy == NULL) {
 #pragma omp for schedule(static)
-            for (int64_t b = 0; b < B; b++) {
-                float *cur = buf, *nxt = buf + T * D;
-                memcpy(cur, x0 + b * T * D, sizeof(float) * T * D);
-                for (int l = 0; l < L; l++) {
-                    if (saved) memcpy(saved + (b * L + l) * T * D, cur, sizeof(float) * T * D);
-                    const int last = l == L - 1;
-                    layer_fwd(params + (int64_t)l * PL, tr + l, cur, last ? y + b * D : nxt, w, last, b,
-                              seeds + l * 8, thr, keep, train);
-                    float *s = cur; cur = nxt; nxt = s;
-                }
-            }
+            for (int64_t b = 0; b < B; b++)
+                forward_window(params, tr, seeds, thr, keep, train, w, buf, b, x0 + b * T * D,
+                               saved ? saved + b * L * T * D : NULL, y + b * D);
+        } else {
+            float *gp = grads + (int64_t)omp_get_thread_num() * L * PL;
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++)
+                backward_window(params, tr, seeds, thr, keep, train, w, buf, b, saved + b * L * T * D, dy + b * D,
+                                dx0 + b * T * D, gp);
         }
         free(w);
         free(buf);
@@ -364,42 +390,18 @@ int reslm_window_forward(int64_t B, const float *x0, const float *params, const 
     return fail;
 }
 
+/* Forward of B windows. x0 (B, T, D); saved (B, L, T, D): each layer's input (NULL: not kept); y (B, D): the
+ * last layer's output at the last position. seeds: (L, 4, 2) uint32 (attention, out, ff hidden, ff out).
+ * Returns 0, or 1 when memory could not be allocated. */
+int reslm_window_forward(int64_t B, const float *x0, const float *params, const uint32_t *seeds, double p,
+                         int train, int threads, float *saved, float *y) {
+    return windows(B, params, seeds, p, train, threads, x0, saved, y, NULL, NULL, NULL);
+}
+
 /* Backward of B windows after reslm_window_forward (train or eval, the same seeds and p): dy (B, D)
  * -> dx0 (B, T, D); grads (threads, L * PL) zeroed by the caller, one row per thread (summed by the
  * caller). Returns 0, or 1 when memory could not be allocated. */
 int reslm_window_backward(int64_t B, const float *saved, const float *dy, const float *params,
                           const uint32_t *seeds, double p, int train, int threads, float *dx0, float *grads) {
-    Trans *tr = transpose_all(params);
-    if (!tr) return 1;
-    const int64_t thr = threshold(p);
-    const float keep = train ? (float)(1.0 / (1.0 - p)) : 1.0f;
-    int fail = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        Work *w = (Work *)malloc(sizeof(Work));
-        float *buf = (float *)malloc(sizeof(float) * (2 * T * D + T * D));
-        float *gp = grads + (int64_t)omp_get_thread_num() * L * PL;
-        if (!w || !buf) {
-#pragma omp atomic write
-            fail = 1;
-        } else {
-#pragma omp for schedule(static)
-            for (int64_t b = 0; b < B; b++) {
-                float *g = buf, *dxl = buf + T * D, *yl = buf + 2 * T * D;
-                memcpy(g, dy + b * D, sizeof(float) * D);
-                for (int l = L - 1; l >= 0; l--) {
-                    const int last = l == L - 1;
-                    const float *xl = saved + (b * L + l) * T * D;
-                    const float *pl = params + (int64_t)l * PL;
-                    layer_fwd(pl, tr + l, xl, yl, w, last, b, seeds + l * 8, thr, keep, train);
-                    layer_bwd(pl, xl, g, l == 0 ? dx0 + b * T * D : dxl, gp + (int64_t)l * PL, w, last, keep);
-                    if (l > 0) memcpy(g, dxl, sizeof(float) * T * D);
-                }
-            }
-        }
-        free(w);
-        free(buf);
-    }
-    free(tr);
-    return fail;
+    return windows(B, params, seeds, p, train, threads, NULL, (float *)saved, NULL, dy, dx0, grads);
 }
