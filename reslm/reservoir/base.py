@@ -14,9 +14,23 @@ A subclass overrides only what differs from these defaults.
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 CONTEXT_MODES = ("window", "stream")   # how samples get their states (reservoir/states.py)
+
+
+def linear_call(reservoir, u: torch.Tensor, s0: torch.Tensor | None):
+    """What a linear substrate's forward (diagonal, legendre) decides first: (its dtype: float64 for a
+    float64 input, else float32; whether autograd records it: only when an argument needs a gradient;
+    the (states, final state) of an empty input, or None when the input has steps)."""
+    dtype = torch.float64 if u.dtype == torch.float64 else torch.float32
+    grad = torch.is_grad_enabled() and (u.requires_grad or (s0 is not None and s0.requires_grad))
+    empty = None
+    if u.shape[1] == 0:
+        empty = (u.new_zeros(u.shape[0], 0, reservoir.size, dtype=dtype),
+                 s0.to(dtype) if s0 is not None else reservoir.init_state(u.shape[0], u.device, dtype))
+    return dtype, grad, empty
 
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from reslm.core.errors import ReslmError
-from reslm.reservoir.base import Reservoir, ReservoirConfig
+from reslm.reservoir.base import Reservoir, ReservoirConfig, linear_call
 from reslm.reservoir.seeding import generator
 
 EIG_KEY, B_KEY, MIX_KEY = 0, 1, 2
@@ -177,12 +177,10 @@ class DiagonalReservoir(Reservoir):
     def forward(self, u: torch.Tensor, s0: torch.Tensor | None = None):
         B, T, d = u.shape
         K2 = 2 * self.config.units
-        dtype = torch.float64 if u.dtype == torch.float64 else torch.float32
-        grad = torch.is_grad_enabled() and (u.requires_grad or (s0 is not None and s0.requires_grad))
+        dtype, grad, empty = linear_call(self, u, s0)
+        if empty is not None:
+            return empty
         with torch.set_grad_enabled(grad), torch.autocast(u.device.type, enabled=False):
-            if T == 0:
-                return u.new_zeros(B, 0, self.size, dtype=dtype), \
-                    s0.to(dtype) if s0 is not None else self.init_state(B, u.device, dtype)
             v = (u.to(dtype).reshape(B * T, d) @ self.B_T.to(dtype)).view(B, T, K2)   # B u_t, (Re, Im) pairs
             h0 = _as_complex(s0[:, :K2].to(dtype)) if s0 is not None else None
             chunk = self.config.chunk or (1 if u.device.type == "cpu" else 64)

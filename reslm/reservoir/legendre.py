@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from reslm.core.errors import ReslmError
-from reslm.reservoir.base import Reservoir, ReservoirConfig
+from reslm.reservoir.base import Reservoir, ReservoirConfig, linear_call
 
 
 @dataclass
@@ -141,12 +141,10 @@ class LegendreMemory(Reservoir):
     def forward(self, u: torch.Tensor, s0: torch.Tensor | None = None):
         B, T, d = u.shape
         q, C = self.q, min(self.config.chunk, max(T, 1))   # a short call (stream mode: often 1 step) pads nothing
-        dtype = torch.float64 if u.dtype == torch.float64 else torch.float32
-        grad = torch.is_grad_enabled() and (u.requires_grad or (s0 is not None and s0.requires_grad))
+        dtype, grad, empty = linear_call(self, u, s0)
+        if empty is not None:
+            return empty
         with torch.set_grad_enabled(grad), torch.autocast(u.device.type, enabled=False):
-            if T == 0:
-                return u.new_zeros(B, 0, self.size, dtype=dtype), \
-                    s0.to(dtype) if s0 is not None else self.init_state(B, u.device, dtype)
             n, Bd = -(-T // C), B * d
             x = u.to(dtype).transpose(0, 1).reshape(T, Bd)                      # time-major (T, B d)
             if n * C > T:                                                        # zeros after the end: causal
