@@ -36,21 +36,16 @@ import torch
 
 from reslm.core import claims
 from reslm.core import distributed as dist_
-from reslm.core.device import (autocast, device_name, grad_scaler, pick_device, resolve_precision, setup_cuda,
+from reslm.core.device import (device_name, grad_scaler, pick_device, resolve_precision, setup_cuda,
                                synchronize, use_threads)
 from reslm.core.errors import ReslmError
-from reslm.core.files import read_json, write_json
-from reslm.core.metrics import (HELDOUT_LOSS, LBFGS_TRAIN_LOSS, MIN_TRAIN_LOSS, SPLIT_FIGURES, TEST_BPC,
-                                TEST_LOSS, TEST_LOSS_AT_BEST_VAL, TRAIN_LOSS, VAL_LOSS, best_of, bits, final_of,
-                                kept_of)
+from reslm.core.files import read_json
+from reslm.core.metrics import HELDOUT_LOSS, LBFGS_TRAIN_LOSS, TEST_BPC, TEST_LOSS, TRAIN_LOSS, VAL_LOSS, bits
 from reslm.core.progress import bar as progress_bar
 from reslm.core.progress import say
-from reslm.models.base import count_params
-from reslm.models.budget import check_frontier
 from reslm.data.datasets import check_dataset, ensure_dataset, open_dataset
 from reslm.models.load import load_model
-from reslm.run import (SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_run, read_config, read_metrics,
-                       save_checkpoint, schedule_key)
+from reslm.run import SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_run, read_config, save_checkpoint
 from reslm.run.registry import only_trainable, with_fixed
 from reslm.settings import TrainConfig
 from reslm.train.batches import step_seed
@@ -59,15 +54,9 @@ from reslm.train.evaluation import HeldoutLoss
 from reslm.train.config import CHECKPOINT_SECONDS, STATES, sampler_for
 from reslm.train.ema import EMA, checkpoint_weights
 from reslm.train.meter import Meter
-from reslm.train.optim import SOLVERS, make_optimizer, put_lr, set_lr
-
-
-def _finite(loss: torch.Tensor, params) -> bool:
-    """Whether the loss and every gradient element are finite, read back with one device sync (the
-    max-abs norm of each gradient, a multi-tensor kernel: NaN and inf propagate, nothing overflows)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    norms = torch._foreach_norm(grads, float("inf")) if grads else []
-    return bool(torch.isfinite(torch.stack([loss.float().reshape(()), *[n.float() for n in norms]])).all())
+from reslm.train.optim import SOLVERS, make_optimizer, set_lr
+from reslm.train.step import train_step
+from reslm.train.summary import summarize
 
 
 def _score(model, state: dict, evaluate, precision: str) -> dict:
@@ -89,55 +78,6 @@ def past(until: float | None) -> bool:
 def _sampler_state(source) -> dict:
     """What the batch source needs kept in a checkpoint besides the weights (CharShards.state_dict)."""
     return source.state_dict() if hasattr(source, "state_dict") else {}
-
-
-def _by_samples(micro) -> tuple[list[float], int]:
-    n = sum(y.numel() for _, y in micro)
-    return [y.numel() / n for _, y in micro], n
-
-
-def train_step(forward, micro: list, opt: torch.optim.Optimizer, scaler, *, lr: float | None = None,
-               precision: str = "fp32", device: torch.device | None = None, grad_clip: float = 0.0, weights=None, ddp=None,
-               ema: EMA | None = None, step: int = 0, params: list | None = None) -> tuple[torch.Tensor, int]:
-    """One optimiser step, the only one in reslm (the training loop and the bench both call it):
-    `lr` into every group (times its lr_mult; None: the groups' own, as optim.set_lr left them),
-    gradients of forward(x, y)'s loss summed over the micro-batches `micro` [(x, y), ...] under
-    autocast(precision) and the (fp16) loss scaler, global norm clipping at grad_clip (0: none), a
-    non-finite loss or gradient -> ReslmError, opt.step, and the EMA of the weights updated to step + 1.
-    `params`: the parameters to clip and check, in the order whose norm the run has always summed
-    (default: the optimiser's).
-
-    weights: micro -> (each micro-batch's share of the step's loss, the step's weight), a sampler's
-    `weights` (reslm.train.batches); default: shares by sample count, weight = samples (characters). `ddp`: the DistributedDataParallel wrapper that
-    `forward` is, so that only the last micro-batch all-reduces its gradients. Returns the step's
-    loss (the weighted mean, a detached 0-dim tensor) and its weight."""
-    device = device or torch.device("cpu")
-    if lr is not None:
-        put_lr(opt, lr)
-    opt.zero_grad(set_to_none=True)
-    shares, n_step = (weights or _by_samples)(micro)
-    step_loss = torch.zeros((), device=device)
-    for i, (x, y) in enumerate(micro):
-        weight = shares[i]
-        sync = contextlib.nullcontext() if ddp is None or i == len(micro) - 1 else ddp.no_sync()
-        with sync:
-            with autocast(precision, device):
-                _, loss = forward(x, y)
-            scaler.scale(loss * weight).backward()
-        step_loss += loss.detach().float() * weight
-    params = params if params is not None else [p for g in opt.param_groups for p in g["params"]]
-    if grad_clip > 0:
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    if not scaler.is_enabled() and not _finite(step_loss, params):
-        g = opt.param_groups[0]
-        raise ReslmError(f"non-finite loss or gradient at step {step + 1} (lr {g['lr'] / g['lr_mult']:.3g}); stopped, the last "
-                         f"checkpoint is kept: lower --lr, add --grad-clip, or check the inputs")
-    scaler.step(opt)
-    scaler.update()
-    if ema is not None:
-        ema.update(step + 1)
-    return step_loss, n_step
 
 
 def train(run_dir: Path, *, progress: bool = True, stop_at: int | None = None,
@@ -469,50 +409,3 @@ def _train_ridge(run_dir: Path, cfg: dict, model, source, log: MetricsLog, preci
     save_checkpoint(run_dir, dict(model=model.state_dict(), step=1, train_seconds=seconds, metrics_rows=log.rows,
                                   ridge=info))
     return summarize(run_dir, model, cfg, source, extra=info)
-
-
-def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None, eval_kind: str | None = None) -> dict:
-    """Final figures of a run from its metrics (also written to summary.json), plus `extra`; the
-    evaluations are the source's (`test`, `val`) unless eval_kind says otherwise (`heldout`)."""
-    kind = eval_kind or source.eval_kind
-    rows = read_metrics(run_dir)
-    steps = [r for r in rows if r["kind"] == "step"]
-    evals = [r for r in rows if r["kind"] == "eval" and r["step"] > 0]
-    trainable, fixed = count_params(model)
-    last = evals[-1] if evals else {}
-    key = SPLIT_FIGURES[kind][0]
-    summary = dict(family=cfg["family"], preset=cfg.get("preset"), trainable_params=trainable, fixed_params=fixed,
-                   steps=last.get("step", 0), finished=last.get("step", 0) >= source.total,
-                   schedule=schedule_key(cfg),
-                   frontier=check_frontier(model).ok,   # the strict reservoir-family rules (models.budget)
-                   evaluations=len(evals), **{final_of(TRAIN_LOSS): last.get(TRAIN_LOSS)},
-                   # over every logged train loss: the step rows' windows and the evaluations' segment means
-                   # (whose last is final_train_loss), so it is never above final_train_loss
-                   **{MIN_TRAIN_LOSS: min((r[TRAIN_LOSS] for r in steps + evals
-                                       if isinstance(r.get(TRAIN_LOSS), (int, float))), default=None)})
-    for k, v in last.items():
-        if k.startswith(kind):
-            summary[final_of(k)] = v
-    summary[best_of(key)] = min((r[key] for r in evals if key in r), default=None)   # test_every shard: not every row
-    scored = [r for r in evals if isinstance(r.get(VAL_LOSS), (int, float))]
-    if kind == "test" and scored:   # a validation split: what selection on it gives
-        best = min(scored, key=lambda r: r[VAL_LOSS])
-        summary.update(**{final_of(VAL_LOSS): scored[-1][VAL_LOSS], best_of(VAL_LOSS): best[VAL_LOSS]},
-                       best_val_step=best["step"], **{TEST_LOSS_AT_BEST_VAL: best.get(TEST_LOSS)},
-                       selection="validation")
-    # wall times are per attempt (a resumed run's differ from an uninterrupted one's); every other figure
-    # of the log and summary is the same. reservoir_seconds: the time of each shard's first computation
-    kept = next((r for r in rows if r["kind"] == "weights"), None)
-    if kept:   # keep_best_val: the model is the best-on-validation evaluation's, scored again at the end
-        summary.update(weights="best-val", weights_step=kept["step"],
-                       **{kept_of(k): v for k, v in kept.items() if k.startswith(("test_", "val_"))})
-    summary["train_seconds"] = last.get("wall")
-    timed = [r["eval_seconds"] for r in rows if r["kind"] in ("eval", "weights") and "eval_seconds" in r]
-    summary["eval_seconds"] = round(sum(timed), 3) if timed else None   # every evaluation's time, the kept weights' scoring included
-    summary["reservoir_seconds"] = round(sum(r["seconds"] for r in rows if r["kind"] == "states"), 3)
-    summary.update(source.summary_fields(cfg, summary["steps"]))
-    summary.update(extra or {})
-    write_json(Path(run_dir) / SUMMARY, summary)
-    return summary
-
-
