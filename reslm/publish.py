@@ -216,7 +216,7 @@ def publish(run_dir: Path, dest: Path, *, command: str | None = None, date: str 
     run_dir itself); returns the manifest. `command`: the training command to record (default: one
     rebuilt from the config); `date`: ISO date of this publish (default: now, UTC); `replace`: dest
     may hold a published run of another configuration (refused otherwise); `check`: the published
-    weights' CE on a fixed subset of the test text (reslm.evaluate.score_check), kept in the manifest for
+    weights' CE on a fixed subset of the test text (reslm.scoring.evaluate.score_check), kept in the manifest for
     `reslm verify` (without it, the destination's earlier check stays when the weights are the same).
 
     A new or updated dest is written beside it and renamed into place (exchanged with the old folder):

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "reslm"
 MAP = ROOT / "docs" / "architecture.md"
 MAX_FLOORS = 7
+MAX_LOOSE = 6   # top-level modules besides __init__.py: the rest of the package lives in rooms
 
 
 def module_name(path: Path) -> str:
@@ -169,6 +170,12 @@ def test_no_cycle_between_layers_or_modules():
 def test_at_most_seven_floors():
     floor = floors(layer_edges(read_graph()[0]))
     assert max(floor.values()) <= MAX_FLOORS, f"{max(floor.values())} floors:\n{table(floor)}"
+
+
+def test_at_most_six_loose_modules_on_the_ground_floor():
+    loose = sorted(p.name for p in PKG.glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= MAX_LOOSE, (f"{len(loose)} top-level modules under reslm/ ({', '.join(loose)}): move a "
+                                     f"module into the room its job belongs to")
 
 
 def test_the_layers_stand_on_the_floors_docs_architecture_gives_them():

@@ -3,7 +3,7 @@
 Each command's parser and handler stand in one module (data, train, runs: generate and eval, publish:
 publish and report, experiments: reproduce, lab, bench, sweep and demo, search, substrate, frontier,
 verify); parsers.build_parser assembles them. What a command decides (default folders, start or resume,
-presets) and prints (reslm.evaluate.eval_text) is the library's.
+presets) and prints (reslm.scoring.evaluate.eval_text) is the library's.
 
 Model and training flags of `reslm train` are generated per family from the config dataclasses
 (reslm.models, reslm.train): every field is a flag, its type converts the value, the comment beside

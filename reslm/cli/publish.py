@@ -10,7 +10,10 @@ from reslm.cli.flags import shared
 from reslm.core.errors import ReslmError
 from reslm.frontier import write_plans_page
 from reslm.report import report
-from reslm.verify import publish_checked
+from reslm.publish import publish
+from reslm.run import CHECKPOINT, CONFIG
+from reslm.run.registry import is_published
+from reslm.scoring.evaluate import score_check
 
 PUBLISH_DESCRIPTION = textwrap.dedent("""\
     Copy a run into a results folder that can live in git: config.json, metrics.jsonl, summary.json,
@@ -32,6 +35,18 @@ REPORT_DESCRIPTION = textwrap.dedent("""\
     with its CPU) and the README's results table between <!-- results:begin --> and <!-- results:end -->.
     Rows come from the published runs in results/ and, for earlier runs whose folders are gone, from
     results/legacy.csv (marked "weights not published"). The same inputs give the same bytes.""")
+
+
+def publish_checked(run_dir: Path, dest: Path, *, command: str | None = None, replace: bool = False) -> dict:
+    """Publish a run into `dest` (reslm.publish.publish; returns the manifest) with its check (score_check:
+    what `reslm verify` re-scores), finished or not: an unfinished run's check is of the weights it holds
+    now; a published folder published again in place is not scored (its check stays when its weights are
+    the same)."""
+    run, dest = Path(run_dir), Path(dest)
+    trained = (run / CONFIG).is_file() and (run / CHECKPOINT).is_file()
+    check = score_check(run) if trained and not (is_published(run) and dest.resolve() == run.resolve()) else None
+    return publish(run, dest, command=command, replace=replace, check=check)
+
 
 
 def add_publish(sub) -> None:

@@ -11,12 +11,13 @@ from reslm.cli.flags import INT64, SEED, data_root, int_range, shared
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
 from reslm.data.datasets import data_kind, ensure_dataset
-from reslm.evaluate import GRID_FILE, check_grid, check_ngrams, eval_file_name, eval_text, evaluate_run, grid_text, physical_grid
+from reslm.scoring.evaluate import GRID_FILE, check_grid, check_ngrams, eval_file_name, eval_text, evaluate_run, grid_text, physical_grid
 from reslm.frontier.plan import load_plan
+from reslm.frontier.runner import plan_items
 from reslm.generate import MAX_LENGTH, check_length, sample
-from reslm.memory import BATCH, LENGTHS, POSITIONS, TEXTS, memory_profile, memory_text, plot_memory, write_memory
+from reslm.scoring.memory import BATCH, LENGTHS, POSITIONS, TEXTS, memory_profile, memory_text, plot_memory, write_memory
 from reslm.models.load import load_run
-from reslm.recall import FIT, MAX_LAG, SCORE, plan_items, plot_recall, recall_profile, recall_text, run_item, write_recall
+from reslm.scoring.recall import FIT, MAX_LAG, SCORE, plot_recall, recall_profile, recall_text, run_item, write_recall
 from reslm.run import read_config
 from reslm.run.registry import is_published
 

@@ -10,7 +10,7 @@ from reslm.cli.flags import COUNTS, INT64, RIDGE_ONLY, SEED, add_flags, data_roo
     peek_flag, shared
 from reslm.data.datasets import find_dataset
 from reslm.models import MODELS
-from reslm.search import FAMILIES, SEARCH_DATA, run_search, search_folder, search_model
+from reslm.experiments.search import FAMILIES, SEARCH_DATA, run_search, search_folder, search_model
 from reslm.train import TrainConfig, data_fields
 
 DESCRIPTION = textwrap.dedent("""\

@@ -18,7 +18,7 @@ from reslm.run import CONFIG, read_config
 from reslm.run.registry import is_published
 from reslm.train import CHECKPOINT_SECONDS, TrainConfig, data_fields, sampler_for, train
 from reslm.train.config import current_evals, own_run, run_folder, start_run
-from reslm.verify import record_check
+from reslm.scoring.verify import record_check
 
 
 def _is_train(argv: list[str]) -> bool:

@@ -10,8 +10,8 @@ from pathlib import Path
 from reslm.cli.flags import int_range, shared
 from reslm.core.errors import ReslmError
 from reslm.core.metrics import CHECK_LOSS
-from reslm.evaluate import CHECK_POSITIONS
-from reslm.verify import TOLERANCE, record_check, targets, verify_run
+from reslm.scoring.evaluate import CHECK_POSITIONS
+from reslm.scoring.verify import TOLERANCE, record_check, targets, verify_run
 
 
 def cmd_verify(args):

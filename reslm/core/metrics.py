@@ -1,7 +1,7 @@
 """The figures a run writes, each name declared once, with its unit.
 
-Writers build their records with these names (reslm.train.evaluation, reslm.train.loop, reslm.evaluate)
-and readers look them up by the same names (reslm.report, reslm.verify, reslm.frontier,
+Writers build their records with these names (reslm.train.evaluation, reslm.train.loop, reslm.scoring.evaluate)
+and readers look them up by the same names (reslm.report, reslm.scoring.verify, reslm.frontier,
 reslm.experiments); tests/core/test_metrics.py keeps the names' literals out of the rest of the
 package. A run's figures live in three places:
 

@@ -1,15 +1,18 @@
-"""The experiments: reproduce, lab, sweep and demo as plans (tables of runs) that one executor runs.
+"""The experiments: reproduce, lab, sweep and demo as plans (tables of runs) that one executor runs, and
+search, optuna's trials over a substrate's knobs.
 
     plans.py      the data: budgets, sweep sizes, lab substrates, the demo's presets, and the functions
                   that turn them into plans (lists of Run: name, family, model and training
                   overrides); parse_names, the comma-separated selection of names every command takes
     runner.py     run_plan (train each run with reslm.train.train: finished ones skipped, interrupted
-                  ones resumed), evaluate_once (reslm.evaluate.evaluate_run unless eval.json is fresh),
+                  ones resumed), evaluate_once (reslm.scoring.evaluate.evaluate_run unless eval.json is fresh),
                   the stamped and locked output folder
     reproduce.py  `reslm reproduce`: the Table-1 presets, the LAERC/GPT sweep, evaluations, Kneser-Ney
     lab.py        `reslm lab`: substrates at the paper's largest reservoir budgets, physical grids
     sweep.py      the LAERC vs. GPT scaling sweep
     demo.py       `reslm demo`
+    search.py     `reslm search`: optuna TPE over a substrate's knobs; a trial is a training run scored on
+                  held-out tails of the training shards
 
 `reslm.experiments.reproduce.reproduce` is not re-exported here: the function would hide its module.
 No command module imports another's names; the paper's published figures are reslm.paper's. Every

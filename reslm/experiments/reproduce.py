@@ -1,7 +1,7 @@
 """`reslm reproduce`: the paper's comparison measured on this machine (the report: reslm.report).
 
 One command trains the 15 Table-1 presets (rc, aerc, tf) on the character corpus and the LAERC / GPT
-size families on a BPE corpus, evaluates every run (`reslm.evaluate.evaluate_run`: test CE, a
+size families on a BPE corpus, evaluates every run (`reslm.scoring.evaluate.evaluate_run`: test CE, a
 closed-loop sample, Overlap-n, timings with the reservoir's share apart) and fits a character-level
 Kneser-Ney baseline::
 

@@ -1,5 +1,5 @@
 """The one executor of plans: `run_plan` trains every run of a plan with `reslm.train.train` and
-`evaluate_once` scores a run with `reslm.evaluate.evaluate_run`.
+`evaluate_once` scores a run with `reslm.scoring.evaluate.evaluate_run`.
 
 A plan is a list of `plans.Run` rows (run name, family, model overrides, training overrides); the folder it
 runs in and the dataset come with the call. Every config is validated before the first run starts
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
-from reslm.evaluate import EVAL_FILE, evaluate_run
+from reslm.scoring.evaluate import EVAL_FILE, evaluate_run
 from reslm.experiments.plans import Run
 from reslm.core.files import read_json, write_json
 from reslm.publish import publish

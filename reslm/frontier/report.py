@@ -18,7 +18,7 @@ from reslm.report.frontier import GAP_FIG, KN_FILE
 from reslm.report.plots import plot_gap
 from reslm.run import SUMMARY, read_config, read_metrics
 from reslm.run.registry import EVAL_WINDOW
-from reslm.scoring import kept
+from reslm.scoring.pieces import kept
 
 PLANS_PAGE = "docs/frontier-plans.md"
 PAGES_WITH_BLOCKS = ("docs/frontier-routes.md",)   # hand-written pages with generated plan tables

@@ -29,9 +29,10 @@ from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
 from reslm.core.metrics import TEST_LOSS, VAL_LOSS, final_of, kept_of
 from reslm.data.datasets import find_dataset
-from reslm.evaluate import record_check, score_check
+from reslm.scoring.evaluate import record_check, score_check
 from reslm.frontier import ledger
 from reslm.frontier.plan import Config, Plan
+from reslm.models import family
 from reslm.models.identity import fingerprint, seed_of
 from reslm.publish import publish, unpacked
 from reslm.run import CONFIG, SUMMARY, is_finished, lock_run, read_config, read_metrics
@@ -40,6 +41,7 @@ from reslm.run.registry import (PROVENANCE, both_metrics, is_published, publishe
                                 run_metric)
 from reslm.train import ensure_run, resume_run, train
 from reslm.train.config import STATES as STATE_CACHE
+from reslm.train.config import make_run_config
 
 STATES = ("done", "running", "unfinished", "pending", "waiting", "not run")
 
@@ -156,6 +158,24 @@ def plan_table(plan: Plan, results: Path, runs: Path | None, index: dict | None 
                     e.state = "not run"   # the screen is done and this candidate did not go on
                 table.append(e)
     return table
+
+
+def plan_items(plan: Plan, labels=(), seed: int = 0, root: Path | None = None) -> list[tuple[str, dict, None]]:
+    """(PLAN:LABEL, the config a run at `seed` would get, None) of a plan's configurations (the base is
+    "base" where it has no label), all or those named in `labels`, as `reslm recall` reads them untrained;
+    nothing is trained or written."""
+    configs = {c.label or "base": c for c in plan.configs}
+    unknown = [x for x in labels if x not in configs]
+    if unknown:
+        raise ReslmError(f"plan {plan.name} has no configuration {unknown[0]!r} (it has: {', '.join(configs)})")
+    out = []
+    for label, c in configs.items():
+        if labels and label not in labels:
+            continue
+        run = c.run_config(seed)
+        ds = find_dataset(c.data, family(c.family).data, root, prepare=True)
+        out.append((f"{plan.name}:{label}", make_run_config(c.family, run["model"], run["train"], ds, c.preset), None))
+    return out
 
 
 def _stats(values: list[float]) -> tuple[float, float, int] | None:

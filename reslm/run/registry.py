@@ -49,7 +49,7 @@ from reslm.run.folder import CONFIG, read_config
 FORMAT = 1                       # manifest.json "format"; a folder with a larger one is refused
 MANIFEST, WEIGHTS, PROVENANCE = "manifest.json", "weights.safetensors", "provenance.json"
 EVAL = "eval.json"
-EVAL_WINDOW = "eval-window.json"   # a stream-trained reservoir scored on the paper's windows (reslm.evaluate)
+EVAL_WINDOW = "eval-window.json"   # a stream-trained reservoir scored on the paper's windows (reslm.scoring.evaluate)
 ROUNDING = 1e-5                  # relative tolerance of a fixed tensor's sum / sum of squares
 
 

@@ -17,7 +17,7 @@ from reslm.core.errors import ReslmError  # noqa: E402
 from reslm.models import PRESETS  # noqa: E402
 from reslm.experiments import plans, runner  # noqa: E402
 from reslm.experiments.reproduce import reproduce as measure  # noqa: E402
-from reslm.evaluate import EVAL_FILE  # noqa: E402
+from reslm.scoring.evaluate import EVAL_FILE  # noqa: E402
 from reslm.report import write_reproduction  # noqa: E402
 
 

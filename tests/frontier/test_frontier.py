@@ -233,8 +233,8 @@ def test_the_chosen_configuration_is_scored_on_the_windows_and_a_stopped_scoring
     assert f"to score on the paper's 32-character windows: {waiting[0].name}, {waiting[1].name}" in \
         "\n".join(status_lines(plan, plan_table(plan, results, runs)))
     # a scoring stopped part-way (the deadline, a kill) keeps its pieces, and status says how far it got
-    import reslm.evaluate as ev
-    import reslm.scoring as sc
+    import reslm.scoring.evaluate as ev
+    import reslm.scoring.pieces as sc
     monkeypatch.setattr(sc, "PIECE", 200)
     monkeypatch.setattr(ev, "PIECE", 200)
     real = sc.Progress.save

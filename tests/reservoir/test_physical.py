@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import reslm.train as tt
 from reslm.cli import main
 from reslm.core.errors import ReslmError
-from reslm.evaluate import EVAL_FILE, _physical, evaluate_run, physical_grid
+from reslm.scoring.evaluate import EVAL_FILE, _physical, evaluate_run, physical_grid
 from reslm.models import build_model
 from reslm.reservoir import RESERVOIRS, shard_states
 from reslm.reservoir.nvar import nvar_size

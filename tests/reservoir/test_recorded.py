@@ -12,7 +12,7 @@ import torch
 from reslm.cli import main
 from reslm.data import prepare_text
 from reslm.core.errors import ReslmError
-from reslm.evaluate import evaluate_run
+from reslm.scoring.evaluate import evaluate_run
 from reslm.generate import sample
 from reslm.models import build_model, make_config
 from reslm.reservoir.recorded import MANIFEST, TOKENS_FILE, StateFile

@@ -136,7 +136,7 @@ def test_eval_refuses_impossible_lengths_and_ngrams_before_any_work(big, tmp_pat
     line before any scoring: nothing is scored, generated, written, or built (a missing dataset)."""
     _, run = big
     import reslm.cli.runs as cr
-    import reslm.evaluate as ev
+    import reslm.scoring.evaluate as ev
 
     def no_work(*a, **k):
         raise AssertionError("scored or built before the arguments were checked")
@@ -152,7 +152,7 @@ def test_evaluate_run_checks_ngrams_before_scoring(big, monkeypatch):
     """The library does the same check before anything is scored or generated; a NaN that still comes
     out (a token sample decoding to fewer characters than n) is written as null, never as NaN."""
     _, run = big
-    import reslm.evaluate as ev
+    import reslm.scoring.evaluate as ev
 
     def no_work(*a, **k):
         raise AssertionError("scored before the arguments were checked")

@@ -16,7 +16,7 @@ import reslm.train as tt
 from reslm.cli import main
 from reslm.publish import publish
 from reslm.run.registry import EVAL, MANIFEST, PROVENANCE, read_manifest
-from reslm.search import check_search_folder
+from reslm.experiments.search import check_search_folder
 from reslm.core.errors import ReslmError
 
 MODEL = dict(size=16)
@@ -100,7 +100,7 @@ def test_workers_started_together_take_turns_claiming_a_new_search_folder(tmp_pa
     """A worker that finds another one making the folder (its stamp's temp file there, its .lock held)
     waits for it and joins the search, instead of refusing a folder that is not yet stamped."""
     import threading
-    from reslm.search import _claim, _turns
+    from reslm.experiments.search import _claim, _turns
     out = tmp_path / "s"
     out.mkdir()
     joined = {}

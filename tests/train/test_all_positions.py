@@ -182,7 +182,7 @@ def test_all_position_modes_refuse_what_they_cannot_do(chars, tmp_path, family, 
 
 
 def test_eval_of_a_stream_rnn_gives_both_metrics(chars, tmp_path):
-    from reslm.evaluate import evaluate_run
+    from reslm.scoring.evaluate import evaluate_run
     out = tt.create_run(tmp_path / "r", "rnn", dict(cell="gru", embed_dim=8, hidden=16, context_mode="stream"),
                         {**TINY, "eval_samples": 100}, chars)
     tt.train(out, progress=False)
@@ -199,7 +199,7 @@ def test_the_carried_test_ce_covers_the_text_it_names(chars, tmp_path, final_eva
     """The state-carried test CE of a training evaluation of n samples reads the test text's first n + 1
     tokens (100 samples in 8 blocks), or all of it (final_eval_samples 0): the figure `reslm eval`
     gives for the same tokens (score s reads the first s + context)."""
-    from reslm.evaluate import evaluate_run
+    from reslm.scoring.evaluate import evaluate_run
     out = tt.create_run(tmp_path / "r", "rnn", dict(cell="gru", embed_dim=8, hidden=16, context_mode="stream"),
                         {**TINY, "eval_samples": 100, "final_eval_samples": final_eval_samples}, chars)
     summary = tt.train(out, progress=False)

@@ -7,12 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import reslm.core.linear as linear
 import reslm.train.ridge as ridge
 import reslm.train.batches as rb
 import reslm.train as tt
 from reslm.cli import main
 from reslm.core.errors import ReslmError
-from reslm.evaluate import evaluate_run
+from reslm.scoring.evaluate import evaluate_run
 from reslm.run import CONFIG, read_metrics
 
 MODEL = dict(size=40, streams=8)
@@ -30,7 +31,7 @@ def _problem(m=300, n=12, v=5, seed=0):
 
 def test_solve_equals_a_direct_solve():
     x, y = _problem()
-    acc = ridge.RidgeAccumulator(12, 5).add(x, y)
+    acc = linear.RidgeAccumulator(12, 5).add(x, y)
     xa = np.hstack([x.numpy(), np.ones((len(x), 1))])
     Y = np.eye(5)[y.numpy()]
     for alpha in (1e-3, 0.5):
@@ -45,10 +46,10 @@ def test_solve_equals_a_direct_solve():
 def test_streaming_over_shards_and_chunks_equals_one_shot(monkeypatch):
     x, y = _problem(m=500)
     x = x.float()                                              # float32 features, float64 sums
-    one = ridge.RidgeAccumulator(12, 5).add(x, y)
-    monkeypatch.setattr(ridge, "CHUNK_ELEMS", 13 * 7)          # 7-row chunks
-    a = ridge.RidgeAccumulator(12, 5).add(x[:230], y[:230])    # two shards
-    b = ridge.RidgeAccumulator(12, 5).add(x[230:], y[230:])
+    one = linear.RidgeAccumulator(12, 5).add(x, y)
+    monkeypatch.setattr(linear, "CHUNK_ELEMS", 13 * 7)          # 7-row chunks
+    a = linear.RidgeAccumulator(12, 5).add(x[:230], y[:230])    # two shards
+    b = linear.RidgeAccumulator(12, 5).add(x[230:], y[230:])
     both = a + b
     assert both.count == one.count == 500
     torch.testing.assert_close(both.G, one.G, rtol=1e-12, atol=1e-12)
@@ -59,9 +60,9 @@ def test_streaming_over_shards_and_chunks_equals_one_shot(monkeypatch):
 
 def test_temperature_fit_lowers_heldout_ce():
     x, y = _problem(m=2000)
-    acc = ridge.RidgeAccumulator(12, 5).add(x[:1500], y[:1500])
-    z = ridge.logits_of(acc.solve(1e-3), x[1500:].float())
-    beta, ce = ridge.fit_temperature(z, y[1500:])
+    acc = linear.RidgeAccumulator(12, 5).add(x[:1500], y[:1500])
+    z = linear.logits_of(acc.solve(1e-3), x[1500:].float())
+    beta, ce = linear.fit_temperature(z, y[1500:])
     assert ce < F.cross_entropy(z, y[1500:]).item() - 1e-4   # beta = 1: the raw least-squares outputs
     grid = [F.cross_entropy(z * b, y[1500:]).item() for b in np.geomspace(beta / 4, beta * 4, 41)]
     assert ce <= min(grid) + 1e-6

@@ -136,7 +136,7 @@ def test_keep_best_val_makes_the_best_evaluation_the_runs_model(chars, tmp_path,
     """keep_best_val: the finished run's model (what eval, generate and publish read) is the weights of
     its best evaluation on validation, scored again on the whole test shard; the summary says so; the
     last weights stay in the checkpoint, and a run stopped and resumed ends the same."""
-    from reslm.evaluate import evaluate_run
+    from reslm.scoring.evaluate import evaluate_run
     from reslm.run import load_checkpoint
     _val_dips_at_the_second_evaluation(monkeypatch)
     train = {**TINY, "val_fraction": 0.2, "eval_samples": 64, "final_eval_samples": 0, "keep_best_val": True,

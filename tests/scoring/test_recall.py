@@ -1,4 +1,4 @@
-"""`reslm recall` (reslm/recall.py): linear decoders of the character k steps back from a reservoir's
+"""`reslm recall` (reslm/scoring/recall.py): linear decoders of the character k steps back from a reservoir's
 features. A known answer (NVAR holds exactly its last k inputs: on text of independent characters it
 recalls lags 0..k-1 and nothing before), the same figures twice, runs and plan configurations side by
 side, and the command's output and one-line errors. Tiny corpora made here."""
@@ -12,9 +12,9 @@ from reslm import train as tt
 from reslm.cli import main
 from reslm.core.errors import ReslmError
 from reslm.data import prepare_text
-from reslm.recall import check_model, recall_profile, run_item
+from reslm.scoring.recall import check_model, recall_profile, run_item
 from reslm.recording import export_drive, import_states, simulate
-from reslm.train.ridge import RidgeAccumulator
+from reslm.core.linear import RidgeAccumulator
 
 FIT, SCORE = 2_000, 2_000
 TINY = dict(batch_size=64, epochs_per_shard=1, epoch_samples=128, lr=3e-3, device="cpu", precision="fp32")

@@ -1,6 +1,6 @@
 """`reslm recall`: how far back a reservoir's state still holds the text, before any readout is trained.
 
-For each lag k, a linear decoder (ridge regression on one-hot targets, reslm.train.ridge) learns to name
+For each lag k, a linear decoder (ridge regression on one-hot targets, reslm.core.linear) learns to name
 the character k steps back from the features a model's fixed part computes (its reservoir states as its
 head sees them: measured, projected, normalised). Its held-out accuracy says whether the state still
 holds that character. This is the reservoir field's memory capacity (Jaeger's MC, a sum over lags of
@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from reslm.core.errors import ReslmError
 from reslm.core.files import write_json
 from reslm.core.progress import bar
-from reslm.data.datasets import check_dataset, data_kind, find_dataset, open_dataset
-from reslm.memory import line_plot
+from reslm.data.datasets import check_dataset, data_kind, open_dataset
+from reslm.scoring.memory import line_plot
 from reslm.models import family
 from reslm.models.base import count_params
 from reslm.models.load import load_model, load_run, load_run_model
@@ -46,8 +46,7 @@ from reslm.models.reservoir_lm import ReservoirLM
 from reslm.models.rnn import CharRNN
 from reslm.run import read_config
 from reslm.run.registry import is_published
-from reslm.train.config import make_run_config
-from reslm.train.ridge import RidgeAccumulator, fit_temperature
+from reslm.core.linear import RidgeAccumulator, fit_temperature
 
 MAX_LAG = 32
 FIT = 100_000
@@ -232,20 +231,3 @@ def run_item(path: Path) -> tuple[str, dict, Path]:
     """(name, config, folder) of a run directory or published results/NAME."""
     cfg = read_config(path)
     return (path.resolve().name if is_published(path) else str(path)), cfg, path
-
-
-def plan_items(plan, labels=(), seed: int = 0, root: Path | None = None) -> list[tuple[str, dict, None]]:
-    """(PLAN:LABEL, the config a run at `seed` would get, None) of a plan's configurations (the base is
-    "base" where it has no label), all or those named in `labels`; nothing is trained or written."""
-    configs = {c.label or "base": c for c in plan.configs}
-    unknown = [x for x in labels if x not in configs]
-    if unknown:
-        raise ReslmError(f"plan {plan.name} has no configuration {unknown[0]!r} (it has: {', '.join(configs)})")
-    out = []
-    for label, c in configs.items():
-        if labels and label not in labels:
-            continue
-        run = c.run_config(seed)
-        ds = find_dataset(c.data, family(c.family).data, root, prepare=True)
-        out.append((f"{plan.name}:{label}", make_run_config(c.family, run["model"], run["train"], ds, c.preset), None))
-    return out

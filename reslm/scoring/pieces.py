@@ -2,7 +2,7 @@
 (`reservoir_clock`), and its progress between pieces (`Progress`).
 
 `reslm eval` scores every sample of a character run's test text from its `context` preceding characters,
-PIECE samples per reservoir pass (each piece with its own `context` lead-in; reslm.evaluate). In window
+PIECE samples per reservoir pass (each piece with its own `context` lead-in; reslm.scoring.evaluate). In window
 mode that is `context` reservoir steps per character: a whole test shard takes hours for a large
 reservoir on a CPU. With a `Progress`, the sums of the pieces done are written after each piece
 (atomically, next to the evaluation they will become: eval-window.json's are in

@@ -1,4 +1,4 @@
-"""`reslm memory` (reslm/memory.py): each target read from exactly k symbols from a zero state, on one set
+"""`reslm memory` (reslm/scoring/memory.py): each target read from exactly k symbols from a zero state, on one set
 of positions for every run; the stepped and the windowed read agree; pairing; the command's output and
 its one-line errors. Tiny runs on the tiny character corpus."""
 import json
@@ -13,7 +13,7 @@ from reslm.cli import main
 from reslm.core.errors import ReslmError
 from reslm.core.metrics import MEMORY_LOSS
 from reslm.data.splits import ShardSplit
-from reslm.memory import memory_positions, memory_profile, window_losses
+from reslm.scoring.memory import memory_positions, memory_profile, window_losses
 from reslm.models.load import load_run
 
 TINY = dict(batch_size=64, epochs_per_shard=1, epoch_samples=256, lr=3e-3, log_every=4, device="cpu", precision="fp32")

@@ -14,7 +14,7 @@ import pytest
 
 import reslm.train.batches as rb
 import reslm.train as tt
-from reslm import search
+from reslm.experiments import search
 from reslm.cli import main
 from reslm.reservoir import RESERVOIRS, parse_options
 
@@ -206,7 +206,7 @@ def test_two_workers_share_a_study_and_survive_kill_9(chars, tmp_path):
     for: the count is of finished trials, complete or failed. Heartbeats are shortened so that the
     retry can happen within the run."""
     out, db = tmp_path / "s", tmp_path / "s" / "study.db"
-    code = ("import sys; import reslm.search as s; s.HEARTBEAT_S, s.GRACE_S = 1, 3; from reslm.cli import main; "
+    code = ("import sys; import reslm.experiments.search as s; s.HEARTBEAT_S, s.GRACE_S = 1, 3; from reslm.cli import main; "
             "sys.exit(main(sys.argv[1:]))")
 
     def worker(index: int, trials: int):

@@ -13,9 +13,9 @@ trust model), for each run:
     full       (--full) the weights re-scored on the whole test shard, against the summary's figure
 
 A run is ok when every step agrees within TOLERANCE nats; the report says by how much it does not.
-`record_check` (reslm.evaluate, where the check is scored) writes a check into a manifest that has none
-(trust on first use: git's history of results/ says when it was recorded); `publish_checked` (`reslm
-publish`) publishes a finished run with one.
+`record_check` (reslm.scoring.evaluate, where the check is scored) writes a check into a manifest that has none
+(trust on first use: git's history of results/ says when it was recorded); `reslm publish`
+(reslm.cli.publish.publish_checked) publishes a run with one.
 """
 from __future__ import annotations
 
@@ -26,10 +26,9 @@ from pathlib import Path
 from reslm.core.errors import ReslmError, describe
 from reslm.core.files import read_json
 from reslm.core.metrics import CHECK_LOSS, TEST_LOSS, final_of, kept_of
-from reslm.evaluate import evaluate_run, record_check, score_check
+from reslm.scoring.evaluate import evaluate_run, record_check, score_check
 from reslm.data.datasets import ensure_dataset
-from reslm.publish import publish
-from reslm.run import CHECKPOINT, CONFIG, METRICS, SUMMARY, is_finished, read_config, read_metrics
+from reslm.run import METRICS, SUMMARY, read_config, read_metrics
 from reslm.run.registry import is_published, published_folders, verify_published
 
 TOLERANCE = 1e-4   # nats: float32 arithmetic on another CPU moves a score by far less; an edit by far more
@@ -196,15 +195,4 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
                 seconds=time.perf_counter() - t0)
 
 
-def publish_checked(run_dir: Path, dest: Path, *, command: str | None = None, replace: bool = False) -> dict:
-    """Publish a run into `dest` (reslm.publish.publish; returns the manifest) with its check (score_check:
-    what `reslm verify` re-scores), finished or not: an unfinished run's check is of the weights it holds
-    now; a published folder published again in place is not scored (its check stays when its weights are
-    the same)."""
-    run, dest = Path(run_dir), Path(dest)
-    trained = (run / CONFIG).is_file() and (run / CHECKPOINT).is_file()
-    check = score_check(run) if trained and not (is_published(run) and dest.resolve() == run.resolve()) else None
-    return publish(run, dest, command=command, replace=replace, check=check)
-
-
-__all__ = ["TOLERANCE", "Unreadable", "publish_checked", "record_check", "targets", "verify_run"]
+__all__ = ["TOLERANCE", "Unreadable", "record_check", "targets", "verify_run"]

@@ -1,4 +1,4 @@
-"""reslm.evaluate: `evaluate_run` (what `reslm eval` writes) on character and token runs."""
+"""reslm.scoring.evaluate: `evaluate_run` (what `reslm eval` writes) on character and token runs."""
 import json
 import math
 
@@ -7,7 +7,7 @@ import pytest
 
 import reslm.train as tt
 from reslm.core.errors import ReslmError
-from reslm.evaluate import EVAL_FILE, evaluate_run, reservoir_clock
+from reslm.scoring.evaluate import EVAL_FILE, evaluate_run, reservoir_clock
 from reslm.models import build_model
 
 
@@ -104,7 +104,7 @@ def _result(**over):
 
 
 def test_eval_text_is_the_result_as_reslm_eval_prints_it():
-    from reslm.evaluate import eval_text
+    from reslm.scoring.evaluate import eval_text
     assert eval_text(_result()).splitlines() == [
         "runs/x: rc rc-750 (45,000 trainable parameters)",
         "test CE 1.5000 nats/char = 2.164 bits/char over 1,000 positions (the whole test text); scored in 1.00 s "
@@ -121,7 +121,7 @@ def test_eval_text_is_the_result_as_reslm_eval_prints_it():
 
 
 def test_grid_text_is_one_row_per_setting():
-    from reslm.evaluate import grid_text
+    from reslm.scoring.evaluate import grid_text
     r = dict(run="runs/x", family="rc", preset=None, score_positions=64, physical_trained={"adc_bits": 0},
              grid={"adc_bits": [0, 4]}, rows=[dict(adc_bits=0, test_loss=1.5, test_bits=2.164),
                                              dict(adc_bits=4, test_loss=1.75, test_bits=2.525)])
@@ -154,8 +154,8 @@ def test_a_scoring_stopped_part_way_continues_from_its_last_piece(chars, tmp_pat
     part-way continues from there and writes the figure of an uninterrupted scoring, to the last bit; the
     progress file is gone once the evaluation is written. In a published folder it is beside the
     manifest, not in it: the folder passes its check part-way."""
-    import reslm.evaluate as ev
-    import reslm.scoring as sc
+    import reslm.scoring.evaluate as ev
+    import reslm.scoring.pieces as sc
     from reslm.publish import publish
     from reslm.run.registry import read_manifest, verify_published
 
@@ -194,8 +194,8 @@ def test_a_scoring_stopped_part_way_continues_from_its_last_piece(chars, tmp_pat
 def test_progress_kept_for_other_weights_or_positions_is_started_over(chars, tmp_path, monkeypatch):
     """A progress file that names another scoring (other weights, other positions) or cannot be read is
     not added to this one's sums: the scoring starts at its first piece."""
-    import reslm.evaluate as ev
-    import reslm.scoring as sc
+    import reslm.scoring.evaluate as ev
+    import reslm.scoring.pieces as sc
 
     monkeypatch.setattr(sc, "PIECE", 97)
     monkeypatch.setattr(ev, "PIECE", 97)
@@ -218,8 +218,8 @@ def test_progress_kept_for_other_weights_or_positions_is_started_over(chars, tmp
 
 @pytest.fixture
 def small_pieces(monkeypatch):
-    import reslm.evaluate as ev
-    import reslm.scoring as sc
+    import reslm.scoring.evaluate as ev
+    import reslm.scoring.pieces as sc
     monkeypatch.setattr(sc, "PIECE", 97)
     monkeypatch.setattr(ev, "PIECE", 97)
 
@@ -235,7 +235,7 @@ def stream_run(chars, tmp_path):
 _KILLED_CHILD = """
 import sys, time
 from pathlib import Path
-import reslm.evaluate as ev, reslm.scoring as sc
+import reslm.scoring.evaluate as ev, reslm.scoring.pieces as sc
 sc.PIECE = ev.PIECE = 97
 real = sc.Progress.save
 def save(self):

@@ -60,7 +60,7 @@ from reslm.core.metrics import CHECK_LOSS, LN2, TEST_BITS, TEST_BPC, TEST_LOSS, 
 from reslm.run import lock_run, read_config
 from reslm.data.datasets import check_dataset, data_kind, ensure_dataset, open_dataset
 from reslm.models.load import load_run
-from reslm.scoring import PIECE, Progress, progress_name, reservoir_clock
+from reslm.scoring.pieces import PIECE, Progress, progress_name, reservoir_clock
 
 EVAL_FILE = "eval.json"
 GRID_MAX = 1_000   # combinations of physical settings one `reslm eval` grid may score
@@ -82,7 +82,7 @@ def _score_chars(model, tokens: torch.Tensor, context: int, position: int, clock
                 progress: Progress | None = None, batch_size: int = 1024) -> tuple[float, float, float]:
     """CE over every sample of `tokens` (at `position` of the dataset's stream), in pieces of PIECE samples
     (each with its own `context` lead-in). `clock`: the reservoir_clock running around the call. With
-    `progress` (reslm.scoring.Progress), the pieces it holds are skipped (once its spot piece re-scores to
+    `progress` (reslm.scoring.pieces.Progress), the pieces it holds are skipped (once its spot piece re-scores to
     what it holds) and its sums saved after each piece. Returns (CE, seconds, reservoir seconds): the time
     is what earlier calls took for the pieces they scored, to add to this call's."""
     def piece(a: int) -> tuple[float, int]:   # the piece starting at sample a: (summed loss, samples)
@@ -224,92 +224,136 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     trained, measured = _physical(model, cfg, physical)
     if physical:
         model.set_physical(measured)
-    context = model.config.context
     token_run = data_kind(cfg["data"]) == "tokens"
     ds = open_dataset(cfg["data"], root)
     check_dataset(cfg, ds)
     ns = check_ngrams(ns, length)   # after the run and its dataset are checked, before any scoring
-    if token_run:
-        test = np.asarray(ds.val, dtype=np.int64)
-        test_text = None if reference is not None else codec.decode(test)
-        prompt_len = min(context, 32)
-    else:
-        a, b = ds.shards[ds.test_shard]
-        test = np.asarray(ds.tokens[a:b], dtype=np.int64)
-        prompt_len = context
-    if len(test) <= prompt_len + 1:
-        raise ReslmError(f"the test text of {run_dir} is too short ({len(test)} symbols)")
+    test, start, prompt_len = _test_text(ds, token_run, model.config.context, run_dir)
     tokens = torch.from_numpy(test).to(dev)
-    progress = None   # a char run's scoring written with `write` keeps its progress (reslm.scoring)
-    if token_run:  # `score` predicted tokens (whole windows of `context`) after the first token
-        chunk = tokens if score == 0 else tokens[:score + 1]
-        (loss, positions), score_s, score_res = _timed(lambda _: _score_tokens(model, chunk, context), model)
-        if positions == 0:
-            raise ReslmError(f"--score {score} is shorter than one window of the model's context ({context})")
-        n_windows = positions // context
-        chars = len(codec.decode(test[1:positions + 1]))
-        bpc = loss * positions / max(chars, 1) / LN2
-    else:  # `score` samples: each position after the first `context` characters
-        chunk = tokens if score == 0 else tokens[:score + context]
+    progress = None   # a char run's scoring written with `write` keeps its progress (reslm.scoring.pieces)
+    if token_run:
+        scored = _score_token_run(model, tokens, score, codec, test)
+    else:
         physics = asdict(measured) if trained is not None else None
         if write:   # named after the evaluation it becomes (eval_file_name)
-            name = eval_file_name(dict(physical_overrides=physical, physical=physics,
-                                       context_mode=context_mode if context_mode != trained_mode else None))
-            progress = Progress.open(run_dir / progress_name(name), dict(
-                weights_sha256=weights_digest(model), score_positions=chunk.numel() - context, piece=PIECE,
-                context_mode=getattr(model.config, "context_mode", None), physical=physics))
-            if progress.pieces:
-                print(f"reslm: note: continuing the scoring of {run_dir} after the {progress.pieces} pieces of "
-                      f"{progress.count:,} samples kept in {progress.path.name} (its piece {progress.spot + 1} "
-                      "scored again first)", file=sys.stderr)
-        (loss, *before), score_s, score_res = _timed(
-            lambda clock: _score_chars(model, chunk, context, a, clock, progress), model)
-        score_s, score_res = score_s + before[0], score_res + before[1]   # pieces an earlier call scored
-        positions, bpc = chunk.numel() - context, bits(loss)
-    # a stream-mode rnn is also scored with its state carried through the chunk (CharRNN.stream_loss)
-    stream = ({TEST_STREAM_LOSS: model.stream_loss(chunk)[0]}
-              if not token_run and getattr(model, "all_positions", None) == "streams" else {})
-    prompt = test[:prompt_len].tolist()
-    # A recording (reservoir/recorded.py) cannot read the symbols it would generate: scored, no sample.
-    drivable = not isinstance(model, ReservoirLM) or model.reservoir.drivable
-    gen, gen_s, gen_res = _timed(lambda _: sample(model, prompt, length, temperature=temperature, top_k=top_k,
-                                                top_p=top_p, seed=seed), model) if drivable else ([], 0.0, 0.0)
-    text = codec.decode(gen)
-    if reference is None and drivable:
-        reference = NgramReference(test_text) if token_run else NgramReference(test, base=len(codec.vocab))
-    generated = text if token_run else np.asarray(gen, dtype=np.int64)
-    ns = ns if drivable else ()
+            progress = _open_progress(run_dir, model, eval_file_name(dict(
+                physical_overrides=physical, physical=physics,
+                context_mode=context_mode if context_mode != trained_mode else None)),
+                tokens, score, physics)
+        scored = _score_char_run(model, tokens, score, start, progress)
+    sampled = _sample(model, codec, test, prompt_len, length, ns, reference, token_run,
+                      dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
+    windows, note = scored.pop("score_windows", None), sampled.pop("note", None)   # kept last in the file
     result = dict(
         run=run_dir.resolve().name if is_published(run_dir) else str(run_dir),   # published: no machine's path
         family=cfg["family"], preset=cfg.get("preset"), kind="tokens" if token_run else "chars",
-        trainable_params=count_params(model)[0],
-        **{TEST_LOSS: loss, TEST_BITS: bits(loss), TEST_BPC: bpc}, score_positions=positions, **stream,
-        score_seconds=score_s, score_reservoir_seconds=score_res, score_trainable_seconds=score_s - score_res,
-        generation_length=length if drivable else 0, generation_seconds=gen_s, generation_reservoir_seconds=gen_res,
-        generation_trainable_seconds=gen_s - gen_res,
-        overlap=_defined({str(n): reference.overlap(generated, n) for n in ns}),
-        distinct=_defined({str(n): distinct_n(generated, n) for n in ns}),
-        prompt=codec.decode(prompt), sample=text,
+        trainable_params=count_params(model)[0], **scored, **sampled,
         settings=dict(length=length, score=score, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         environment=dict(device=str(dev), torch=torch.__version__, python=platform.python_version(),
                          threads=torch.get_num_threads()),
         weights_sha256=weights_digest(model))
-    if token_run:
-        result["score_windows"] = n_windows
+    if windows is not None:
+        result["score_windows"] = windows
     if context_mode is not None and context_mode != trained_mode:
         result.update(context_mode=context_mode, context_mode_trained=trained_mode)
     if trained is not None:
         result.update(physical=asdict(measured), physical_trained=asdict(trained), physical_overrides=physical or {})
-    if not drivable:
-        result["note"] = "no sample: a recorded substrate cannot be driven with generated text"
+    if note:
+        result["note"] = note
     if write:   # under the lock evaluate_run holds
-        name = eval_file_name(result)
-        write_json(run_dir / name, result)
-        if is_published(run_dir) and (name == EVAL_FILE or result.get("context_mode")):   # a results/ folder:
-            record_file(run_dir, name)                                                  # its manifest stays true
-        if progress is not None:
-            progress.drop()
+        _write_result(run_dir, result, progress)
     return result
+
+
+def _test_text(ds, token_run: bool, context: int, run_dir: Path) -> tuple[np.ndarray, int, int]:
+    """(the symbols scored, where they start in the dataset, the prompt's length): a token run's val split
+    (prompt: at most 32 tokens), a char run's test shard (prompt: one context)."""
+    if token_run:
+        test, start, prompt_len = np.asarray(ds.val, dtype=np.int64), 0, min(context, 32)
+    else:
+        start, b = ds.shards[ds.test_shard]
+        test, prompt_len = np.asarray(ds.tokens[start:b], dtype=np.int64), context
+    if len(test) <= prompt_len + 1:
+        raise ReslmError(f"the test text of {run_dir} is too short ({len(test)} symbols)")
+    return test, start, prompt_len
+
+
+def _score_token_run(model, tokens: torch.Tensor, score: int, codec, test: np.ndarray) -> dict:
+    """A token run's test figures: `score` predicted tokens (whole windows of `context`) after the first token,
+    and bits per character of the text they decode to."""
+    context = model.config.context
+    chunk = tokens if score == 0 else tokens[:score + 1]
+    (loss, positions), score_s, score_res = _timed(lambda _: _score_tokens(model, chunk, context), model)
+    if positions == 0:
+        raise ReslmError(f"--score {score} is shorter than one window of the model's context ({context})")
+    chars = len(codec.decode(test[1:positions + 1]))
+    return {TEST_LOSS: loss, TEST_BITS: bits(loss), TEST_BPC: loss * positions / max(chars, 1) / LN2,
+            "score_positions": positions, **_score_times(score_s, score_res), "score_windows": positions // context}
+
+
+def _open_progress(run_dir: Path, model, name: str, tokens: torch.Tensor, score: int, physics) -> Progress:
+    """The kept progress of a char run's scoring into `name` (reslm.scoring.pieces), continued where it holds pieces."""
+    context = model.config.context
+    positions = (tokens.numel() if score == 0 else min(tokens.numel(), score + context)) - context
+    progress = Progress.open(run_dir / progress_name(name), dict(
+        weights_sha256=weights_digest(model), score_positions=positions, piece=PIECE,
+        context_mode=getattr(model.config, "context_mode", None), physical=physics))
+    if progress.pieces:
+        print(f"reslm: note: continuing the scoring of {run_dir} after the {progress.pieces} pieces of "
+              f"{progress.count:,} samples kept in {progress.path.name} (its piece {progress.spot + 1} "
+              "scored again first)", file=sys.stderr)
+    return progress
+
+
+def _score_char_run(model, tokens: torch.Tensor, score: int, start: int, progress: Progress | None) -> dict:
+    """A char run's test figures: `score` samples, each position after the first `context` characters read
+    from the `context` before it; a stream-mode rnn also with its state carried through them
+    (CharRNN.stream_loss)."""
+    context = model.config.context
+    chunk = tokens if score == 0 else tokens[:score + context]
+    (loss, *before), score_s, score_res = _timed(
+        lambda clock: _score_chars(model, chunk, context, start, clock, progress), model)
+    stream = ({TEST_STREAM_LOSS: model.stream_loss(chunk)[0]}
+              if getattr(model, "all_positions", None) == "streams" else {})
+    return {TEST_LOSS: loss, TEST_BITS: bits(loss), TEST_BPC: bits(loss), "score_positions": chunk.numel() - context,
+            **stream, **_score_times(score_s + before[0], score_res + before[1])}   # + pieces an earlier call scored
+
+
+def _score_times(seconds: float, reservoir: float) -> dict:
+    return dict(score_seconds=seconds, score_reservoir_seconds=reservoir, score_trainable_seconds=seconds - reservoir)
+
+
+def _sample(model, codec, test: np.ndarray, prompt_len: int, length: int, ns, reference, token_run: bool,
+            how: dict) -> dict:
+    """The closed-loop sample after the test text's first `prompt_len` symbols, its timings and its n-gram
+    overlap with the test text (`reference`: an NgramReference of it, built when None). A recording
+    (reservoir/recorded.py) cannot read the symbols it would generate: no sample, and a note saying so."""
+    drivable = not isinstance(model, ReservoirLM) or model.reservoir.drivable
+    prompt = test[:prompt_len].tolist()
+    gen, gen_s, gen_res = _timed(lambda _: sample(model, prompt, length, **how), model) if drivable else ([], 0.0, 0.0)
+    text = codec.decode(gen)
+    if reference is None and drivable:
+        reference = NgramReference(codec.decode(test)) if token_run else NgramReference(test, base=len(codec.vocab))
+    generated = text if token_run else np.asarray(gen, dtype=np.int64)
+    ns = ns if drivable else ()
+    out = dict(generation_length=length if drivable else 0, generation_seconds=gen_s,
+               generation_reservoir_seconds=gen_res, generation_trainable_seconds=gen_s - gen_res,
+               overlap=_defined({str(n): reference.overlap(generated, n) for n in ns}),
+               distinct=_defined({str(n): distinct_n(generated, n) for n in ns}),
+               prompt=codec.decode(prompt), sample=text)
+    if not drivable:
+        out["note"] = "no sample: a recorded substrate cannot be driven with generated text"
+    return out
+
+
+def _write_result(run_dir: Path, result: dict, progress: Progress | None) -> None:
+    """The result into its eval file (a published folder's manifest records it), its kept progress dropped."""
+    name = eval_file_name(result)
+    write_json(run_dir / name, result)
+    if is_published(run_dir) and (name == EVAL_FILE or result.get("context_mode")):   # a results/ folder:
+        record_file(run_dir, name)                                                  # its manifest stays true
+    if progress is not None:
+        progress.drop()
 
 
 CHECK_POSITIONS = 16_384   # test positions (tokens: val tokens) of a published run's check (score_check)
