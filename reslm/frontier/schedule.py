@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 from reslm.core.device import usable_cores
 from reslm.core.errors import OutOfMemory, ReslmError
@@ -60,32 +61,58 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
     alone, leaves the run to a later call."""
     until = None if minutes is None else time.time() + 60 * minutes
     _begin(plans, results, runs, only, say)
-    skipped: set[str] = set()            # run names this call leaves (given up on, or no time left)
-    alone: list[str] = []                # trainings that ran out of memory: each goes again by itself
-    tried: set[str] = set()              # trainings that have run alone
-    running: dict[str, tuple[str, subprocess.Popen]] = {}   # run name -> (job, its process)
+    if jobs <= 1:   # in this process, one at a time
+        return _run_here(plans, results, runs, threads, device, until, only, data_root, progress, say)
+    return _run_in_processes(plans, results, runs, jobs, threads, device, until, only, data_root, say, poll)
+
+
+def _rounds(plans: list[Plan], results: Path, runs: Path, only: tuple[str, ...], until: float | None,
+            skipped: set[str], busy: Callable[[], set[str]], say) -> Iterator[tuple[dict, list, bool]]:
+    """The scheduler's rounds, without end: each plan's table, what to start next (neither `skipped` nor
+    `busy()`), and whether the time budget is spent (said once, with the jobs it leaves)."""
     told = False
     while True:
         tables = {p.name: plan_table(p, results, runs) for p in plans}
-        todo = _queue(plans, tables, only, until, skipped, set(running) | set(alone))
+        todo = _queue(plans, tables, only, until, skipped, busy())
         spent = until is not None and until - time.time() < 60
         if todo and spent and not told:
             say(f"the time budget is spent: {len(todo)} job(s) left for the next call")
             told = True
-        if jobs <= 1:   # in this process, one at a time
-            if not todo or spent:
-                return tables
-            p, e, job = todo[0]
-            if job == "score":
-                what = _wait(_start(p, e, job, results, runs, threads, data_root, device, until, say), until)
-            else:
-                what = run_one(p, e, results, runs, threads=threads, device=device, until=until,
-                               data_root=data_root, progress=progress, say=say)
-            if what != "trained":   # a run that trained said so itself
-                say(f"{e.name}: {SCORED if what == 'scored' else what}")
-            if what not in ("trained", "scored"):
-                skipped.add(e.name)
-            continue
+        yield tables, todo, spent
+
+
+def _run_here(plans: list[Plan], results: Path, runs: Path, threads: int | None, device: str | None,
+              until: float | None, only: tuple[str, ...], data_root: Path | None, progress: bool,
+              say) -> dict[str, list[Entry]]:
+    """`run_plans` one job at a time in this process (a scoring in a process of its own, waited on), until
+    nothing is left or the time budget is spent; each plan's final table."""
+    skipped: set[str] = set()            # run names this call leaves (given up on, or no time left)
+    for tables, todo, spent in _rounds(plans, results, runs, only, until, skipped, set, say):   # none busy
+        if not todo or spent:
+            return tables
+        p, e, job = todo[0]
+        if job == "score":
+            what = _wait(_start(p, e, job, results, runs, threads, data_root, device, until, say), until)
+        else:
+            what = run_one(p, e, results, runs, threads=threads, device=device, until=until,
+                           data_root=data_root, progress=progress, say=say)
+        if what != "trained":   # a run that trained said so itself
+            say(f"{e.name}: {SCORED if what == 'scored' else what}")
+        if what not in ("trained", "scored"):
+            skipped.add(e.name)
+
+
+def _run_in_processes(plans: list[Plan], results: Path, runs: Path, jobs: int, threads: int | None,
+                      device: str | None, until: float | None, only: tuple[str, ...], data_root: Path | None,
+                      say, poll: float) -> dict[str, list[Entry]]:
+    """`run_plans` with up to `jobs` processes at once (a run out of memory again by itself, once the machine
+    is free), polled every `poll` seconds until none is left to start or wait on; each plan's final table."""
+    skipped: set[str] = set()            # run names this call leaves (given up on, or no time left)
+    alone: list[str] = []                # trainings that ran out of memory: each goes again by itself
+    tried: set[str] = set()              # trainings that have run alone
+    running: dict[str, tuple[str, subprocess.Popen]] = {}   # run name -> (job, its process)
+    for tables, todo, spent in _rounds(plans, results, runs, only, until, skipped,
+                                       lambda: set(running) | set(alone), say):
         # runs of these plans that other processes on this machine train take their share of the cores
         others = {e.name for t in tables.values() for e in t if e.state == "running" and e.name not in running
                   and e.holder and " on " not in e.holder.split(" (")[0]}

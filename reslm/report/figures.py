@@ -289,6 +289,28 @@ def plot_times(rows, out_dir, stem: str = "fig4_time") -> dict:
     Returns also "fits": {family: {"train", "infer", "train_total", "infer_total": alpha or None}}."""
     rows = _need(rows, "rows")
     out_dir = Path(out_dir)
+    table = _time_table(rows)
+    csv_path = _write_csv(out_dir / f"{stem}.csv", TIME_FIELDS, table)
+    fams = _families(table)
+    series, fits = _time_fits(table, fams)
+
+    plt = _pyplot()
+    fig = None
+    if plt is not None:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+        titles = ("reservoir excluded (paper)", "reservoir included (digital)")
+        all_pos = all(s > 0 for fam in fams for pts in series[fam].values() for _, s in pts)
+        for ax, panel, title in zip(axes, _TIME_SERIES, titles):
+            _time_panel(ax, panel, title, fams, series, fits, all_pos)
+        axes[0].set_ylabel("time (seconds)")
+        axes[0].legend(fontsize=7, ncol=2, loc="upper left")   # "best" scans every point (slow)
+        fig.suptitle(r"training (solid) / inference (dashed); numbers: $\alpha$ of $y = \alpha\,\log_{10} x$",
+                     fontsize=9)
+    return _finish(plt, fig, out_dir, stem, csv_path, fits=fits)
+
+
+def _time_table(rows) -> list[dict]:
+    """Fig. 4's CSV rows: each run's times (a missing reservoir time 0), and its totals with the reservoir's."""
     table = []
     for r in rows:
         t = {k: r.get(k) for k in TIME_FIELDS[:7]}
@@ -298,9 +320,12 @@ def plot_times(rows, out_dir, stem: str = "fig4_time") -> dict:
             base = t[f"{part}_seconds"]
             t[f"{part}_total_seconds"] = None if base is None else base + t[f"reservoir_{part}_seconds"]
         table.append(t)
-    csv_path = _write_csv(out_dir / f"{stem}.csv", TIME_FIELDS, table)
+    return table
 
-    fams = _families(table)
+
+def _time_fits(table: list[dict], fams: list[str]) -> tuple[dict, dict]:
+    """Each family's series of Fig. 4, {fam: {series: [(params, seconds)] by size}}, and the alpha of each
+    (fit_alpha_log10), {fam: {series: alpha or None}}."""
     series = {fam: {} for fam in fams}  # fam -> series -> [(params, seconds)] sorted by size
     fits = {}
     for fam in fams:
@@ -313,41 +338,34 @@ def plot_times(rows, out_dir, stem: str = "fig4_time") -> dict:
                 fits[fam][name] = fit_alpha_log10([p for p, _ in pts], [s for _, s in pts])
             except ReslmError:
                 fits[fam][name] = None
+    return series, fits
 
-    plt = _pyplot()
-    fig = None
-    if plt is not None:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
-        titles = ("reservoir excluded (paper)", "reservoir included (digital)")
-        all_pos = all(s > 0 for fam in fams for pts in series[fam].values() for _, s in pts)
-        for ax, panel, title in zip(axes, _TIME_SERIES, titles):
-            for f_i, fam in enumerate(fams):
-                c = FAMILY_COLORS.get(fam, "k")
-                for name, _, ls in panel:
-                    pts = series[fam][name]
-                    if not pts:
-                        continue
-                    xs, ys = zip(*pts)
-                    kind = "training" if name.startswith("train") else "inference"
-                    ax.plot(xs, ys, ls, marker="o", ms=4, color=c, label=f"{_label(fam)} {kind}")
-                    alpha = fits[fam][name]
-                    if alpha is not None:  # stagger the labels of the families along the line
-                        k = (len(xs) - 1) * (f_i + 1) // (len(fams) + 1) if len(xs) > 2 else len(xs) - 1
-                        ax.annotate(f"{alpha:.3g}", (xs[k], ys[k]), textcoords="offset points",
-                                    xytext=(0, 6), ha="center", fontsize=8, color=c)
-            _log_params_axis(ax)
-            if all_pos:
-                from matplotlib.ticker import FuncFormatter
-                ax.set_yscale("log")
-                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-                ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
-            ax.set_title(title)
-            ax.grid(True, which="both", alpha=0.3)
-        axes[0].set_ylabel("time (seconds)")
-        axes[0].legend(fontsize=7, ncol=2, loc="upper left")   # "best" scans every point (slow)
-        fig.suptitle(r"training (solid) / inference (dashed); numbers: $\alpha$ of $y = \alpha\,\log_{10} x$",
-                     fontsize=9)
-    return _finish(plt, fig, out_dir, stem, csv_path, fits=fits)
+
+def _time_panel(ax, panel, title: str, fams: list[str], series: dict, fits: dict, log_y: bool) -> None:
+    """One panel of Fig. 4: each family's training and inference line, labelled with its alpha (log y when
+    `log_y`, every time being positive)."""
+    for f_i, fam in enumerate(fams):
+        c = FAMILY_COLORS.get(fam, "k")
+        for name, _, ls in panel:
+            pts = series[fam][name]
+            if not pts:
+                continue
+            xs, ys = zip(*pts)
+            kind = "training" if name.startswith("train") else "inference"
+            ax.plot(xs, ys, ls, marker="o", ms=4, color=c, label=f"{_label(fam)} {kind}")
+            alpha = fits[fam][name]
+            if alpha is not None:  # stagger the labels of the families along the line
+                k = (len(xs) - 1) * (f_i + 1) // (len(fams) + 1) if len(xs) > 2 else len(xs) - 1
+                ax.annotate(f"{alpha:.3g}", (xs[k], ys[k]), textcoords="offset points",
+                            xytext=(0, 6), ha="center", fontsize=8, color=c)
+    _log_params_axis(ax)
+    if log_y:
+        from matplotlib.ticker import FuncFormatter
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
 
 
 # --------------------------------------------------------------------------- Fig. 6

@@ -105,8 +105,27 @@ def _order(values: dict) -> str:
 
 
 def write_report(out: Path, results: dict) -> Path:
+    """OUT/report.md: the paper against this run, the runs' tables, the figures, samples, environment and budget;
+    returns its path."""
     b = results["budget"]
-    chars, tokens, kn = results["char_runs"], results["token_runs"], results.get("kneser_ney")
+    L = _paper_table(results)
+    L += ["", f"What this budget leaves out compared with the paper's protocol: {b['left_out']}", ""]
+    if results.get("presets"):
+        L += [f"Only these Table-1 presets were run (`--presets`): {', '.join(results['presets'])}.", ""]
+    if results["char_runs"]:
+        L += _char_section(results)
+    if results["token_runs"]:
+        L += _token_section(results)
+    L += _figures_section(results) + _samples_section(results) + _environment_section(results)
+    path = out / "report.md"
+    atomic_write(path, lambda tmp: tmp.write_text("\n".join(L), encoding="utf-8"))
+    return path
+
+
+def _paper_table(results: dict) -> list[str]:
+    """The report's title and opening, and the table of the paper's figures beside this run's."""
+    b = results["budget"]
+    chars, kn = results["char_runs"], results.get("kneser_ney")
     L = [f"# reslm reproduction: budget `{b['name']}`", "",
          f"Reproduces Köster & Uchida, *Reservoir Computing as a Language Model*, on this machine with "
          f"`{results['command']}`. Every number below was measured by this run; the paper's are quoted "
@@ -139,46 +158,54 @@ def write_report(out: Path, results: dict) -> Path:
                  f"test CE on the whole test shard | not in the paper | {kn[TEST_LOSS]:.4f} "
                  f"({kn[TEST_BPC]:.3f} bits/char); Overlap-7/8 {_f(kn['overlap']['7'], '.3f')} / "
                  f"{_f(kn['overlap']['8'], '.3f')} |")
-    L += ["", f"What this budget leaves out compared with the paper's protocol: {b['left_out']}", ""]
-    if results.get("presets"):
-        L += [f"Only these Table-1 presets were run (`--presets`): {', '.join(results['presets'])}.", ""]
-    if chars:
-        L += ["## Character-level runs (Table 1 presets)", "",
-              "Test CE is the run's last evaluation (the training protocol's test set); Overlap-n compares the "
-              "unique n-grams of a closed-loop sample with the test shard's. Times in seconds: `train` is the "
-              "trainable part (the paper's figure), `reservoir` the digital reservoir's extra cost (states for "
-              "training; reservoir steps while generating), `infer` the trainable part of generating "
-              f"{results['eval_settings']['length']:,} characters at temperature "
-              f"{results['eval_settings']['temperature']}.", "",
-              "| preset | trainable | test CE | bits/char | Overlap-7 | Overlap-8 | distinct-8 | train s | "
-              "reservoir train s | infer s | reservoir infer s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in chars:
-            L.append(f"| {r['preset']} | {r['trainable_params']:,} | {r[TEST_LOSS]:.4f} | {r[TEST_BPC]:.3f} | "
-                     f"{_f(r['overlap']['7'], '.3f')} | {_f(r['overlap']['8'], '.3f')} | "
-                     f"{_f(r['distinct']['8'], '.3f')} | {r['train_seconds']:.1f} | "
-                     f"{r['reservoir_train_seconds']:.1f} | {r['generation_trainable_seconds']:.2f} | "
-                     f"{r['generation_reservoir_seconds']:.2f} |")
-        tf = results.get("time_fits") or {}
-        if tf:
-            L += ["", "Fits y = α log10(x) of time against trainable parameters (paper Fig. 4):", "",
-                  "| family | α train | α infer | α train + reservoir | α infer + reservoir |", "|---|---|---|---|---|"]
-            for fam, f in tf.items():
-                L.append(f"| {FAMILY_NAMES.get(fam, fam)} | {_f(f.get('train'), '.3f')} | {_f(f.get('infer'), '.3f')} | "
-                         f"{_f(f.get('train_total'), '.3f')} | {_f(f.get('infer_total'), '.3f')} |")
-        L.append("")
-    if tokens:
-        L += ["## LAERC vs. GPT (token level)", "",
-              f"Sweep `{b['token_sweep']}` on `{results['token_data']}`; every size trained with the same budget. "
-              "Min train loss is the paper's L_min (the lowest logged training loss).", "",
-              "| run | trainable | min train loss | final val loss | val CE (eval) | bits/char (eval) | train s |",
-              "|---|---|---|---|---|---|---|"]
-        for r in tokens:
-            L.append(f"| {r['name']} | {r['trainable_params']:,} | {_f(r[MIN_TRAIN_LOSS])} | "
-                     f"{_f(r[final_of(VAL_LOSS)])} | {_f(r.get(TEST_LOSS))} | {_f(r.get(TEST_BPC), '.3f')} | "
-                     f"{_f(r['train_seconds'], '.1f')} |")
-        L.append("")
-    L += ["## Figures", ""]
+    return L
+
+
+def _char_section(results: dict) -> list[str]:
+    """The section of the character-level runs: one row per Table-1 preset, then the fits of time (Fig. 4)."""
+    L = ["## Character-level runs (Table 1 presets)", "",
+         "Test CE is the run's last evaluation (the training protocol's test set); Overlap-n compares the "
+         "unique n-grams of a closed-loop sample with the test shard's. Times in seconds: `train` is the "
+         "trainable part (the paper's figure), `reservoir` the digital reservoir's extra cost (states for "
+         "training; reservoir steps while generating), `infer` the trainable part of generating "
+         f"{results['eval_settings']['length']:,} characters at temperature "
+         f"{results['eval_settings']['temperature']}.", "",
+         "| preset | trainable | test CE | bits/char | Overlap-7 | Overlap-8 | distinct-8 | train s | "
+         "reservoir train s | infer s | reservoir infer s |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["char_runs"]:
+        L.append(f"| {r['preset']} | {r['trainable_params']:,} | {r[TEST_LOSS]:.4f} | {r[TEST_BPC]:.3f} | "
+                 f"{_f(r['overlap']['7'], '.3f')} | {_f(r['overlap']['8'], '.3f')} | "
+                 f"{_f(r['distinct']['8'], '.3f')} | {r['train_seconds']:.1f} | "
+                 f"{r['reservoir_train_seconds']:.1f} | {r['generation_trainable_seconds']:.2f} | "
+                 f"{r['generation_reservoir_seconds']:.2f} |")
+    tf = results.get("time_fits") or {}
+    if tf:
+        L += ["", "Fits y = α log10(x) of time against trainable parameters (paper Fig. 4):", "",
+              "| family | α train | α infer | α train + reservoir | α infer + reservoir |", "|---|---|---|---|---|"]
+        for fam, f in tf.items():
+            L.append(f"| {FAMILY_NAMES.get(fam, fam)} | {_f(f.get('train'), '.3f')} | {_f(f.get('infer'), '.3f')} | "
+                     f"{_f(f.get('train_total'), '.3f')} | {_f(f.get('infer_total'), '.3f')} |")
+    return L + [""]
+
+
+def _token_section(results: dict) -> list[str]:
+    """The section of the token-level runs (LAERC vs. GPT): one row per size of the sweep."""
+    L = ["## LAERC vs. GPT (token level)", "",
+         f"Sweep `{results['budget']['token_sweep']}` on `{results['token_data']}`; every size trained with the "
+         "same budget. Min train loss is the paper's L_min (the lowest logged training loss).", "",
+         "| run | trainable | min train loss | final val loss | val CE (eval) | bits/char (eval) | train s |",
+         "|---|---|---|---|---|---|---|"]
+    for r in results["token_runs"]:
+        L.append(f"| {r['name']} | {r['trainable_params']:,} | {_f(r[MIN_TRAIN_LOSS])} | "
+                 f"{_f(r[final_of(VAL_LOSS)])} | {_f(r.get(TEST_LOSS))} | {_f(r.get(TEST_BPC), '.3f')} | "
+                 f"{_f(r['train_seconds'], '.1f')} |")
+    return L + [""]
+
+
+def _figures_section(results: dict) -> list[str]:
+    """The section of the figures: each one's PNG (where drawn) and the CSV it was drawn from."""
+    L = ["## Figures", ""]
     if figures.missing_matplotlib(results["figures"]):
         L += [f"Note: {figures.NO_MATPLOTLIB}.", ""]
     titles = {"fig2": "Fig. 2: train and test loss over shard-epochs", "fig3": "Fig. 3: 7-gram and 8-gram overlap",
@@ -190,8 +217,15 @@ def write_report(out: Path, results: dict) -> Path:
             L += [f"![{titles[key]}](figures/{Path(png).name})", ""]
         L += [f"{titles[key]}: data in [figures/{Path(csv).name}](figures/{Path(csv).name})"
               + (f" ({fig['note']})" if fig.get("note") else ""), ""]
-    L += ["## Samples", "", f"Closed-loop, temperature {results['eval_settings']['temperature']}, after the test "
-          "text's first window (shown before the `|`); the largest size of each family.", ""]
+    return L
+
+
+def _samples_section(results: dict) -> list[str]:
+    """The section of the samples: the closed-loop text of each family's largest size, and of the Kneser-Ney
+    baseline."""
+    chars, tokens, kn = results["char_runs"], results["token_runs"], results.get("kneser_ney")
+    L = ["## Samples", "", f"Closed-loop, temperature {results['eval_settings']['temperature']}, after the test "
+         "text's first window (shown before the `|`); the largest size of each family.", ""]
     for fam in ALL_FAMILIES:
         pool = [r for r in chars + tokens if r["family"] == fam]
         if pool:
@@ -201,21 +235,22 @@ def write_report(out: Path, results: dict) -> Path:
     if kn:
         L += [f"**Kneser-Ney, order {kn['order']}**:", "", "```", (kn["prompt"] + "|" + kn["sample"][:600]).strip("\n"),
               "```", ""]
-    env = results["environment"]
-    L += ["## Environment", "",
-          f"- device: {env['device']}" + (f" ({env['cpu']})" if env.get("cpu") else "") + f"; precision: {env['precision']}; torch {env['torch']}, python {env['python']}, "
-          f"{env['threads']} CPU threads; {env['platform']}",
-          f"- reslm {env['reslm']}, git commit {env['git']}",
-          f"- seeds: every run uses training seed {env['seed']} (shuffling, dropout, reservoir and weight draws); "
-          f"sampling seed {results['eval_settings']['seed']}",
-          f"- budget `{b['name']}`: character training {json.dumps(b['char_train'])}; token sweep `{b['token_sweep']}` "
-          f"with overrides {json.dumps(b['token_train'])}; rc/aerc model {json.dumps(b.get('reservoir_model', {}))}, "
-          f"training {json.dumps(b.get('reservoir_train', {}))}",
-          "- wall time of this invocation: " + ", ".join(f"{k} {v:.0f} s" for k, v in results["timings"].items()),
-          "", "Finished runs are reused when the command is re-run, so a re-run's wall times cover only what it redid.",
-          ""]
-    path = out / "report.md"
-    atomic_write(path, lambda tmp: tmp.write_text("\n".join(L), encoding="utf-8"))
-    return path
+    return L
 
 
+def _environment_section(results: dict) -> list[str]:
+    """The section of the environment: the machine, the versions, the seeds, the budget and the wall times."""
+    env, b = results["environment"], results["budget"]
+    return ["## Environment", "",
+            f"- device: {env['device']}" + (f" ({env['cpu']})" if env.get("cpu") else "") + f"; precision: "
+            f"{env['precision']}; torch {env['torch']}, python {env['python']}, "
+            f"{env['threads']} CPU threads; {env['platform']}",
+            f"- reslm {env['reslm']}, git commit {env['git']}",
+            f"- seeds: every run uses training seed {env['seed']} (shuffling, dropout, reservoir and weight draws); "
+            f"sampling seed {results['eval_settings']['seed']}",
+            f"- budget `{b['name']}`: character training {json.dumps(b['char_train'])}; token sweep "
+            f"`{b['token_sweep']}` with overrides {json.dumps(b['token_train'])}; rc/aerc model "
+            f"{json.dumps(b.get('reservoir_model', {}))}, training {json.dumps(b.get('reservoir_train', {}))}",
+            "- wall time of this invocation: " + ", ".join(f"{k} {v:.0f} s" for k, v in results["timings"].items()),
+            "", "Finished runs are reused when the command is re-run, so a re-run's wall times cover only what it "
+            "redid.", ""]
