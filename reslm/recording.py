@@ -47,7 +47,7 @@ import torch
 
 from reslm.data.chars import CharDataset, file_fingerprint
 from reslm.core.errors import ReslmError, writing
-from reslm.models.base import build_config
+from reslm.models.resolve import build_config
 from reslm.models.reservoir_lm import ReservoirLMConfig, fixed_embedding
 from reslm.core.progress import bar
 from reslm.reservoir import RESERVOIRS, shard_states

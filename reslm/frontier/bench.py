@@ -33,9 +33,10 @@ from reslm.data.datasets import find_dataset
 from reslm.frontier.imports import _import, source_name
 from reslm.frontier.plan import Config, load_plan
 from reslm.frontier.runner import plan_table, selection
-from reslm.models import check_frontier_config, family, make_config
+from reslm.models import family
 from reslm.models.identity import command, delta, describe, run_name
 from reslm.models.load import check_fits
+from reslm.models.resolve import ModelSpec, resolve
 from reslm.reservoir import KNOBS, RESERVOIRS, parse_options
 from reslm.run import SUMMARY, is_finished
 from reslm.train import ensure_run, train
@@ -56,22 +57,21 @@ def recipe_config(plan_name: str = RECIPE_PLAN, results: Path = Path("results"))
     return next((c for c in plan.configs if (c.label or "base") == chosen), plan.base)
 
 
-def _fit_head(cfg: Config, budget: int) -> Config:
+def _fit_head(spec: ModelSpec, budget: int) -> ModelSpec:
     """The same configuration with the widest head_hidden whose trainable count fits `budget` (a linear head
     has no width: unchanged, its count is checked with the strict rules)."""
-    if make_config(cfg.family, **{**cfg.model, "vocab_size": 59}).head == "linear":
-        return cfg
+    if spec.config.head == "linear":
+        return spec
     def count(h):
-        return check_frontier_config(cfg.family, make_config(cfg.family, **{**cfg.model, "head_hidden": h,
-                                                                         "vocab_size": 59})).trainable_params
+        return spec.replace(head_hidden=h).frontier.trainable_params
     lo, hi = 1, 4096
     if count(lo) > budget:
-        raise ReslmError(f"reservoir size {cfg.model.get('size')} leaves no room for a head within {budget:,} "
+        raise ReslmError(f"reservoir size {spec.config.size} leaves no room for a head within {budget:,} "
                          "trainable parameters")
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if count(mid) <= budget else (lo, mid - 1)
-    return Config(**{**cfg.__dict__, "model": {**cfg.model, "head_hidden": lo}})
+    return spec.replace(head_hidden=lo)
 
 
 # model fields a `--set` may not give: each has its own flag (or is the dataset's)
@@ -137,23 +137,23 @@ def _shown(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def used_values(cfg: Config, names=None) -> dict:
+def used_values(spec: ModelSpec, names=None) -> dict:
     """{knob: value} the configuration's substrate runs at, for the knobs `names` (default: every reservoir
     knob and input_init) that its config has."""
-    res = make_config(cfg.family, **{**cfg.model, "vocab_size": 59}).reservoir_config()
+    res = spec.config.reservoir_config()
     names = names or [k for k in (*KNOBS, "input_init") if k not in ("size", "seed")]
     return {k: getattr(res, k) for k in names if hasattr(res, k)}
 
 
 def bench_config(reservoir: str, base: Config, *, budget: str = "quick", reservoir_options: str | None = None,
                  size: int | None = None, limit: int = 155_459, label: str | None = None,
-                 settings: dict | None = None) -> tuple[Config, list[str]]:
+                 settings: dict | None = None) -> tuple[Config, list[str], ModelSpec]:
     """The recipe with `reservoir` (its registry name: source_name for one from a file) in place of its own,
-    checked against the strict rules and memory; and notes on what was adapted. The recipe's reservoir values
-    were tuned for its own substrate (the ESN) and go with it only: any other substrate starts from its own
-    registered defaults (`_own_defaults`), then `settings` (`--set`: model fields) and `reservoir_options`
-    over them. A substrate's refusal names the flag that fixes it. The configuration's label (default
-    "RESERVOIR-BUDGET") goes into its runs' folder names."""
+    checked against the strict rules and memory; notes on what was adapted; and its model configuration
+    (ModelSpec, resolved once). The recipe's reservoir values were tuned for its own substrate (the ESN)
+    and go with it only: any other substrate starts from its own registered defaults (`_own_defaults`), then
+    `settings` (`--set`: model fields) and `reservoir_options` over them. A substrate's refusal names the flag
+    that fixes it. The configuration's label (default "RESERVOIR-BUDGET") goes into its runs' folder names."""
     if reservoir not in RESERVOIRS:
         raise ReslmError(f"unknown reservoir {reservoir!r} (registered: {', '.join(RESERVOIRS)}; --import FILE.py "
                          "registers your own)")
@@ -181,17 +181,22 @@ def bench_config(reservoir: str, base: Config, *, budget: str = "quick", reservo
     cfg = Config(label=label or f"{reservoir}-{budget}", family=base.family, preset=base.preset, data=base.data,
                  model=model, train=train)
     try:
-        if size is not None and size != base.model.get("size", make_config(base.family, vocab_size=59).size):
-            cfg = _fit_head(Config(**{**cfg.__dict__, "model": {**model, "size": size}}), limit)
-            if "head_hidden" in cfg.model:
-                notes.append(f"size {size}: the head's width fitted to the budget ({cfg.model['head_hidden']})")
-        verdict = check_frontier_config(cfg.family, make_config(cfg.family, **{**cfg.model, "vocab_size": 59}))
+        if size is not None and size != resolve(base.family, base.model).config.size:
+            spec = _fit_head(resolve(cfg.family, {**model, "size": size}), limit)
+            model = {**model, "size": size, **({"head_hidden": spec.config.head_hidden}
+                                               if spec.config.head != "linear" else {})}
+            cfg = Config(**{**cfg.__dict__, "model": model})
+            if "head_hidden" in model:
+                notes.append(f"size {size}: the head's width fitted to the budget ({model['head_hidden']})")
+        else:
+            spec = resolve(cfg.family, model)
+        verdict = spec.frontier
     except ReslmError as e:
         raise _with_flags(reservoir, e) from None
     if not verdict.ok:
         raise ReslmError(f"{reservoir} in the recipe breaks the strict rules: {'; '.join(verdict.reasons)}")
-    check_fits(cfg.family, {**cfg.model, "vocab_size": 59})   # before any folder is made or model built
-    return cfg, notes
+    check_fits(spec)   # before any folder is made or model built
+    return cfg, notes, spec
 
 
 def _group(label: str, plan_name: str, results: Path, budget: str = "full") -> dict | None:
@@ -242,13 +247,13 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     # a reservoir from a file runs under its own name and the file's sha256 (source_name), never a built-in's
     source = next((s for s in sources if reservoir in s["names"]), None)
     base = recipe_config(recipe_plan, results)
-    cfg, notes = bench_config(source_name(reservoir, source["sha256"]) if source else reservoir, base, budget=budget,
+    cfg, notes, spec = bench_config(source_name(reservoir, source["sha256"]) if source else reservoir, base, budget=budget,
                               reservoir_options=reservoir_options, size=size, label=f"{reservoir}-{budget}",
                               settings=parse_set(base.family, settings))
     # the operating point shown beside the figure: the knobs the recipe tuned, input_init and what --set gave
     shown = [k for k in base.model if k in KNOBS and k not in ("size", "seed")] + ["input_init"] + \
         list(parse_set(base.family, settings))
-    used = ", ".join(f"{k}={_shown(v)}" for k, v in used_values(cfg, list(dict.fromkeys(shown))).items())
+    used = ", ".join(f"{k}={_shown(v)}" for k, v in used_values(spec, list(dict.fromkeys(shown))).items())
     dataset = find_dataset(cfg.data, "chars", data_root, prepare=True)
     out = Path(out)
     runs = {s: out / run_name(cfg.run_config(s), cfg.label) for s in seeds}

@@ -12,14 +12,14 @@ import time
 
 from reslm.core.errors import ReslmError
 from reslm.frontier.plan import Plan
-from reslm.models import make_config
+from reslm.models.resolve import resolve
 from reslm.reservoir import RESERVOIRS
 from reslm.reservoir.capacity import capacity_reach, memory_capacity
 
 
 def reservoir_of(config, seed: int):
     """The fixed reservoir of a plan configuration at `seed` (its model config's substrate)."""
-    model_cfg = make_config(config.family, **{**config.model, "seed": seed})
+    model_cfg = resolve(config.family, {**config.model, "seed": seed}).config
     return RESERVOIRS[model_cfg.reservoir][1](model_cfg.reservoir_config())
 
 

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
-from reslm.models import PRESETS, check_frontier_config, make_config
+from reslm.models import PRESETS
+from reslm.models.resolve import resolve
 from reslm.models.budget import FRONTIER_BUDGET
 from reslm.models.identity import check_label, fingerprint, recipe, run_name
 from reslm.settings import TrainConfig
@@ -193,7 +194,7 @@ def _config(where: str, table: dict, base: Config | None) -> Config:
     model.update(table.get("model", {}))
     train.update(table.get("train", {}))
     try:   # unknown fields and values of the wrong type: the model's and TrainConfig's own checks
-        make_config(fam, **{**model, "vocab_size": 59})
+        resolve(fam, model)
         TrainConfig(**{**recipe(fam)["train"], **train}).validate()
     except TypeError as e:
         raise ReslmError(f"[{where}] {e}") from None
@@ -253,7 +254,7 @@ def _check(plan_rule: Rule, c: Config, where: str) -> None:
     if c.train.get("val_fraction", 0) <= 0 and plan_rule.select == "screen":
         raise ReslmError(f"[{where}] has no validation split (train.val_fraction): the rule chooses on validation")
     if plan_rule.strict:
-        verdict = check_frontier_config(c.family, make_config(c.family, **{**c.model, "vocab_size": 59}))
+        verdict = resolve(c.family, c.model).frontier
         over = verdict.trainable_params > plan_rule.budget
         reasons = [r for r in verdict.reasons if "over the budget" not in r] + (
             [f"{verdict.trainable_params:,} trainable parameters, over the plan's budget of {plan_rule.budget:,}"]

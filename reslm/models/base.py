@@ -123,39 +123,6 @@ def config_dict(cfg) -> dict:
     return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
 
 
-_KINDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
-
-
-def _checked_value(family: str, f, v):
-    """v for field f, checked against the type of f's default (an int for an int field, never a bool;
-    a finite float or an int, made a float, for a float field; a str; a bool); ReslmError otherwise.
-    Fields whose default is of another type (or that have none) are left to validate()."""
-    want = type(f.default)
-    if want not in _KINDS:
-        return v
-    if want is float and isinstance(v, int) and not isinstance(v, bool):
-        v = float(v)
-    ok = type(v) is want and (want is not float or math.isfinite(v))
-    if not ok:
-        shown = repr(v)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise ReslmError(f"{family} option {f.name} must be {_KINDS[want]}, got {shown}")
-    return v
-
-
-def build_config(cfg_cls, overrides: dict, family: str):
-    """cfg_cls(**overrides), validated; ReslmError naming any field the family does not have, and any
-    value not of its field's type (a config.json edited by hand, `--input-scaling nan`)."""
-    unknown = sorted(set(overrides) - {f.name for f in fields(cfg_cls)})
-    if unknown:
-        raise ReslmError(f"unknown {family} option(s): {', '.join(unknown)}")
-    by_name = {f.name: f for f in fields(cfg_cls)}
-    overrides = {k: _checked_value(family, by_name[k], v) for k, v in overrides.items()}
-    cfg = cfg_cls(**overrides)
-    cfg.validate()
-    return cfg
-
-
 def check_positive(**values):
     """Raise ReslmError for the first non-positive value (used by config validation)."""
 

@@ -25,7 +25,7 @@ from dataclasses import asdict
 
 from reslm.core.errors import ReslmError
 from reslm.core.shell import path_word
-from reslm.models import PRESETS, complete_fields, family, make_config
+from reslm.models import PRESETS, family, make_config
 from reslm.models.base import config_dict
 from reslm.settings import TrainConfig, field_roles
 
@@ -49,7 +49,7 @@ def _model(cfg: dict) -> dict:
     """The run's model fields under today's names, with the fields added since at their defaults."""
     model = cfg.get("model") or {}
     try:
-        return config_dict(make_config(cfg["family"], **complete_fields(cfg["family"], dict(model))))
+        return config_dict(make_config(cfg["family"], **model))
     except ReslmError:   # fields a build refuses (vocab_size 0 in a recipe): compared as written
         return {**model_defaults(cfg["family"]), **model}
 

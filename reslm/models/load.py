@@ -7,7 +7,7 @@ training code. (reslm.run itself does not import this module, so that the regist
 which load_run reads, can stand on reslm.run.)
 
     load_model(cfg, device)        the model a run config describes (weights not loaded)
-    check_fits(family, fields)     refuse a model whose weights alone cannot fit in memory, before it is built
+    check_fits(spec)               refuse a model whose weights alone cannot fit in memory, before it is built
     load_run(run_dir, device)      (model with the last checkpoint's weights, tokenizer, run config)
 """
 from __future__ import annotations
@@ -20,27 +20,20 @@ from reslm.core.device import available_memory, bf16_status, memory_limit
 from reslm.core.errors import OutOfMemory, ReslmError
 from reslm.data.datasets import check_dataset, codec_of, data_kind, open_dataset
 from reslm.models import build_model, family
+from reslm.models.resolve import ModelSpec, resolve
 from reslm.core.radii import deferred, remember_radii
 from reslm.run.registry import MANIFEST, is_published, load_published, read_manifest
 from reslm.run.checkpoint import load_checkpoint
 from reslm.run.folder import read_config
 
 
-def model_bytes(name: str, fields: dict) -> int:
-    """Bytes of every parameter and buffer (the fixed reservoir's matrices included) of the model a family's
-    fields describe, counted on a shape-only model on the meta device: nothing is drawn or allocated."""
-    with torch.device("meta"):
-        shape = build_model(name, **fields)
-    return sum(t.numel() * t.element_size() for t in (*shape.parameters(), *shape.buffers()))
-
-
-def check_fits(name: str, fields: dict, flag: str = "--size") -> None:
+def check_fits(spec: ModelSpec, flag: str = "--size") -> None:
     """Refuse, before any matrix is drawn, a model whose weights alone do not fit in memory (every model is
     built on the CPU first): ReslmError (exit 2) beyond what this process can ever hold (memory_limit: the
     machine, its cgroup, `ulimit -v`), OutOfMemory (exit 75: try again later) beyond what is available now.
     `flag` names the setting that shrinks it. The count is a lower bound: building takes some more."""
-    need = model_bytes(name, fields)
-    size = fields.get("size")
+    need = spec.bytes
+    size = getattr(spec.config, "size", None)
     what = f"a model of reservoir size {size:,}" if isinstance(size, int) else "the model"
     limit, avail = memory_limit(), available_memory(torch.device("cpu"))
     if limit is not None and need > limit:
@@ -60,8 +53,9 @@ def load_model(cfg: dict, device="cpu"):
     model = cfg["model"]
     if not isinstance(model, dict):
         raise ReslmError("the run config's model section is not an object")
-    check_fits(name, model)
-    model = build_model(name, **model).to(device)
+    spec = resolve(name, model)
+    check_fits(spec)
+    model = build_model(name, spec.config).to(device)
     if any(getattr(getattr(m, "config", None), "dtype", None) == "bfloat16" for m in model.modules()):
         fast, why = bf16_status(torch.device(device))
         if not fast:

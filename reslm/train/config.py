@@ -16,8 +16,9 @@ import torch
 from reslm.core import distributed as dist_
 from reslm.core.errors import ReslmError
 from reslm.core.files import write_json
-from reslm.models import MODELS, family, make_config
+from reslm.models import MODELS, family
 from reslm.models.load import check_fits
+from reslm.models.resolve import resolve
 from reslm.models import preset as preset_of
 from reslm.models.identity import same_run_problem
 from reslm.models.laerc import AUTHORS_VARIANT
@@ -65,8 +66,9 @@ def make_run_config(family_name: str, model_overrides: dict, train_overrides: di
     vocab = dataset.vocab_size
     if model_overrides.get("vocab_size", vocab) != vocab:
         raise ReslmError(f"vocab_size {model_overrides['vocab_size']} does not match the dataset's {vocab}")
-    model_cfg = make_config(family_name, **{**model_overrides, "vocab_size": vocab})
-    check_fits(family_name, asdict(model_cfg))   # a reservoir too large for memory: refused before any folder
+    spec = resolve(family_name, model_overrides, vocab_size=vocab)
+    check_fits(spec)   # a reservoir too large for memory: refused before any folder
+    model_cfg = spec.config
     tc = train_config(family_name, **train_overrides)
     sampler.check_run(family_name, dataset, model_cfg, tc)
     return dict(family=family_name, preset=preset, model=asdict(model_cfg), train=asdict(tc),

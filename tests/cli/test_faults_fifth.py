@@ -166,13 +166,13 @@ def test_a_reservoir_from_a_file_is_named_by_its_name_and_the_files_hash(tmp_pat
     sha = hashlib.sha256(user.read_bytes()).hexdigest()
     assert source["names"] == ["leaky2"] and source["sha256"] == sha
     base = fbench.recipe_config("esn-lr", tmp_path / "results")
-    theirs, _ = fbench.bench_config(fbench.source_name("leaky2", sha), base, label="leaky2-quick")
-    ours, _ = fbench.bench_config("leaky", base)
+    theirs, _, _ = fbench.bench_config(fbench.source_name("leaky2", sha), base, label="leaky2-quick")
+    ours, _, _ = fbench.bench_config("leaky", base)
     assert theirs.model["reservoir"] == f"leaky2@{sha[:12]}" and theirs.fingerprint != ours.fingerprint
     assert theirs.name(0) != ours.name(0) and "leaky2" in theirs.name(0)
     user.write_text(user.read_text() + "# edited\n")   # another file: another configuration
     (again,) = fbench._import([str(user)])
-    edited, _ = fbench.bench_config(fbench.source_name("leaky2", again["sha256"]), base, label="leaky2-quick")
+    edited, _, _ = fbench.bench_config(fbench.source_name("leaky2", again["sha256"]), base, label="leaky2-quick")
     assert edited.fingerprint != theirs.fingerprint
 
 

@@ -90,7 +90,7 @@ def test_set_gives_a_substrate_its_operating_point(bench_flags, tmp_path, capsys
     model = read_config(run)["model"]
     assert model["spectral_radius"] == 0.95 and model["input_scaling"] == 0.5
     base = fbench.recipe_config()
-    plain, _ = fbench.bench_config("diagonal", base)
+    plain, _, _ = fbench.bench_config("diagonal", base)
     assert run.name != plain.name(0) and run.name.startswith("rc-diagonal-quick-")
     assert "spectral_radius=0.95" in (tmp_path / "set" / "card.md").read_text()
 
@@ -120,7 +120,7 @@ def test_nvar_without_its_size_names_the_flag(bench_flags, tmp_path, capsys):
 def test_the_genuine_esn_bench_keeps_its_name(tmp_path):
     """The ESN in the published recipe is benched as before: the recipe's values, the same folder name."""
     base = fbench.recipe_config("esn-lr", tmp_path / "results")
-    cfg, notes = fbench.bench_config("esn", base)
+    cfg, notes, _ = fbench.bench_config("esn", base)
     assert cfg.model == {**base.model, "reservoir": "esn"} and not notes
     same = Config(**{**base.__dict__, "label": "esn-quick", "train": {**base.train, **fbench.QUICK}})
     assert cfg.name(0) == same.name(0)   # the recipe at the quick budget, nothing else changed
