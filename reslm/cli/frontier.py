@@ -15,6 +15,7 @@ from reslm.frontier import bench as fbench
 from reslm.frontier.capacity import plan_capacities
 from reslm.frontier import bundled_plans, load_plan, plan_table, status_lines, write_plans_page
 from reslm.frontier.schedule import command_lines, run_plans
+from reslm.scoring.memory import POSITIONS
 RUN_DESCRIPTION = ("Train the plans' runs that are not done (plan by plan in the order given, each its screen "
                    "first, then its finalists' other seeds), resuming interrupted ones and skipping those another "
                    "process holds; publish each into --results as it finishes. Then each plan's chosen configuration "
@@ -92,7 +93,8 @@ def cmd_bench(args):
                           reservoir_options=args.reservoir_options, settings=args.set, size=args.size,
                           out=Path(args.out),
                           results=Path(args.results), jobs=args.jobs, threads=args.threads,
-                          data_root=data_root(args), progress=not args.no_progress)
+                          data_root=data_root(args), progress=not args.no_progress,
+                          memory_positions=args.memory_positions)
     print(result["table"])
     print(f"(model card: {result['card']})", file=sys.stderr)
 
@@ -252,6 +254,9 @@ def _add_bench(acts) -> None:
     bn.add_argument("--results", default="results", help="the results registry with the published references "
                     "(default results)")
     bn.add_argument("--jobs", type=int_range(1, max(1, usable_cores())), default=1, help="seeds at once (default 1)")
+    bn.add_argument("--memory-positions", type=int_range(0, 1_000_000), default=POSITIONS, metavar="P",
+                    help=f"test positions of the runs' memory profile (`reslm memory`, k = 1 ... 256) in the table "
+                         f"and the card, beside the ESN's and the GRU's (default {POSITIONS:,}; 0 leaves it out)")
     shared(bn, "--root", "--no-progress", "--threads",
            threads_help=f"torch CPU threads of each run, at most {usable_cores()}")
     bn.set_defaults(func=cmd_bench)

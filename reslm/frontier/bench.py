@@ -26,12 +26,13 @@ from pathlib import Path
 import reslm
 from reslm.core.device import cpu_name
 from reslm.core.errors import ReslmError
-from reslm.core.files import atomic_write, read_json
+from reslm.core.files import atomic_write, read_json, write_json
 from reslm.core.shell import path_word
 from reslm.core.metrics import LN2, TEST_LOSS, VAL_LOSS, final_of, kept_of
 from reslm.data.datasets import find_dataset
 from reslm.frontier.imports import _import, source_name
 from reslm.frontier.plan import Config, load_plan
+from reslm.frontier.profile import PLOT, bench_memory, memory_lines, plot_bench_memory
 from reslm.frontier.runner import plan_table, selection
 from reslm.models import family
 from reslm.models.identity import command, delta, describe, run_name
@@ -39,6 +40,7 @@ from reslm.models.load import check_fits
 from reslm.models.resolve import ModelSpec, resolve
 from reslm.reservoir import KNOBS, RESERVOIRS, parse_options
 from reslm.run import SUMMARY, is_finished
+from reslm.scoring.memory import POSITIONS
 from reslm.train import ensure_run, train
 
 RECIPE_PLAN = "esn-lr"          # the plan whose chosen configuration is the recipe
@@ -215,7 +217,7 @@ def _group(label: str, plan_name: str, results: Path, budget: str = "full") -> d
     done = next(e for e in table if e.label == key and e.state == "done")
     trainable = (read_json(done.folder / SUMMARY) or {}).get("trainable_params")
     return dict(name=f"{label}: {plan_name} plan, {key}", test=g["test_stream"] or g["test"], seconds=g["train_seconds"],
-                budget=budget, trainable=trainable)
+                budget=budget, trainable=trainable, label=label, folder=done.folder.name)
 
 
 def _stats(values):
@@ -225,22 +227,26 @@ def _stats(values):
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
 
 
-def _row(name, st, seconds, trainable, budget) -> str:
+def _row(name, st, seconds, trainable, budget, curve=None) -> str:
+    reads = "-" if not curve or curve.get("16") is None else f"{curve['16']:.3f} / {curve['256']:.3f}"
     if not st:
-        return f"| {name} | {budget} | {trainable or '-'} | not measured | - | - |"
+        return f"| {name} | {budget} | {trainable or '-'} | not measured | - | - | {reads} |"
     mean, sd, n = st
     wall = f"{seconds[0] / 60:.1f} min" if seconds else "-"
     return (f"| {name} | {budget} | {f'{trainable:,}' if trainable else '-'} | {mean:.4f} ± {sd:.4f} ({n}) | "
-            f"{mean / LN2:.3f} | {wall} |")
+            f"{mean / LN2:.3f} | {wall} | {reads} |")
 
 
 def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=None, reservoir_options=None,
           size=None, out: Path = OUT, results: Path = Path("results"), jobs: int = 1,
           threads: int | None = None, data_root: Path | None = None, progress: bool = True,
-          recipe_plan: str = RECIPE_PLAN, table_only: bool = False, settings: str | None = None) -> dict:
+          recipe_plan: str = RECIPE_PLAN, table_only: bool = False, settings: str | None = None,
+          memory_positions: int = POSITIONS) -> dict:
     """Run the recipe with `reservoir` at each seed in out/, then the table and the model card. `settings`:
     model fields as `--set` gives them ("spectral_radius=0.99,input_scaling=0.5"), recorded in the runs'
-    config, and so in their fingerprint and folder name."""
+    config, and so in their fingerprint and folder name. `memory_positions`: the test positions of the runs'
+    memory profile (reslm.frontier.profile: out/memory.json and memory.png, in the table and the card); 0
+    leaves it out."""
     if budget not in BUDGETS:
         raise ReslmError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
     sources = _import(imports)
@@ -279,16 +285,25 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     refs += [next((g for g in (_group("trained ceiling", p, results) for p in CEILING_PLANS) if g), None)]
     about = ["this bench"] + ([f"{source['path']}, sha256 {source['sha256'][:12]}"] if source else []) + \
         ([used] if used else [])   # what the row's substrate is: its file, and the values it ran at
+    mem = None
+    if memory_positions:
+        mem = bench_memory(runs, cfg, base, results, {r["label"]: r["folder"] for r in refs if r},
+                           positions=memory_positions, progress=progress)
+        write_json(out / "memory.json", mem)
+        plot_bench_memory(mem, reservoir, out / PLOT)
+    curves = (mem or {}).get("references", {})
     lines = ["| model | budget | trainable | test CE, state carried (nats, mean ± sd (seeds)) | bits/char | "
-             "train time per seed |", "|---|---|---|---|---|---|",
-             _row(f"**{reservoir}** ({'; '.join(about)})", mine["test"], mine["seconds"], mine["trainable"], budget)]
-    lines += [_row(r["name"], r["test"], r["seconds"], r["trainable"], r["budget"]) for r in refs if r]
+             "train time per seed | CE from 16 / 256 chars |", "|---|---|---|---|---|---|---|",
+             _row(f"**{reservoir}** ({'; '.join(about)})", mine["test"], mine["seconds"], mine["trainable"], budget,
+                  (mem or {}).get("mean"))]
+    lines += [_row(r["name"], r["test"], r["seconds"], r["trainable"], r["budget"], curves.get(r["label"]))
+              for r in refs if r]
     table = "\n".join(lines)
     flags = [*(["--size", str(size)] if size is not None else []),
              *(["--reservoir-options", reservoir_options] if reservoir_options is not None else []),
              *(["--set", settings] if settings else [])]
     card = _card(reservoir, cfg, base, notes + ([f"the substrate ran at {used}"] if used else []), sources, budget,
-                 runs, summaries, table, threads, flags)
+                 runs, summaries, table, threads, flags, memory_lines(mem, reservoir) if mem else [])
     atomic_write(out / CARD, lambda p: p.write_text(card))
     return dict(table=table, card=str(out / CARD), runs={s: str(d) for s, d in runs.items()}, mine=mine,
                 wall_seconds=time.perf_counter() - t0)
@@ -327,9 +342,9 @@ def _train_one(argv: list[str]) -> int:
 
 
 def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, summaries, table, threads,
-          flags=()) -> str:
+          flags=(), memory=()) -> str:
     """card.md: what ran (the reservoir's source and its sha256, the recipe and what changed), where, every
-    seed's figures and the references."""
+    seed's figures, the references and (`memory`: reslm.frontier.profile.memory_lines) how far back it reads."""
     change = describe(delta(cfg.run_config(0), base.run_config(0)))
     L = [f"# Model card: {reservoir} in the reservoir frontier's recipe ({budget})", "",
          f"Made by `reslm frontier bench` (reslm {reslm.__version__}) on {cpu_name()}"
@@ -356,6 +371,8 @@ def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, su
           "every test CE scores the whole test shard with the state carried through it. Their training times are "
           "those of the machines that trained them (each run's provenance.json names its CPU).", "",
           f"Re-run one seed: `{again}`"]
+    if memory:
+        L += ["", "## Memory", "", *memory, "", f"![test CE against the characters read]({PLOT})"]
     return "\n".join(L) + "\n"
 
 

@@ -83,3 +83,39 @@ def test_a_reservoirpy_node_from_an_import_file_runs_through_the_bench(tiny_reci
     assert model["reservoir"].startswith("rpy-test@") and model["size"] == N
     assert json.loads((run / "summary.json").read_text())["trainable_params"] > 0
     assert str(user) in (tmp_path / "rpy" / "card.md").read_text()
+
+
+def test_the_card_and_the_table_hold_the_runs_memory_beside_a_published_profile(tiny_recipe, chars, tmp_path, capsys):
+    """--memory-positions P: the runs' `reslm memory` profile (k = 1 ... 256) and the substrate's memory capacity
+    in memory.json, the table's last column and the card's Memory section with its figure; a published profile
+    measured on other positions is left out with a note, never drawn beside it."""
+    from reslm.frontier.profile import REFERENCE
+    from reslm.core.files import read_json, write_json
+    ref = tmp_path / "results" / REFERENCE
+    ref.parent.mkdir(parents=True)
+    write_json(ref, dict(positions=99, lengths=[1], split="test", text="x", text_symbols=1, data="other", runs=[]))
+    flags = tiny_recipe("mem") + ["--memory-positions", "64"]
+    assert main(["frontier", "bench", "--reservoir", "esn", *flags]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "CE from 16 / 256 chars" in out.splitlines()[0]
+    cells = bench_row(out, "esn")
+    k16, k256 = (float(x) for x in cells[-1].split(" / "))
+    mem = read_json(tmp_path / "mem" / "memory.json")
+    assert mem["positions"] == 64 and mem["lengths"] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert (round(mem["mean"]["16"], 3), round(mem["mean"]["256"], 3)) == (k16, k256)
+    assert mem["runs"]["0"] == mem["mean"]                      # one seed: its curve is the mean
+    assert 0 < mem["capacity"] <= 256 and mem["capacity_esn"] == mem["capacity"]   # the recipe's own ESN
+    assert mem["references"] == {} and "other positions" in mem["notes"][0]
+    card = (tmp_path / "mem" / "card.md").read_text()
+    assert "## Memory" in card and "![test CE against the characters read](memory.png)" in card
+    assert (tmp_path / "mem" / "memory.png").stat().st_size > 0
+
+
+def test_a_published_profile_on_the_same_positions_gives_the_references_curves(tmp_path):
+    from reslm.core.files import write_json
+    from reslm.frontier.profile import _references
+    prof = dict(positions=64, lengths=[1, 2], split="test", text="the test shard", text_symbols=900, data="tiny")
+    curve = {"1": 3.0, "2": 2.5}
+    write_json(tmp_path / "ref.json", dict(prof, runs=[dict(run="esn-run", memory_loss=curve)]))
+    refs, notes = _references(prof, tmp_path / "ref.json", {"ESN frontier": "esn-run", "trained ceiling": "gru-run"})
+    assert refs == {"ESN frontier": curve} and notes == ["trained ceiling: gru-run is not in " + str(tmp_path / "ref.json")]
