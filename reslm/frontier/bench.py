@@ -240,7 +240,7 @@ def _row(name, st, seconds, trainable, budget, curve=None) -> str:
 def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=None, reservoir_options=None,
           size=None, out: Path = OUT, results: Path = Path("results"), jobs: int = 1,
           threads: int | None = None, data_root: Path | None = None, progress: bool = True,
-          recipe_plan: str = RECIPE_PLAN, table_only: bool = False, settings: str | None = None,
+          recipe_plan: str = RECIPE_PLAN, settings: str | None = None,
           memory_positions: int = POSITIONS) -> dict:
     """Run the recipe with `reservoir` at each seed in out/, then the table and the model card. `settings`:
     model fields as `--set` gives them ("spectral_radius=0.99,input_scaling=0.5"), recorded in the runs'
@@ -253,9 +253,9 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     # a reservoir from a file runs under its own name and the file's sha256 (source_name), never a built-in's
     source = next((s for s in sources if reservoir in s["names"]), None)
     base = recipe_config(recipe_plan, results)
-    cfg, notes, spec = bench_config(source_name(reservoir, source["sha256"]) if source else reservoir, base, budget=budget,
-                              reservoir_options=reservoir_options, size=size, label=f"{reservoir}-{budget}",
-                              settings=parse_set(base.family, settings))
+    cfg, notes, spec = bench_config(source_name(reservoir, source["sha256"]) if source else reservoir, base,
+                                    budget=budget, reservoir_options=reservoir_options, size=size,
+                                    label=f"{reservoir}-{budget}", settings=parse_set(base.family, settings))
     # the operating point shown beside the figure: the knobs the recipe tuned, input_init and what --set gave
     shown = [k for k in base.model if k in KNOBS and k not in ("size", "seed")] + ["input_init"] + \
         list(parse_set(base.family, settings))
@@ -268,37 +268,22 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
         ensure_run(run_dir, cfg.family, rc["model"], {**rc["train"], **({"threads": threads} if threads else {})},
                    dataset, preset=cfg.preset)
     t0 = time.perf_counter()
-    todo = [s for s, d in runs.items() if not is_finished(d)]
-    if jobs > 1 and len(todo) > 1:
-        _parallel(todo, runs, jobs, [src["path"] for src in sources])
-    else:
-        for s in todo:
-            train(runs[s], progress=progress)
+    _train_seeds(runs, jobs, [src["path"] for src in sources], progress)
     summaries = {s: read_json(d / SUMMARY) or {} for s, d in runs.items()}
     mine = dict(test=_stats([m.get(kept_of(TEST_LOSS), m.get(final_of(TEST_LOSS))) for m in summaries.values()]),
                 val=_stats([m.get(kept_of(VAL_LOSS), m.get(final_of(VAL_LOSS))) for m in summaries.values()]),
                 seconds=_stats([m.get("train_seconds") for m in summaries.values()]),
                 trainable=next(iter(summaries.values())).get("trainable_params"))
-    refs = [_group("ESN frontier", recipe_plan, results)]
-    if budget == "quick":
-        refs.append(_group("ESN, quick", "esn-quick", results, "quick"))
-    refs += [next((g for g in (_group("trained ceiling", p, results) for p in CEILING_PLANS) if g), None)]
+    refs = _references(recipe_plan, results, budget)
     about = ["this bench"] + ([f"{source['path']}, sha256 {source['sha256'][:12]}"] if source else []) + \
         ([used] if used else [])   # what the row's substrate is: its file, and the values it ran at
     mem = None
     if memory_positions:
-        mem = bench_memory(runs, cfg, base, results, {r["label"]: r["folder"] for r in refs if r},
+        mem = bench_memory(runs, cfg, base, results, {r["label"]: r["folder"] for r in refs},
                            positions=memory_positions, progress=progress)
         write_json(out / "memory.json", mem)
         plot_bench_memory(mem, reservoir, out / PLOT)
-    curves = (mem or {}).get("references", {})
-    lines = ["| model | budget | trainable | test CE, state carried (nats, mean ± sd (seeds)) | bits/char | "
-             "train time per seed | CE from 16 / 256 chars |", "|---|---|---|---|---|---|---|",
-             _row(f"**{reservoir}** ({'; '.join(about)})", mine["test"], mine["seconds"], mine["trainable"], budget,
-                  (mem or {}).get("mean"))]
-    lines += [_row(r["name"], r["test"], r["seconds"], r["trainable"], r["budget"], curves.get(r["label"]))
-              for r in refs if r]
-    table = "\n".join(lines)
+    table = _table(f"**{reservoir}** ({'; '.join(about)})", mine, refs, budget, mem)
     flags = [*(["--size", str(size)] if size is not None else []),
              *(["--reservoir-options", reservoir_options] if reservoir_options is not None else []),
              *(["--set", settings] if settings else [])]
@@ -307,6 +292,37 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     atomic_write(out / CARD, lambda p: p.write_text(card))
     return dict(table=table, card=str(out / CARD), runs={s: str(d) for s, d in runs.items()}, mine=mine,
                 wall_seconds=time.perf_counter() - t0)
+
+
+def _train_seeds(runs: dict, jobs: int, imports: list[str], progress: bool) -> None:
+    """Train every seed's run that is not finished: `jobs` at once, each in its own process, or one by one here."""
+    todo = [s for s, d in runs.items() if not is_finished(d)]
+    if jobs > 1 and len(todo) > 1:
+        _parallel(todo, runs, jobs, imports)
+    else:
+        for s in todo:
+            train(runs[s], progress=progress)
+
+
+def _references(recipe_plan: str, results: Path, budget: str) -> list[dict]:
+    """The published groups the bench's row stands beside: the ESN frontier (and at quick the ESN's quick runs),
+    and the first trained ceiling whose plan has chosen."""
+    refs = [_group("ESN frontier", recipe_plan, results)]
+    if budget == "quick":
+        refs.append(_group("ESN, quick", "esn-quick", results, "quick"))
+    refs += [next((g for g in (_group("trained ceiling", p, results) for p in CEILING_PLANS) if g), None)]
+    return [r for r in refs if r]
+
+
+def _table(first: str, mine: dict, refs: list[dict], budget: str, mem: dict | None) -> str:
+    """The bench's table: its own row (`first`), then the references', each with its memory where measured."""
+    curves = (mem or {}).get("references", {})
+    lines = ["| model | budget | trainable | test CE, state carried (nats, mean ± sd (seeds)) | bits/char | "
+             "train time per seed | CE from 16 / 256 chars |", "|---|---|---|---|---|---|---|",
+             _row(first, mine["test"], mine["seconds"], mine["trainable"], budget, (mem or {}).get("mean"))]
+    lines += [_row(r["name"], r["test"], r["seconds"], r["trainable"], r["budget"], curves.get(r["label"]))
+              for r in refs]
+    return "\n".join(lines)
 
 
 def _parallel(todo: list[int], runs: dict, jobs: int, imports: list[str]) -> None:
