@@ -22,8 +22,9 @@ changes to it, the seeds, and the rule that chooses among them on the validation
     train = { lr = 1.5e-3 }      # the change, over the base (a candidate may also set model fields, and
                                  # name another preset of the base's family: its model fields, under the
                                  # base's and its own model changes)
-    # full = { epochs_per_shard = 5, cycles = 2 }   a reduced-budget run's full budget: the report ranks
-    #                              the plan's runs against the published runs of their full budgets
+    # full = { epochs_per_shard = 5, cycles = 2 }   a reduced-budget run's full budget (FULL_FIELDS: the
+    #                              budget, and the lr, schedule, warm-up and EMA a quick recipe replaces): the
+    #                              report ranks the plan's runs against the published runs of their full budgets
 
 Everything is checked before anything runs (`load_plan`): unknown keys and fields, values of the wrong
 type, a candidate that breaks the strict rules or the budget, two candidates of one configuration.
@@ -58,6 +59,8 @@ _KEYS = {"plan": {"about"}, "base": {"label", "preset", "family", "data", "model
          "candidate": {"label", "preset", "model", "train", "about", "full"}}
 # fields a plan may not set: the seed is the rule's, where and how a run runs is the command line's
 _NOT_IN_PLANS = {"seed", "threads", "device"}
+# what a reduced budget's `full` may give back: the budget, and the schedule a quick recipe of its own replaces
+FULL_FIELDS = ("epochs_per_shard", "cycles", "epoch_samples", "lr", "schedule", "warmup_steps", "ema")
 
 
 @dataclass(frozen=True)
@@ -201,8 +204,8 @@ def _config(where: str, table: dict, base: Config | None) -> Config:
     except ReslmError as e:
         raise ReslmError(f"[{where}] {e}") from None
     full = table.get("full", base.full if base is not None else {})
-    if not isinstance(full, dict) or set(full) - {"epochs_per_shard", "cycles", "epoch_samples"}:
-        raise ReslmError(f"[{where}] full gives the full budget's epochs_per_shard, cycles or epoch_samples only")
+    if not isinstance(full, dict) or set(full) - set(FULL_FIELDS):
+        raise ReslmError(f"[{where}] full gives the full budget's {', '.join(FULL_FIELDS)} only")
     try:   # the full budget's fields, typed and in range as the training fields they replace
         TrainConfig(**{**recipe(fam)["train"], **train, **full}).validate()
     except ReslmError as e:
