@@ -3,7 +3,8 @@ continuing a published, unfinished run on any machine (`reslm train --out result
 
 publish(run_dir, dest) writes the folder format of reslm.run.registry from the run's last checkpoint:
 config.json, metrics.jsonl up to that checkpoint, summary.json (when it describes that checkpoint),
-eval.json, the trainable weights as weights.safetensors, provenance.json and manifest.json. Before
+eval.json, the trainable weights as weights.safetensors, provenance.json and manifest.json (and, for a
+reservoir a user's file registered, that file's record and copy: reslm.run.source, never run). Before
 anything is written it checks that the run's fixed tensors (reservoir, embedding) are what its config
 rebuilds from the seed, so that the folder can leave them out. An unfinished run also gets its
 checkpoint (optimizer state and schedule position; the weights are weights.safetensors), so it can be
@@ -48,6 +49,7 @@ from reslm.run.registry import (EVAL, FORMAT, MANIFEST, PROVENANCE, WEIGHTS, eva
 from reslm.models.identity import command as train_command
 from reslm.run import (CHECKPOINT, CONFIG, LOCK, METRICS, SUMMARY, is_finished, load_checkpoint, lock_run, read_config, read_metrics,
                        run_identity, save_checkpoint)
+from reslm.run.source import SOURCE, SOURCE_COPY, read_source
 from reslm.models.load import load_run_model
 
 TIMING = ("wall", "samples_per_s", "seconds", "tokens_per_s", "eval_seconds")   # metrics fields that differ run to run
@@ -66,7 +68,7 @@ def git_commit() -> str:
 
 
 STOPPED_AGE = 60.0   # seconds: a publish folder left this long by a process that is gone is a leftover
-_PUBLISH_FILES = {CONFIG, METRICS, SUMMARY, EVAL, WEIGHTS, PROVENANCE, MANIFEST, CHECKPOINT}
+_PUBLISH_FILES = {CONFIG, METRICS, SUMMARY, EVAL, WEIGHTS, PROVENANCE, MANIFEST, CHECKPOINT, SOURCE, SOURCE_COPY}
 
 
 def _remove_stopped_publishes(dest: Path) -> list[Path]:
@@ -266,8 +268,10 @@ def _published_files(run_dir: Path, dest: Path, cfg: dict, ck: dict, prior: dict
     evaluation = _current_eval(run_dir, digest, int(ck.get("step", 0)))
     if evaluation is not None:
         evaluation = {**evaluation, "run": dest.resolve().name}   # no path of this machine
+    source = read_source(run_dir)   # a reservoir from a user's file: its record and copy go along (never run)
     return dict(cfg=published_config(cfg), rows=rows, summary=summary, evaluation=evaluation, model=model,
                 fixed=fixed, finished=finished, check=_kept_check(dest, check, replace, digest),
+                source=None if source is None else (source, (run_dir / SOURCE_COPY).read_bytes()),
                 provenance=_provenance(prior, cfg, ck, rows, finished, command, date, evaluation),
                 checkpoint=None if finished else _trimmed(model, ck))
 
@@ -325,9 +329,9 @@ def _save_weights(tensors: dict, path: Path) -> None:
 
 
 def _write(folder: Path, ck: dict, f: dict, *, in_place: bool) -> dict:
-    """Write the published files into `folder` (config, metrics, summary, eval, weights, checkpoint
-    while unfinished, provenance, then the manifest over them); in place, remove what no longer
-    belongs (a finished run's checkpoint, an inconsistent summary, a stale eval.json)."""
+    """Write the published files into `folder` (config, metrics, summary, eval, the reservoir file's record
+    and copy, weights, checkpoint while unfinished, provenance, then the manifest over them); in place,
+    remove what no longer belongs (a finished run's checkpoint, an inconsistent summary, a stale eval.json)."""
     text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in f["rows"])
     if not in_place:   # in place, config.json is the folder's own (grow_cycles may have raised its cycles)
         write_json(folder / CONFIG, f["cfg"])
@@ -336,6 +340,9 @@ def _write(folder: Path, ck: dict, f: dict, *, in_place: bool) -> dict:
         write_json(folder / SUMMARY, f["summary"])
     if f["evaluation"] is not None:
         write_json(folder / EVAL, f["evaluation"])
+    if f["source"] is not None and not in_place:   # in place, the folder's own record is the run's
+        atomic_write(folder / SOURCE_COPY, lambda p: p.write_bytes(f["source"][1]))
+        write_json(folder / SOURCE, f["source"][0])
     trainable, _ = split_state(f["model"])
     atomic_write(folder / WEIGHTS, lambda p: _save_weights({k: v.contiguous() for k, v in trainable.items()}, p))
     if f["checkpoint"] is not None:
@@ -348,7 +355,9 @@ def _write(folder: Path, ck: dict, f: dict, *, in_place: bool) -> dict:
                 (folder / name).unlink(missing_ok=True)
     names = [CONFIG, METRICS, WEIGHTS, PROVENANCE] + [n for n, keep in ((SUMMARY, f["summary"] is not None),
                                                                         (EVAL, f["evaluation"] is not None),
-                                                                        (CHECKPOINT, not f["finished"])) if keep]
+                                                                        (CHECKPOINT, not f["finished"]),
+                                                                        (SOURCE, f["source"] is not None),
+                                                                        (SOURCE_COPY, f["source"] is not None)) if keep]
     manifest = dict(format=FORMAT, run=f["cfg"].get("preset") or f["cfg"]["family"], step=int(ck.get("step", 0)),
                     finished=f["finished"], files={n: sha256_file(folder / n) for n in sorted(names)},
                     trainable={k: dict(shape=list(v.shape), dtype=str(v.dtype).removeprefix("torch."))

@@ -47,9 +47,13 @@ def chars(tmp_path_factory):
 
 @pytest.fixture
 def registry():
-    """reslm.reservoir.RESERVOIRS, put back as it was after the test (an --import file registers into it)."""
+    """reslm.reservoir.RESERVOIRS, put back as it was after the test (an --import file registers into it), and
+    with it SOURCES (the files run for --import, reslm.reservoir.registry)."""
     from reslm.reservoir import RESERVOIRS
-    saved = dict(RESERVOIRS)
+    from reslm.reservoir.registry import SOURCES
+    saved, sources = dict(RESERVOIRS), dict(SOURCES)
     yield RESERVOIRS
     RESERVOIRS.clear()
     RESERVOIRS.update(saved)
+    SOURCES.clear()
+    SOURCES.update(sources)

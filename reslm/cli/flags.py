@@ -10,6 +10,9 @@ from pathlib import Path
 
 from reslm.core.device import usable_cores
 from reslm.core.errors import ReslmError
+from reslm.frontier.imports import _import
+from reslm.models.load import check_source
+from reslm.run import read_config
 from reslm.settings import COUNT_LIMITS
 
 
@@ -30,6 +33,11 @@ SHARED = {
     "--threads": dict(type=int_for_threads, metavar="N",
                       help=f"torch CPU threads, at most this machine's {usable_cores()} (default: the cores its load "
                            f"leaves idle, so a training in the background is not slowed down, nor this command)"),
+    "--import": dict(dest="imports", action="append", metavar="FILE.py",
+                     help="the Python file of yours that registered the reservoir a run was trained on (`reslm "
+                          "frontier bench --import`): run first, as the bench runs it (built-in substrates "
+                          "guarded); the run is read only when its sha256 is the one the run records "
+                          "(repeatable). Without it such a run is refused, naming the file it needs"),
 }
 TRAINING_THREADS = ("torch CPU threads for the runs it trains, at most this machine's "
                     f"{usable_cores()} (default: each run's own setting, else torch's default)")
@@ -132,6 +140,15 @@ def overrides(args) -> tuple[dict, dict]:
     if args.device != "auto":
         train_over["device"] = args.device
     return model_over, train_over
+
+
+def imported(args, runs=()) -> None:
+    """Run the --import files (reslm.frontier.imports, the bench's guarded import), then refuse, before any
+    work, each of `runs` whose reservoir a user's file registered when this process did not run that very
+    file (reslm.models.load.check_source: one line naming the run, the reservoir, its sha256 and the flag)."""
+    _import(getattr(args, "imports", None))
+    for run in map(Path, runs):
+        check_source(run, read_config(run))
 
 
 def data_root(args) -> Path | None:

@@ -6,7 +6,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from reslm.cli.flags import shared
+from reslm.cli.flags import imported, shared
 from reslm.core.errors import ReslmError
 from reslm.frontier import write_plans_page
 from reslm.report import report
@@ -27,7 +27,10 @@ PUBLISH_DESCRIPTION = textwrap.dedent("""\
     a published run of another configuration there is refused unless --replace is given.
     `reslm eval DEST` and `reslm generate DEST` read the folder like a run directory.
     provenance.json records the processor the checkpoint says trained the run (this machine's CPU for
-    a checkpoint that does not say).""")
+    a checkpoint that does not say). A run trained on a reservoir from a file of yours (`reslm frontier
+    bench --import`) also carries reservoir-source.json (the file's name and sha256) and
+    reservoir-source.txt (a copy to read, never run); publishing it, like reading it, takes
+    --import FILE.py with that file.""")
 REPORT_DESCRIPTION = textwrap.dedent("""\
     Regenerate, from data only: docs/results.md (the paper-protocol table: per-shard test CE of the last
     cycle, bits/char, the paper's figure, wall times and CPU of every row; other published runs; Fig. 2
@@ -59,7 +62,7 @@ def add_publish(sub) -> None:
     pb.add_argument("--replace", action="store_true", help="DEST may hold a published run of another configuration "
                     "(another model or training field, seed or dataset): replace it, history and all (refused "
                     "without this flag)")
-    shared(pb, "--threads")
+    shared(pb, "--threads", "--import")
     pb.set_defaults(func=cmd_publish)
 
 
@@ -75,6 +78,7 @@ def add_report(sub) -> None:
 
 
 def cmd_publish(args):
+    imported(args, [args.run_dir])
     dest = Path(args.dest) if args.dest else Path(args.run_dir)
     m = publish_checked(Path(args.run_dir), dest, command=args.command, replace=args.replace)
     size = sum((dest / n).stat().st_size for n in m["files"])

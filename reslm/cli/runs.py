@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from reslm.cli.flags import INT64, SEED, data_root, int_range, shared
+from reslm.cli.flags import INT64, SEED, data_root, imported, int_range, shared
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
 from reslm.data.datasets import data_kind, ensure_dataset
@@ -57,7 +57,7 @@ def _sampling(parser, unit: str, length: int, min_length: int):
     parser.add_argument("--top-k", type=int_range(*INT64), help=f"sample among the k most likely {unit}s")
     parser.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with this probability mass")
     parser.add_argument("--seed", type=int_range(*SEED), default=0, help="sampling seed (default 0)")
-    shared(parser, "--device", "--threads")
+    shared(parser, "--device", "--threads", "--import")
 
 
 def add_generate(sub) -> None:
@@ -115,7 +115,7 @@ def add_memory(sub) -> None:
     mem.add_argument("--batch", type=int_range(1, 10**7), default=BATCH,
                      help=f"positions read at once (default {BATCH:,}; lower it to use less memory)")
     _add_outputs(mem, "CE against k")
-    shared(mem, "--device", "--threads")
+    shared(mem, "--device", "--threads", "--import")
     mem.set_defaults(func=cmd_memory)
 
 
@@ -125,6 +125,7 @@ def cmd_memory(args):
     except ValueError:
         raise ReslmError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
     _check_outputs(args)
+    imported(args, args.run_dirs)
     for run in args.run_dirs:
         ensure_dataset(read_config(Path(run)))
     r = memory_profile(args.run_dirs, lengths, args.positions, pick_device(args.device), args.batch,
@@ -166,7 +167,7 @@ def add_recall(sub) -> None:
                      help=f"at least this many samples after them: half pick the penalty, half are "
                      f"scored (default {SCORE:,})")
     _add_outputs(rec, "the recall against the lag")
-    shared(rec, "--root", "--device", "--threads")
+    shared(rec, "--root", "--device", "--threads", "--import")
     rec.set_defaults(func=cmd_recall)
 
 
@@ -174,6 +175,7 @@ def cmd_recall(args):
     _check_outputs(args)
     if args.only and not args.plan:
         raise ReslmError("--only names configurations of --plan: give --plan")
+    imported(args, args.run_dirs)
     items = [run_item(Path(r)) for r in args.run_dirs]
     for _, cfg, _ in items:
         ensure_dataset(cfg)
@@ -217,6 +219,7 @@ def _check_sampling(args):
 
 def cmd_generate(args):
     _check_sampling(args)
+    imported(args, [args.run_dir])
     cfg = read_config(Path(args.run_dir))
     if data_kind(cfg["data"]) == "tokens":   # its tokenizer is the dataset's: built in a fresh clone, as eval does
         ensure_dataset(cfg)
@@ -264,6 +267,7 @@ def cmd_eval(args):
     _check_sampling(args)
     physical = _physical_values(args)
     check_grid(physical)
+    imported(args, [args.run_dir])
     run = Path(args.run_dir)
     write = args.write if args.write is not None else not is_published(run)   # results/NAME: only read
     cfg, grid = read_config(run), any(len(v) > 1 for v in physical.values())

@@ -1,7 +1,10 @@
-"""A user's reservoir file for `reslm frontier bench --import`: run once, its bytes hashed, and the
-built-in substrates guarded: a file that re-registers, removes or patches one is refused (the registry
-and classes put back), and a reservoir it registers is named NAME@<its sha256's first 12 hex digits>,
-so that a run's config, fingerprint and folder name cover the file that computed its states."""
+"""A user's reservoir file for `--import FILE.py` (`reslm frontier bench`, which trains on it, and the
+commands that read such a run back: eval, generate, memory, recall, verify, publish): run once, its bytes
+hashed, and the built-in substrates guarded: a file that re-registers, removes or patches one is refused
+(the registry and classes put back), and a reservoir it registers is named NAME@<its sha256's first 12 hex
+digits>, so that a run's config, fingerprint and folder name cover the file that computed its states. The
+file's whole sha256 goes into reslm.reservoir.registry.SOURCES, against which reslm.models.load checks
+the sha256 a run records (reslm.run.source) before it builds the run's model."""
 from __future__ import annotations
 
 import hashlib
@@ -12,6 +15,7 @@ from pathlib import Path
 from reslm.core.errors import ReslmError
 from reslm.core.errors import describe as one_line
 from reslm.reservoir import RESERVOIRS
+from reslm.reservoir.registry import SOURCES, source_name
 
 def _built_ins(registry: dict) -> dict:
     """The substrates reslm itself registered (their reservoir class is reslm's own), by name."""
@@ -66,15 +70,10 @@ def _run(code: bytes, path: Path) -> None:
 _FROM_FILE: dict[Path, list[str]] = {}   # the names each file run by _import in this process registered
 
 
-def source_name(name: str, sha256: str) -> str:
-    """The registry name a run of a reservoir registered from a file is recorded under: its own name and the
-    file's sha256 (12 hex digits), so that its config, fingerprint and folder name cover what computed it."""
-    return f"{name}@{sha256[:12]}"
-
-
 def _import(files: list[str] | None) -> list[dict]:
     """Run each user file, which registers its reservoir(s) in RESERVOIRS; returns each file's path, sha256
-    and the names it registered (each also registered as source_name(name, sha256), the name runs record).
+    and the names it registered (each also registered as source_name(name, sha256), the name runs record, and
+    entered in SOURCES with the file's path, whole sha256 and bytes: what a run trained on it records).
 
     One line naming the file (ReslmError, exit 2), with RESERVOIRS as it was, when the file is not a .py
     file, is not a regular file, raises, exits (sys.exit), registers nothing, or replaces, removes or patches
@@ -122,6 +121,7 @@ def _import(files: list[str] | None) -> list[dict]:
             raise
         for n in names:
             RESERVOIRS[source_name(n, sha)] = RESERVOIRS[n]
+            SOURCES[source_name(n, sha)] = dict(name=n, path=str(path), sha256=sha, code=code)
         _FROM_FILE[path.resolve()] = names
         out.append(dict(path=str(path), sha256=sha, names=names))
     return out

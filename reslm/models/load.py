@@ -9,6 +9,8 @@ which load_run reads, can stand on reslm.run.)
     load_model(cfg, device)        the model a run config describes (weights not loaded)
     check_fits(spec)               refuse a model whose weights alone cannot fit in memory, before it is built
     load_run(run_dir, device)      (model with the last checkpoint's weights, tokenizer, run config)
+    check_source(run_dir, cfg)     refuse a run whose reservoir a user's file registered unless this process
+                                   ran that file (--import FILE.py, its sha256 the one the run records)
 """
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ from reslm.data.datasets import check_dataset, codec_of, data_kind, open_dataset
 from reslm.models import build_model, family
 from reslm.models.resolve import ModelSpec, resolve
 from reslm.core.radii import deferred, remember_radii
+from reslm.reservoir.registry import RESERVOIRS, SOURCES
 from reslm.run.registry import MANIFEST, is_published, load_published, read_manifest
 from reslm.run.checkpoint import load_checkpoint
 from reslm.run.folder import read_config
+from reslm.run.source import SOURCE, read_source
 
 
 def check_fits(spec: ModelSpec, flag: str = "--size") -> None:
@@ -64,12 +68,44 @@ def load_model(cfg: dict, device="cpu"):
     return model
 
 
+class NeedsImport(ReslmError):
+    """A run whose reservoir a user's file registered, read without that file: one line naming the run, its
+    reservoir, the sha256 it records and the flag that reads it (--import FILE.py)."""
+
+
+def check_source(run_dir: Path, cfg: dict, how: str = "give --import FILE.py with that file") -> None:
+    """Before a run's model is built: a run whose reservoir came from a user's file (its record,
+    reslm.run.source, or a reservoir named NAME@SHA12) is read only once this process ran that file, an
+    `--import FILE.py` whose whole sha256 is the one the run records (reslm.reservoir.registry.SOURCES).
+    NeedsImport otherwise, ending with `how` (the flag that reads it); a record that contradicts the run's
+    config is a ReslmError naming it. The run's copy of the file is hashed (read_source), never run."""
+    model = cfg.get("model")
+    reservoir = model.get("reservoir") if isinstance(model, dict) else None
+    record = read_source(run_dir)
+    if record is None and not (isinstance(reservoir, str) and "@" in reservoir):
+        return
+    if record is not None and record["reservoir"] != reservoir:
+        raise ReslmError(f"{Path(run_dir) / SOURCE} records the reservoir {record['reservoir']}, its config "
+                         f"{reservoir}")
+    name, _, short = reservoir.partition("@")
+    sha = record["sha256"] if record else short
+    ran = SOURCES.get(reservoir)
+    if reservoir in RESERVOIRS and ran is not None and ran["sha256"].startswith(sha):
+        return
+    file = f"your file {record['file']}" if record else "a file of yours"
+    others = [s for s in SOURCES.values() if s["name"] == name]
+    why = (f"not --import {others[-1]['path']} (sha256 {others[-1]['sha256'][:12]})" if others
+           else "run only when you name it")
+    raise NeedsImport(f"{run_dir}: its reservoir {reservoir} is from {file} (sha256 {sha[:12]}), {why}: {how}")
+
+
 def load_run_model(run_dir: Path, cfg: dict, device="cpu"):
     """load_model(cfg) for the run in run_dir, with the reservoir radii the run recorded (a published
     folder's manifest, a run's checkpoint) taken as computed: no eigendecomposition of the fixed
     matrix at load (seconds at N = 2600, minutes beside a busy training), and the same matrix bit for
     bit (published: checked against its fingerprint)."""
     run_dir = Path(run_dir)
+    check_source(run_dir, cfg)
     if is_published(run_dir):
         remember_radii(read_manifest(run_dir).get("radii"), f"{run_dir / MANIFEST}")
     return load_model(cfg, device)
@@ -79,6 +115,7 @@ def load_run(run_dir: Path, device="cpu"):
     """(model in eval mode with the last checkpoint's weights, its tokenizer (encode/decode), run config).
     A published folder (reslm.run.registry) gives its weights.safetensors on the buffers its seed rebuilds."""
     cfg = read_config(run_dir)
+    check_source(run_dir, cfg)
     if is_published(run_dir):
         model = load_published(run_dir, load_run_model(run_dir, cfg, device))
     else:

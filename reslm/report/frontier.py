@@ -4,6 +4,7 @@ every character run scored on the whole test shard, with the strict-rules verdic
 from __future__ import annotations
 
 import statistics
+import sys
 from pathlib import Path
 
 from reslm.core.files import read_json
@@ -15,6 +16,7 @@ from reslm.paper import LARGEST, TEST_CE
 from reslm.run.registry import both_metrics, published_folders, read_manifest, run_metric
 from reslm.report.rows import NOT_PUBLISHED, PAPER_SAMPLING, _variant, whole_shard_final
 from reslm.run import CONFIG, SUMMARY, read_metrics
+from reslm.run.source import read_source
 
 FRONTIER, FRONTIER_FIG, KN_FILE = "docs/frontier.md", "frontier", "results/kneser-ney.json"
 GAP_FIG = "frontier-gap"   # the reservoir beside the tuned ceiling, drawn by reslm.frontier.report
@@ -73,6 +75,11 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         rows = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get(TEST_LOSS) is not None]
         if not rows or (cfg["train"].get("eval_samples", 0) and not read_manifest(folder).get("finished")):
             continue   # an unfinished run's last score is on fewer positions than the whole shard
+        if read_source(folder) is not None:   # its reservoir's config class is in a user's file, never run here
+            print(f"reslm: note: {folder.name} is left off {FRONTIER}: its reservoir {cfg['model'].get('reservoir')} "
+                  "is from a user's file, which the report does not run (`reslm verify --import FILE.py` reads it)",
+                  file=sys.stderr)
+            continue
         model = make_config(cfg["family"], **cfg["model"])
         verdict = check_frontier_config(cfg["family"], model)
         route = _route(cfg)

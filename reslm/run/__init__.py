@@ -10,6 +10,8 @@
                              run it belongs to and a sha256 checksum over all of it
     RUN_DIR/summary.json     written by train at the end (write_json)
     RUN_DIR/.lock            who holds the run (lock_run flocks the run folder itself and this file); it may stay
+    RUN_DIR/reservoir-source.json, reservoir-source.txt   a run whose reservoir a user's file registered
+                             (`--import FILE.py`): the file's name and sha256, and a copy of it for reading
 
 One package writes and reads these files, side by side, by job:
 
@@ -21,6 +23,7 @@ One package writes and reads these files, side by side, by job:
     reslm.run.checkpoint     save_checkpoint, load_checkpoint, run_identity
     reslm.run.state_cache    StateCache: a character run's reservoir states kept on disk for --resume
     reslm.run.registry       published runs (results/NAME): manifest.json, weights.safetensors, checks
+    reslm.run.source         record_source, read_source: the user's file a run's reservoir came from
 
 Opening a run back as a model (its model with the checkpoint's weights) is reslm.models.load, and its
 dataset reslm.data.datasets: they stand on the data and model layers, which this package stays below.

@@ -28,6 +28,7 @@ from reslm.core.files import read_json
 from reslm.core.metrics import CHECK_LOSS, TEST_LOSS, final_of, kept_of
 from reslm.scoring.evaluate import evaluate_run, record_check, score_check
 from reslm.data.datasets import ensure_dataset
+from reslm.models.load import NeedsImport, check_source
 from reslm.run import METRICS, SUMMARY, read_config, read_metrics
 from reslm.run.registry import is_published, published_folders, verify_published
 
@@ -135,8 +136,10 @@ def _check_problems(folder: Path, check: dict | None, device: str) -> tuple[list
 
 def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, device: str = "cpu") -> dict:
     """Verify one published run; returns {run, ok, status, problems, notes, mode, positions, seconds}. status:
-    "ok", "DIFFERS" (a figure or file is not what it should be) or "UNREADABLE" (a file verify cannot read, or
-    any other failure: one run's problem never stops the others). notes: what could not be compared, and why.
+    "ok", "DIFFERS" (a figure or file is not what it should be), "UNREADABLE" (a file verify cannot read, or
+    any other failure: one run's problem never stops the others) or "REFUSED" (its reservoir came from a
+    user's file this process did not run: --import FILE.py, reslm.models.load.check_source). notes: what
+    could not be compared, and why.
 
     `full` compares like with like: the whole test shard's CE with a figure of the whole shard (the summary's,
     or an eval.json scored on all of it). A summary figure of a run that evaluated N sampled positions
@@ -152,36 +155,16 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
         manifest = verify_published(folder)
         check = _check_of(folder, manifest)
         cfg = read_config(folder)
+        check_source(folder, cfg)   # before any work: the user's file named, or the run refused
         ensure_dataset(cfg)   # a fresh clone: the Shakespeare datasets are built, as eval does
         summary = read_json(folder / SUMMARY) or {}
         problems += _summary_problems(folder, summary) + _readme_problems(folder, readme)
-        if full:
-            r = evaluate_run(folder, write=False, score=0, length=1, ns=(1,), seed=0, device=device)
-            positions = r["score_positions"]
-            ev = read_json(folder / "eval.json") or {}
-            whole = ev.get(TEST_LOSS) if (ev.get("settings") or {}).get("score") == 0 and \
-                ev.get("weights_sha256") in (None, r["weights_sha256"]) else None   # eval.json of these weights
-            sampled = _sampled(cfg, summary)
-            want, what, elsewhere = _headline(summary), "published", False
-            if r["kind"] == "tokens" and want is None:   # a token run's figure: its whole-val-split eval.json
-                want, what = whole, "eval.json"
-            elif 0 < sampled < positions:   # the summary's figure is of sampled positions: not comparable
-                want, what, elsewhere = whole, "eval.json (whole test text)", whole is None
-                notes.append(f"{SUMMARY}'s figure is of {sampled:,} sampled test positions (eval_samples), not the "
-                             f"whole shard's {positions:,}: " + ("not compared; the check re-scored instead"
-                                                                 if elsewhere else "eval.json's whole-shard figure "
-                                                                 "compared instead"))
-            if elsewhere:
-                found, positions = _check_problems(folder, check, device)
-                problems += found
-            elif want is None:
-                problems.append("no published figure to compare with (an unfinished run)")
-            elif abs(r[TEST_LOSS] - want) > TOLERANCE:
-                problems.append(f"re-scored on the whole test text: {r[TEST_LOSS]:.6f}, {what} {want:.6f} "
-                                f"(differs by {r[TEST_LOSS] - want:+.2e})")
-        else:
-            found, positions = _check_problems(folder, check, device)
-            problems += found
+        found, positions = (_full_problems(folder, cfg, summary, check, device, notes) if full
+                            else _check_problems(folder, check, device))
+        problems += found
+    except NeedsImport as e:
+        problems.append(str(e).removeprefix(f"{folder}: "))
+        status = "REFUSED"
     except Unreadable as e:
         problems.append(str(e))
         status = "UNREADABLE"
@@ -193,6 +176,35 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
     return dict(run=str(folder), ok=not problems, status="ok" if not problems else status, problems=problems,
                 notes=notes, mode="full" if full else "check", positions=positions,
                 seconds=time.perf_counter() - t0)
+
+
+def _full_problems(folder: Path, cfg: dict, summary: dict, check: dict | None, device: str,
+                   notes: list[str]) -> tuple[list[str], int | None]:
+    """(--full) The whole test shard re-scored against a figure of the whole shard (see verify_run); the
+    check's positions re-scored in its place when the run published none, with a note in `notes`."""
+    r = evaluate_run(folder, write=False, score=0, length=1, ns=(1,), seed=0, device=device)
+    positions = r["score_positions"]
+    ev = read_json(folder / "eval.json") or {}
+    whole = ev.get(TEST_LOSS) if (ev.get("settings") or {}).get("score") == 0 and \
+        ev.get("weights_sha256") in (None, r["weights_sha256"]) else None   # eval.json of these weights
+    sampled = _sampled(cfg, summary)
+    want, what, elsewhere = _headline(summary), "published", False
+    if r["kind"] == "tokens" and want is None:   # a token run's figure: its whole-val-split eval.json
+        want, what = whole, "eval.json"
+    elif 0 < sampled < positions:   # the summary's figure is of sampled positions: not comparable
+        want, what, elsewhere = whole, "eval.json (whole test text)", whole is None
+        notes.append(f"{SUMMARY}'s figure is of {sampled:,} sampled test positions (eval_samples), not the "
+                     f"whole shard's {positions:,}: " + ("not compared; the check re-scored instead"
+                                                         if elsewhere else "eval.json's whole-shard figure "
+                                                         "compared instead"))
+    if elsewhere:
+        return _check_problems(folder, check, device)
+    if want is None:
+        return ["no published figure to compare with (an unfinished run)"], positions
+    if abs(r[TEST_LOSS] - want) > TOLERANCE:
+        return [f"re-scored on the whole test text: {r[TEST_LOSS]:.6f}, {what} {want:.6f} "
+                f"(differs by {r[TEST_LOSS] - want:+.2e})"], positions
+    return [], positions
 
 
 __all__ = ["TOLERANCE", "Unreadable", "record_check", "targets", "verify_run"]

@@ -44,9 +44,11 @@ from reslm.core.metrics import HELDOUT_LOSS, LBFGS_TRAIN_LOSS, TEST_BPC, TEST_LO
 from reslm.core.progress import bar as progress_bar
 from reslm.core.progress import say
 from reslm.data.datasets import check_dataset, ensure_dataset, open_dataset
-from reslm.models.load import load_model
+from reslm.models.load import check_source, load_model
+from reslm.reservoir.registry import SOURCES
 from reslm.run import SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_run, read_config, save_checkpoint
 from reslm.run.registry import only_trainable, with_fixed
+from reslm.run.source import record_source
 from reslm.settings import TrainConfig
 from reslm.train.batches import step_seed
 from reslm.train.compiled import choose_window_step, compiled_forward
@@ -196,6 +198,7 @@ def _open(run_dir: Path, cfg: dict, tc: TrainConfig, data_root: Path | None, cac
     ensure_dataset(cfg, data_root)
     dataset = open_dataset(cfg["data"], data_root)
     check_dataset(cfg, dataset)
+    _keep_source(run_dir, cfg, rank == 0)
     device, precision = _device(tc, world, local_rank)
     model = load_model(cfg, device)
     sampler = sampler_for(cfg["family"])
@@ -208,6 +211,17 @@ def _open(run_dir: Path, cfg: dict, tc: TrainConfig, data_root: Path | None, cac
                      cache=run_dir / STATES if cache_states else None,
                      holdout=tc.heldout)
     return model, source, log, device, precision
+
+
+def _keep_source(run_dir: Path, cfg: dict, main: bool) -> None:
+    """A run trained on a reservoir a user's file registered (`--import`: reslm.reservoir.registry.SOURCES)
+    records that file in its folder (rank 0): its name, sha256 and a copy to read (reslm.run.source), once the
+    file this process ran is the one the run recorded before, if it did (check_source)."""
+    check_source(run_dir, cfg, how="continue it with `reslm frontier bench ... --import FILE.py` and that file")
+    reservoir = cfg["model"].get("reservoir") if isinstance(cfg.get("model"), dict) else None
+    ran = SOURCES.get(reservoir) if isinstance(reservoir, str) else None
+    if main and ran is not None:
+        record_source(run_dir, reservoir, ran["name"], ran["path"], ran["code"])
 
 
 def _device(tc: TrainConfig, world: int, local_rank: int) -> tuple[torch.device, str]:
