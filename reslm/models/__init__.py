@@ -1,16 +1,10 @@
 """States/tokens -> logits: the model families, their registry and the paper's presets.
 
-    registry.py   MODELS, PRESETS: what a family and a preset are (below)
+    registry.py   MODELS (family -> config, model, data kind, training defaults) and PRESETS (Table 1's
+                  fifteen, then the frontier's ceilings): every other list of families derives from them
     resolve.py    a configuration resolved once: make_config, build_model, ModelSpec (resolve)
 
-MODELS maps a family name to a `Family`: its config class, its model class, the kind of data it reads
-("chars": the sharded character datasets of `reslm data shakespeare|text`; "tokens": the BPE datasets
-of `reslm data bpe`) and the training defaults that differ from TrainConfig's (reslm.settings' CHAR_TRAIN
-and TOKEN_TRAIN). Every other list of families (the CLI's, reproduce's, the sweep's) derives from it.
-
-PRESETS maps a preset name to its family, config overrides and the paper's trainable count: Table 1's
-fifteen, then the reservoir frontier's ceilings (fully trained networks of at most 155,459 parameters,
-paper count None: docs/frontier.md), which `reslm reproduce` does not train unless named.
+This face hands their names on, and draws the presets' table (`reslm presets`).
 """
 from __future__ import annotations
 
