@@ -18,7 +18,7 @@ SCHEDULES = ("constant", "cosine")
 COMPILES = ("auto", "on", "off")           # whether the training forward is compiled (reslm.train.compiled)
 WINDOW_STEPS = ("auto", "fused", "plain")  # the window transformer's CPU step (reslm.models.window_kernel)
 VAL_SPLITS = ("tails", "groups")           # how --val-fraction carves the validation split (val_split)
-TEST_EVERY = ("evaluation", "shard")       # which evaluations of a run with a validation split score the test shard
+TEST_EVERY = ("evaluation", "shard", "final")   # which evaluations of a run with a validation split score the test shard
 # the largest count accepted for fields whose work grows with the value, so that a typo (1e20) is refused with its
 # limit instead of running for ever (the command line's flags and the frontier's plans alike)
 COUNT_LIMITS = {"max_steps": 10**9, "cycles": 10**4, "epochs_per_shard": 10**4}
@@ -67,7 +67,7 @@ class TrainConfig:
     heldout_eval: bool = False      # characters, adam/adamw: train without the held-out tails (holdout) and evaluate on them, never reading the test shard (`reslm search`'s objective)
     val_fraction: float = field(default=0.0, metadata=_CHARS)  # the validation split: the last fraction of each training shard, never trained on, its CE logged beside the test CE after every shard-epoch (select on it, not on test); 0 = off (the paper trains on whole shards)
     val_split: str = field(default="tails", metadata=_CHARS)  # what --val-fraction holds out: tails (the last fraction of each training shard) | groups (whole file groups at the end of the training text, about that fraction of it: no play has text both in training and in validation; both editions of a Shakespeare play are one group)
-    test_every: str = field(default="evaluation", metadata={**_CHARS, **_RECORD})  # with a validation split: the test CE at every evaluation | at each shard's last evaluation and the final one (shard: selection reads only validation; the test shard's cost at each other evaluation is saved)
+    test_every: str = field(default="evaluation", metadata={**_CHARS, **_RECORD})  # with a validation split: the test CE at every evaluation | at each shard's last evaluation and the final one | at the final one only (and the kept weights'); shard and final: selection reads only validation, the test shard's cost at each other evaluation is saved
     keep_best_val: bool = field(default=False, metadata=_CHARS)  # with a validation split: the finished run's model is its best-on-validation evaluation's weights (the summary says which; the last weights stay in the checkpoint for --resume)
     ridge_alpha: float = 0.0        # ridge: penalty relative to the mean state power; 0 = the best of 1e-8..1 on the held-out slice
     ridge_refit: bool = True        # ridge: solve again on all training samples (held-out included) with the chosen alpha
@@ -174,8 +174,8 @@ class TrainConfig:
             raise ReslmError("val_split groups holds out whole file groups of whole shards: leave shard_chars at 0")
         if self.test_every not in TEST_EVERY:
             raise ReslmError(f"test_every must be one of {', '.join(TEST_EVERY)}, got {self.test_every!r}")
-        if self.test_every == "shard" and not self.val_fraction:
-            raise ReslmError("test_every shard leaves the test CE out of evaluations that validation alone "
+        if self.test_every != "evaluation" and not self.val_fraction:
+            raise ReslmError(f"test_every {self.test_every} leaves the test CE out of evaluations that validation alone "
                              "reads: it needs a validation split (val_fraction > 0)")
         if self.keep_best_val and not self.val_fraction:
             raise ReslmError("keep_best_val keeps the best-on-validation weights: it needs a validation split "

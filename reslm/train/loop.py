@@ -313,12 +313,13 @@ def _evaluation_point(t: _Training) -> None:
 
 def _evaluate(t: _Training) -> tuple[dict, float]:
     """The evaluation at this step, of the EMA's weights where there is one (every rank evaluates; rank 0
-    logs); under test_every shard the test CE only at each shard's last evaluation and the final one
-    (validation at all). Returns its row and its seconds."""
+    logs); under test_every shard the test CE only at each shard's last evaluation and the final one, under
+    final at the final one only (validation at all). Returns its row and its seconds."""
     t_eval = time.perf_counter()
     final = t.step == t.source.total
+    shard_end = t.source.segment(t.step - 1)["epoch"] == t.tc.epochs_per_shard - 1
     test = {} if t.tc.test_every == "evaluation" else \
-        dict(test=final or t.source.segment(t.step - 1)["epoch"] == t.tc.epochs_per_shard - 1)
+        dict(test=final or (t.tc.test_every == "shard" and shard_end))
     with t.ema.applied() if t.ema is not None else contextlib.nullcontext():
         row = t.evaluate(t.model, t.precision, final=final, **test)
     return row, time.perf_counter() - t_eval

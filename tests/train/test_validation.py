@@ -183,3 +183,22 @@ def test_test_every_shard_scores_test_at_shard_ends_and_trains_the_same(chars, t
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert summaries["shard"]["weights_test_loss"] == summaries["evaluation"]["weights_test_loss"]
     assert fingerprint(read_config(runs["shard"])) == fingerprint(read_config(runs["evaluation"]))
+
+
+def test_test_every_final_scores_test_once_and_keeps_the_same_figure(chars, tmp_path):
+    """test_every final (the bench's quick budget): validation at every evaluation, the test CE only at the final
+    one and the kept weights'; the kept weights and their test CE are those of test_every evaluation."""
+    from reslm.models.identity import fingerprint
+    from reslm.run import load_checkpoint, read_config
+    train = {**TINY, "epochs_per_shard": 2, "val_fraction": 0.2, "eval_samples": 64, "keep_best_val": True}
+    runs = {every: tt.create_run(tmp_path / every, "rc", dict(size=32), {**train, "test_every": every}, chars)
+            for every in ("evaluation", "final")}
+    summaries = {every: tt.train(out, progress=False) for every, out in runs.items()}
+    rows = {every: [r for r in read_metrics(out) if r["kind"] == "eval"] for every, out in runs.items()}
+    assert [r["val_loss"] for r in rows["final"]] == [r["val_loss"] for r in rows["evaluation"]]
+    assert ["test_loss" in r for r in rows["final"]] == [False] * 9 + [True]
+    assert rows["final"][-1]["test_loss"] == rows["evaluation"][-1]["test_loss"]
+    a, b = (load_checkpoint(out)["model"] for out in runs.values())
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert summaries["final"]["weights_test_loss"] == summaries["evaluation"]["weights_test_loss"]
+    assert fingerprint(read_config(runs["final"])) == fingerprint(read_config(runs["evaluation"]))
