@@ -317,9 +317,8 @@ def _evaluate(t: _Training) -> tuple[dict, float]:
     final at the final one only (validation at all). Returns its row and its seconds."""
     t_eval = time.perf_counter()
     final = t.step == t.source.total
-    shard_end = t.source.segment(t.step - 1)["epoch"] == t.tc.epochs_per_shard - 1
-    test = {} if t.tc.test_every == "evaluation" else \
-        dict(test=final or (t.tc.test_every == "shard" and shard_end))
+    test = {} if t.tc.test_every == "evaluation" else dict(test=final or (
+        t.tc.test_every == "shard" and t.source.segment(t.step - 1)["epoch"] == t.tc.epochs_per_shard - 1))
     with t.ema.applied() if t.ema is not None else contextlib.nullcontext():
         row = t.evaluate(t.model, t.precision, final=final, **test)
     return row, time.perf_counter() - t_eval
