@@ -244,9 +244,9 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
           memory_positions: int = POSITIONS) -> dict:
     """Run the recipe with `reservoir` at each seed in out/, then the table and the model card. `settings`:
     model fields as `--set` gives them ("spectral_radius=0.99,input_scaling=0.5"), recorded in the runs'
-    config, and so in their fingerprint and folder name. `memory_positions`: the test positions of the runs'
-    memory profile (reslm.frontier.profile: out/memory.json and memory.png, in the table and the card); 0
-    leaves it out."""
+    config, and so in their fingerprint and folder name. `memory_positions`: the test positions of the first
+    seed's memory profile (reslm.frontier.profile: out/memory.json and memory.png, in the table and the card);
+    0 leaves it out."""
     if budget not in BUDGETS:
         raise ReslmError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
     sources = _import(imports)
@@ -319,7 +319,7 @@ def _table(first: str, mine: dict, refs: list[dict], budget: str, mem: dict | No
     curves = (mem or {}).get("references", {})
     lines = ["| model | budget | trainable | test CE, state carried (nats, mean ± sd (seeds)) | bits/char | "
              "train time per seed | CE from 16 / 256 chars |", "|---|---|---|---|---|---|---|",
-             _row(first, mine["test"], mine["seconds"], mine["trainable"], budget, (mem or {}).get("mean"))]
+             _row(first, mine["test"], mine["seconds"], mine["trainable"], budget, (mem or {}).get("curve"))]
     lines += [_row(r["name"], r["test"], r["seconds"], r["trainable"], r["budget"], curves.get(r["label"]))
               for r in refs]
     return "\n".join(lines)

@@ -1,9 +1,9 @@
 """The bench's memory: how far back the benchmarked substrate's runs read, beside the ESN frontier's and the
 trained GRU ceiling's, and how much of its input the fixed substrate itself keeps.
 
-    profile    `reslm memory` (reslm.scoring.memory) of the bench's runs: the test CE of 16,384 positions, each
-               read from exactly its k preceding characters from a zero state, k = 1, 2, 4, ..., 256; each
-               run's curve and their mean over the seeds
+    profile    `reslm memory` (reslm.scoring.memory) of the bench's first seed's run: the test CE of 16,384
+               positions, each read from exactly its k preceding characters from a zero state, k = 1, 2, 4,
+               ..., 256 (one seed: the profile costs about a third of a quick seed's time on a CPU)
     references the ESN frontier's and the GRU ceiling's curves on the same positions, from the published
                profile REFERENCE (results/memory/...); a reference whose positions, lengths or text differ
                from the bench's is left out with a note, never drawn beside it as if comparable
@@ -13,7 +13,6 @@ trained GRU ceiling's, and how much of its input the fixed substrate itself keep
 """
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
@@ -31,15 +30,14 @@ PLOT = "memory.png"
 
 def bench_memory(runs: dict[int, Path], cfg: Config, base: Config, results: Path, references: dict[str, str], *,
                  positions: int = POSITIONS, progress: bool = True) -> dict:
-    """The profile of the bench's runs (each seed's curve and their mean), the references' curves where the
-    published profile matches (`references`: {label: published folder name}), and the two capacities."""
-    prof = memory_profile([runs[s] for s in runs], LENGTHS, positions, progress=progress)
-    curves = [r[MEMORY_LOSS] for r in prof["runs"]]
-    mean = {k: statistics.mean(c[k] for c in curves) if all(c[k] is not None for c in curves) else None
-            for k in curves[0]}
+    """The profile of the bench's first seed's run (its curve and its standard errors), the references' curves
+    where the published profile matches (`references`: {label: published folder name}), and the two
+    capacities."""
+    seed = next(iter(runs))
+    prof = memory_profile([runs[seed]], LENGTHS, positions, progress=progress)
     refs, notes = _references(prof, Path(results) / REFERENCE, references)
-    return dict(positions=prof["positions"], text=prof["text"], lengths=prof["lengths"],
-                runs={str(s): c for s, c in zip(runs, curves)}, mean=mean, references=refs, notes=notes,
+    return dict(positions=prof["positions"], text=prof["text"], lengths=prof["lengths"], seed=seed,
+                curve=prof["runs"][0][MEMORY_LOSS], se=prof["runs"][0]["se"], references=refs, notes=notes,
                 capacity=_capacity(cfg), capacity_esn=_capacity(base), max_delay=MAX_DELAY)
 
 
@@ -70,11 +68,10 @@ def _capacity(cfg: Config) -> float | None:
 
 
 def memory_lines(mem: dict, name: str) -> list[str]:
-    """The card's memory section: one row per curve (this bench's mean and seeds, the references), CE at
-    each k, and the capacities."""
+    """The card's memory section: one row per curve (this bench's seed, the references), CE at each k, and the
+    capacities."""
     ks = [str(k) for k in mem["lengths"]]
-    rows = [(f"**{name}** (mean of {len(mem['runs'])})", mem["mean"])] + \
-        [(f"{name}, seed {s}", c) for s, c in mem["runs"].items()] + list(mem["references"].items())
+    rows = [(f"**{name}** (seed {mem['seed']})", mem["curve"])] + list(mem["references"].items())
     L = [f"Test CE (nats) of {mem['positions']:,} positions of {mem['text']}, each read from exactly its k preceding "
          "characters from a zero state (`reslm memory`): where a curve stops falling, the model stops using older "
          "text.", "", "| model | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
@@ -89,14 +86,13 @@ def memory_lines(mem: dict, name: str) -> list[str]:
 
 
 def plot_bench_memory(mem: dict, name: str, path: Path) -> None:
-    """The card's figure: test CE against k (log scale), this bench's mean and seeds beside the references."""
+    """The card's figure: test CE against k (log scale), this bench's seed beside the references."""
     def draw(ax):
         ks = [int(k) for k in mem["lengths"]]
-        for label, curve, style in [(f"{name} (mean)", mem["mean"], "o-")] + \
-                [(f"{name}, seed {s}", c, ":") for s, c in mem["runs"].items()] + \
+        for label, curve, style in [(f"{name} (seed {mem['seed']})", mem["curve"], "o-")] + \
                 [(label, c, "s--") for label, c in mem["references"].items()]:
             at = [k for k in ks if curve.get(str(k)) is not None]
-            ax.plot(at, [curve[str(k)] for k in at], style, label=label, alpha=1.0 if "seed" not in label else 0.5)
+            ax.plot(at, [curve[str(k)] for k in at], style, label=label)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("characters read before the target (k)")
         ax.set_ylabel("test CE (nats per character)")

@@ -86,7 +86,7 @@ def test_a_reservoirpy_node_from_an_import_file_runs_through_the_bench(tiny_reci
 
 
 def test_the_card_and_the_table_hold_the_runs_memory_beside_a_published_profile(tiny_recipe, chars, tmp_path, capsys):
-    """--memory-positions P: the runs' `reslm memory` profile (k = 1 ... 256) and the substrate's memory capacity
+    """--memory-positions P: the first seed's `reslm memory` profile (k = 1 ... 256) and the substrate's memory capacity
     in memory.json, the table's last column and the card's Memory section with its figure; a published profile
     measured on other positions is left out with a note, never drawn beside it."""
     from reslm.frontier.profile import REFERENCE
@@ -102,8 +102,7 @@ def test_the_card_and_the_table_hold_the_runs_memory_beside_a_published_profile(
     k16, k256 = (float(x) for x in cells[-1].split(" / "))
     mem = read_json(tmp_path / "mem" / "memory.json")
     assert mem["positions"] == 64 and mem["lengths"] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    assert (round(mem["mean"]["16"], 3), round(mem["mean"]["256"], 3)) == (k16, k256)
-    assert mem["runs"]["0"] == mem["mean"]                      # one seed: its curve is the mean
+    assert (round(mem["curve"]["16"], 3), round(mem["curve"]["256"], 3)) == (k16, k256) and mem["seed"] == 0
     assert 0 < mem["capacity"] <= 256 and mem["capacity_esn"] == mem["capacity"]   # the recipe's own ESN
     assert mem["references"] == {} and "other positions" in mem["notes"][0]
     card = (tmp_path / "mem" / "card.md").read_text()
