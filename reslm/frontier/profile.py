@@ -3,7 +3,7 @@ trained GRU ceiling's, and how much of its input the fixed substrate itself keep
 
     profile    `reslm memory` (reslm.scoring.memory) of the bench's first seed's run: the test CE of 16,384
                positions, each read from exactly its k preceding characters from a zero state, k = 1, 2, 4,
-               ..., 256 (one seed: the profile costs about a third of a quick seed's time on a CPU)
+               ..., 256 (one seed: the profile's and the capacities' seconds are recorded beside them)
     references the ESN frontier's and the GRU ceiling's curves on the same positions, from the published
                profile REFERENCE (results/memory/...); a reference whose positions, lengths or text differ
                from the bench's is left out with a note, never drawn beside it as if comparable
@@ -13,6 +13,7 @@ trained GRU ceiling's, and how much of its input the fixed substrate itself keep
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
@@ -34,11 +35,15 @@ def bench_memory(runs: dict[int, Path], cfg: Config, base: Config, results: Path
     where the published profile matches (`references`: {label: published folder name}), and the two
     capacities."""
     seed = next(iter(runs))
+    t0 = time.perf_counter()
     prof = memory_profile([runs[seed]], LENGTHS, positions, progress=progress)
+    t1 = time.perf_counter()
+    capacity, capacity_esn = _capacity(cfg), _capacity(base)
     refs, notes = _references(prof, Path(results) / REFERENCE, references)
     return dict(positions=prof["positions"], text=prof["text"], lengths=prof["lengths"], seed=seed,
                 curve=prof["runs"][0][MEMORY_LOSS], se=prof["runs"][0]["se"], references=refs, notes=notes,
-                capacity=_capacity(cfg), capacity_esn=_capacity(base), max_delay=MAX_DELAY)
+                capacity=capacity, capacity_esn=capacity_esn, max_delay=MAX_DELAY,
+                profile_seconds=round(t1 - t0, 1), capacity_seconds=round(time.perf_counter() - t1, 1))
 
 
 def _references(prof: dict, path: Path, wanted: dict[str, str]) -> tuple[dict, list[str]]:
