@@ -67,7 +67,7 @@ def _scored_on(point: dict) -> str:
 def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
     """Every character run scored on the whole test shard: the published ones (with the strict-rules
     verdict and what they changed) and the legacy rows (the paper's protocol)."""
-    base, pts = repo / "results", []
+    base, pts, left = repo / "results", [], []
     for folder in published_folders(base):
         cfg = read_json(folder / CONFIG) or {}
         if cfg.get("data", {}).get("kind", "chars") != "chars" or not whole_shard_final(cfg["train"]):
@@ -76,9 +76,7 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         if not rows or (cfg["train"].get("eval_samples", 0) and not read_manifest(folder).get("finished")):
             continue   # an unfinished run's last score is on fewer positions than the whole shard
         if read_source(folder) is not None:   # its reservoir's config class is in a user's file, never run here
-            print(f"reslm: note: {folder.name} is left off {FRONTIER}: its reservoir {cfg['model'].get('reservoir')} "
-                  "is from a user's file, which the report does not run (`reslm verify --import FILE.py` reads it)",
-                  file=sys.stderr)
+            left.append(folder.name)
             continue
         model = make_config(cfg["family"], **cfg["model"])
         verdict = check_frontier_config(cfg["family"], model)
@@ -110,6 +108,9 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
                         strict=r["family"] in ("rc", "aerc"),
                         published=False, source="paper", route=[f"{r['context']} context"] if r["context"] != "window"
                         else [], finished=True, cycle=r["cycle"], folder=None))
+    if left:   # one line for all of them
+        print(f"reslm: note: {len(left)} run(s) left off {FRONTIER}: their reservoir is from a user's file, which the "
+              f"report does not run (`reslm verify --import FILE.py` reads them): {', '.join(left)}", file=sys.stderr)
     # ranked by validation CE where the run has a validation split (within a split: whole file groups first,
     # then the shard tails); the others (chosen on test) after them
     return sorted(pts, key=lambda p: (p.get(VAL_LOSS) is None, SPLIT_RANK.get(p.get("val_split"), 2),
