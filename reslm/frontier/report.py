@@ -4,16 +4,16 @@ per configuration with mean ± sd over its seeds, and the ledger's account of wh
 Every figure comes from the published runs; nothing is typed by hand."""
 from __future__ import annotations
 
-import hashlib
 import re
-import statistics
 from pathlib import Path
 
 from reslm.core.files import atomic_write, read_json
 from reslm.core.metrics import TEST_LOSS, VAL_LOSS
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Plan, bundled_plans, load_plan
-from reslm.frontier.runner import Entry, estimate, figures, index_results, pending, plan_table, selection, to_score
+from reslm.frontier.ranks import against_full
+from reslm.frontier.ranks import hms as _hms
+from reslm.frontier.runner import Entry, estimate, index_results, pending, plan_table, selection, to_score
 from reslm.models.identity import delta, describe, recipe
 from reslm.report.frontier import GAP_FIG, KN_FILE
 from reslm.report.plots import plot_gap
@@ -26,13 +26,6 @@ PAGES_WITH_BLOCKS = ("docs/frontier-routes.md",)   # hand-written pages with gen
 # docs/GAP_FIG.png draws these plans side by side: the trained ceilings and the reservoir's routes
 GAP_PLANS = (("trained ceiling", ("gru-ceiling", "lstm-ceiling")),
              ("reservoir", ("esn-routes", "esn-substrates", "esn-timescales", "esn-readout-rank", "esn-memory", "esn-head-capacity")))
-
-
-def _hms(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    m = round(seconds / 60)
-    return f"{m // 60}h{m % 60:02d}" if m >= 60 else f"{m} min"
 
 
 def _ms(st, digits: int = 4, seeds: int | None = None) -> str:
@@ -135,7 +128,7 @@ def plan_markdown(plan: Plan, results: Path, runs: Path | None, *, heading: bool
                  + f" {_ms(g['val'])} | {_ms(g['test_window'], seeds=len(g['seeds']))} | "
                  f"{_ms(g['test_stream'], seeds=len(g['seeds']))} | "
                  f"{_verdict_of(label, base_key, sel) if screen else ''} |")
-    L += _against_full(plan, table, index)
+    L += against_full(plan, table, index)
     L += ["", "Runs: " + ", ".join(f"[{e.name}](../results/{e.folder.name})" if e.state == "done"
                                    else f"{e.name} ({e.state})"
                                    for e in table if e.state != "waiting"), ""]
@@ -211,99 +204,6 @@ def routes_markdown(results: Path, index: dict | None = None, plans: dict[str, P
             f"{name}: {label}, {_ms(g['test_window'])} on the windows, {_ms(g['test_stream'])} with the state carried "
             f"({len(g['seeds'])} seeds)" for name, label, g in chosen) + "."]
     return "\n".join(L) + "\n"
-
-
-def spearman(a: list[float], b: list[float]) -> float | None:
-    """Spearman's rank correlation of two equally long lists (average ranks for ties); None under 3."""
-    if len(a) < 3:
-        return None
-    ra, rb = (_ranks(x) for x in (a, b))
-    ma, mb = statistics.mean(ra), statistics.mean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var if var else None
-
-
-def _ranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in order[i:j + 1]:
-            ranks[k] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def quick_against_full(plan: Plan, table: list[Entry], index: dict) -> list[dict]:
-    """For each configuration with a full budget (`full`): its test CE at the plan's budget and its full
-    budget's published test CE, both at the seeds it has done (means), and the full run's folder
-    (`index`: index_results of the results folder)."""
-    rows = []
-    for c in plan.configs:
-        full = c.full_config()
-        done = [e for e in table if e.config == c and e.state == "done" and e.test is not None]
-        if full is None or not done:
-            continue
-        folders = [index.get((full.fingerprint, e.seed)) for e in done]
-        if any(f is None for f in folders):
-            continue
-        vals = [e.val for e in done] + [figures(f)["val"] for f in folders]
-        rows.append(dict(label=c.label or "base", seeds=[e.seed for e in done],
-                         quick=statistics.mean(e.test for e in done),
-                         full=statistics.mean(figures(f)["test"] for f in folders), folders=folders,
-                         quick_val=None if None in vals else statistics.mean(e.val for e in done),
-                         full_val=None if None in vals else statistics.mean(figures(f)["val"] for f in folders),
-                         seconds=statistics.mean(e.train_seconds or 0 for e in done),
-                         full_seconds=statistics.mean(figures(f)["train_seconds"] or 0 for f in folders)))
-    return rows
-
-
-def _against_full(plan: Plan, table: list[Entry], index: dict) -> list[str]:
-    rows = quick_against_full(plan, table, index)
-    if not rows:
-        return []
-    rq, rf = _ranks([r["quick"] for r in rows]), _ranks([r["full"] for r in rows])
-    rho = spearman([r["quick"] for r in rows], [r["full"] for r in rows])
-    L = ["", "Against the full budget (each configuration's published full-budget run at the same seeds):", "",
-         "| configuration | seeds | test CE here | rank | test CE, full budget | rank | train time here | full |",
-         "|---|---|---|---|---|---|---|---|"]
-    for r, a, b in zip(rows, rq, rf):
-        L.append(f"| {r['label']} | {', '.join(map(str, r['seeds']))} | {r['quick']:.4f} | {a:g} | "
-                 f"[{r['full']:.4f}](../results/{r['folders'][0].name}) | {b:g} | {_hms(r['seconds'])} | "
-                 f"{_hms(r['full_seconds'])} |")
-    L += ["", f"Spearman's rank correlation over {len(rows)} configurations: "
-          + (f"**rho = {rho:.2f}**." if rho is not None else "too few to say (under 3).")]
-    return L + _halves(rows)
-
-
-HALVES_FROM = 6   # configurations with both budgets before the halves are reported
-
-
-def half_of(label: str) -> str:
-    """A configuration's half, fixed by its label alone (the parity of its sha256), never by its figures: "A"
-    chooses (a quick recipe is chosen on A's validation ranks), "B" is held out (its test ranks are reported)."""
-    return "A" if int(hashlib.sha256(label.encode()).hexdigest(), 16) % 2 == 0 else "B"
-
-
-def _halves(rows: list[dict]) -> list[str]:
-    """Spearman's rho on each half: A by validation CE (what a choice of quick recipe may read), B by test CE
-    (what a user is told); under HALVES_FROM configurations, nothing."""
-    if len(rows) < HALVES_FROM:
-        return []
-    a = [r for r in rows if half_of(r["label"]) == "A" and r["quick_val"] is not None]
-    b = [r for r in rows if half_of(r["label"]) == "B"]
-    rho_a = spearman([r["quick_val"] for r in a], [r["full_val"] for r in a])
-    rho_b = spearman([r["quick"] for r in b], [r["full"] for r in b])
-    shown = [f"{x:.2f}" if x is not None else "too few to say" for x in (rho_a, rho_b)]
-    return ["", f"By halves, fixed by each label's sha256 (reslm.frontier.report.half_of): half A "
-            f"({', '.join(r['label'] for r in a) or 'none'}) ranks by validation CE at rho = {shown[0]} over {len(a)}, "
-            "the figure a choice of quick recipe may read; half B "
-            f"({', '.join(r['label'] for r in b) or 'none'}) by test CE at rho = {shown[1]} over {len(b)}, the "
-            "held-out figure a user reads."]
 
 
 def _verdict_of(label: str, base_key: str, sel: dict) -> str:

@@ -1,7 +1,7 @@
 """Quick against full by halves (issue 71): a configuration's half is fixed by its label, and each half's rho is
 read from its own metric (A: validation, B: test)."""
 from reslm.frontier.plan import load_plan
-from reslm.frontier.report import HALVES_FROM, _halves, half_of, spearman
+from reslm.frontier.ranks import HALVES_FROM, _halves, half_of, spearman
 
 
 def test_the_half_is_the_labels_and_splits_the_substrate_plan_in_two():

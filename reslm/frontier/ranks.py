@@ -1,0 +1,114 @@
+"""Quick against full: how a plan's reduced-budget runs rank against the published runs of their full budgets
+(a configuration's `full`), by Spearman's rho overall and by halves fixed by each label's sha256 (half A
+by validation CE, what a choice of quick recipe may read; half B by test CE, the held-out figure)."""
+from __future__ import annotations
+
+import hashlib
+import statistics
+
+from reslm.frontier.plan import Plan
+from reslm.frontier.runner import Entry, figures
+
+
+def hms(seconds: float | None) -> str:
+    """Seconds as "Nh MM" or "N min" ("?" unknown)."""
+    if seconds is None:
+        return "?"
+    m = round(seconds / 60)
+    return f"{m // 60}h{m % 60:02d}" if m >= 60 else f"{m} min"
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation of two equally long lists (average ranks for ties); None under 3."""
+    if len(a) < 3:
+        return None
+    ra, rb = (_ranks(x) for x in (a, b))
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else None
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in order[i:j + 1]:
+            ranks[k] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def quick_against_full(plan: Plan, table: list[Entry], index: dict) -> list[dict]:
+    """For each configuration with a full budget (`full`): its test CE at the plan's budget and its full
+    budget's published test CE, both at the seeds it has done (means), and the full run's folder
+    (`index`: index_results of the results folder)."""
+    rows = []
+    for c in plan.configs:
+        full = c.full_config()
+        done = [e for e in table if e.config == c and e.state == "done" and e.test is not None]
+        if full is None or not done:
+            continue
+        folders = [index.get((full.fingerprint, e.seed)) for e in done]
+        if any(f is None for f in folders):
+            continue
+        vals = [e.val for e in done] + [figures(f)["val"] for f in folders]
+        rows.append(dict(label=c.label or "base", seeds=[e.seed for e in done],
+                         quick=statistics.mean(e.test for e in done),
+                         full=statistics.mean(figures(f)["test"] for f in folders), folders=folders,
+                         quick_val=None if None in vals else statistics.mean(e.val for e in done),
+                         full_val=None if None in vals else statistics.mean(figures(f)["val"] for f in folders),
+                         seconds=statistics.mean(e.train_seconds or 0 for e in done),
+                         full_seconds=statistics.mean(figures(f)["train_seconds"] or 0 for f in folders)))
+    return rows
+
+
+def against_full(plan: Plan, table: list[Entry], index: dict) -> list[str]:
+    rows = quick_against_full(plan, table, index)
+    if not rows:
+        return []
+    rq, rf = _ranks([r["quick"] for r in rows]), _ranks([r["full"] for r in rows])
+    rho = spearman([r["quick"] for r in rows], [r["full"] for r in rows])
+    L = ["", "Against the full budget (each configuration's published full-budget run at the same seeds):", "",
+         "| configuration | seeds | test CE here | rank | test CE, full budget | rank | train time here | full |",
+         "|---|---|---|---|---|---|---|---|"]
+    for r, a, b in zip(rows, rq, rf):
+        L.append(f"| {r['label']} | {', '.join(map(str, r['seeds']))} | {r['quick']:.4f} | {a:g} | "
+                 f"[{r['full']:.4f}](../results/{r['folders'][0].name}) | {b:g} | {hms(r['seconds'])} | "
+                 f"{hms(r['full_seconds'])} |")
+    L += ["", f"Spearman's rank correlation over {len(rows)} configurations: "
+          + (f"**rho = {rho:.2f}**." if rho is not None else "too few to say (under 3).")]
+    return L + _halves(rows)
+
+
+HALVES_FROM = 6   # configurations with both budgets before the halves are reported
+
+
+def half_of(label: str) -> str:
+    """A configuration's half, fixed by its label alone (the parity of its sha256), never by its figures: "A"
+    chooses (a quick recipe is chosen on A's validation ranks), "B" is held out (its test ranks are reported)."""
+    return "A" if int(hashlib.sha256(label.encode()).hexdigest(), 16) % 2 == 0 else "B"
+
+
+def _halves(rows: list[dict]) -> list[str]:
+    """Spearman's rho on each half: A by validation CE (what a choice of quick recipe may read), B by test CE
+    (what a user is told); under HALVES_FROM configurations, nothing."""
+    if len(rows) < HALVES_FROM:
+        return []
+    a = [r for r in rows if half_of(r["label"]) == "A" and r["quick_val"] is not None]
+    b = [r for r in rows if half_of(r["label"]) == "B"]
+    rho_a = spearman([r["quick_val"] for r in a], [r["full_val"] for r in a])
+    rho_b = spearman([r["quick"] for r in b], [r["full"] for r in b])
+    shown = [f"{x:.2f}" if x is not None else "too few to say" for x in (rho_a, rho_b)]
+    return ["", f"By halves, fixed by each label's sha256 (reslm.frontier.report.half_of): half A "
+            f"({', '.join(r['label'] for r in a) or 'none'}) ranks by validation CE at rho = {shown[0]} over {len(a)}, "
+            "the figure a choice of quick recipe may read; half B "
+            f"({', '.join(r['label'] for r in b) or 'none'}) by test CE at rho = {shown[1]} over {len(b)}, the "
+            "held-out figure a user reads."]
+
+
+__all__ = ["HALVES_FROM", "against_full", "half_of", "hms", "quick_against_full", "spearman"]
