@@ -58,7 +58,7 @@ class TrainConfig:
     epochs_per_shard: int = field(default=PROTOCOL["epochs_per_shard"], metadata=_CHARS)  # E: epochs on a shard before the next (paper)
     cycles: int = field(default=PROTOCOL["cycles"], metadata=_CHARS)  # C: passes over the training shards
     epoch_samples: int = field(default=PROTOCOL["epoch_samples"], metadata=_CHARS)  # samples per shard-epoch, a fresh random subset each time; 0 = all
-    shard_chars: int = field(default=PROTOCOL["shard_chars"], metadata=_CHARS)  # use only the first K characters of each training shard; 0 = all
+    shard_chars: int = field(default=PROTOCOL["shard_chars"], metadata=_CHARS)  # use only the first K characters of each training shard (with val_split groups: of its training part; the held-out groups stay whole); 0 = all
     eval_samples: int = field(default=0, metadata=_CHARS)  # test samples per evaluation (8 evenly spread blocks), and the validation split's (evenly spaced, the same at every evaluation); 0 = all
     final_eval_samples: int = field(default=-1, metadata=_CHARS)  # test samples of the last evaluation and of the kept weights' score (0 = whole test shard); -1 = eval_samples
     state_dtype: str = field(default="float32", metadata=_CHARS)  # reservoir states: float32 | bfloat16 | auto (float32 when it fits in memory)
@@ -170,8 +170,6 @@ class TrainConfig:
             raise ReslmError(f"val_split must be one of {', '.join(VAL_SPLITS)}, got {self.val_split!r}")
         if self.val_split == "groups" and not self.val_fraction:
             raise ReslmError("val_split groups says how the validation split is carved: it needs val_fraction > 0")
-        if self.val_split == "groups" and self.shard_chars:
-            raise ReslmError("val_split groups holds out whole file groups of whole shards: leave shard_chars at 0")
         if self.test_every not in TEST_EVERY:
             raise ReslmError(f"test_every must be one of {', '.join(TEST_EVERY)}, got {self.test_every!r}")
         if self.test_every != "evaluation" and not self.val_fraction:

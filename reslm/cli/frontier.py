@@ -253,7 +253,9 @@ def _add_bench(acts) -> None:
     bn.add_argument("--out", default=str(fbench.OUT), help=f"where its runs and card.md go (default {fbench.OUT})")
     bn.add_argument("--results", default="results", help="the results registry with the published references "
                     "(default results)")
-    bn.add_argument("--jobs", type=int_range(1, max(1, usable_cores())), default=1, help="seeds at once (default 1)")
+    bn.add_argument("--jobs", type=int_range(1, max(1, usable_cores())), default=None,
+                    help="seeds at once, each in its own process (default: one per core, each with its share of the "
+                         "threads; a seed whose states do not fit in memory beside the others trains again alone)")
     bn.add_argument("--memory-positions", type=int_range(0, 1_000_000), default=POSITIONS, metavar="P",
                     help=f"test positions of the runs' memory profile (`reslm memory`, k = 1 ... 256) in the table "
                          f"and the card, beside the ESN's and the GRU's (default {POSITIONS:,}; 0 leaves it out)")

@@ -185,7 +185,9 @@ class ShardSplit:
     """A character run's parts of its dataset's shards: each training shard's first `shard_chars`
     characters (0: all), of which a held-out part is kept out of training: the tail (its last
     `holdout`), or with `groups` the text from `val_cut` (val_groups_cut) on, which only the shards it
-    reaches have (`heldout_shards`). The test shard is whole."""
+    reaches have (`heldout_shards`); with groups, `shard_chars` cuts the training part alone and the
+    held-out file groups stay whole (the same validation text at every shard_chars). The test shard is
+    whole."""
 
     def __init__(self, dataset, context: int, holdout: float = 0.0, shard_chars: int = 0, groups: bool = False):
         self.ds, self.context, self.holdout, self.shard_chars = dataset, context, holdout, shard_chars
@@ -210,11 +212,14 @@ class ShardSplit:
         a, b = self.ds.shards[shard]
         if shard == self.ds.test_shard:
             return a, b
-        if self.shard_chars:
-            b = min(b, a + self.shard_chars)
         if self.val_cut is not None:
             cut = min(max(a, self.val_cut), b)
-        elif self.holdout:
+            if part == "train":
+                return a, min(cut, a + self.shard_chars) if self.shard_chars else cut
+            return cut - self.context, b
+        if self.shard_chars:
+            b = min(b, a + self.shard_chars)
+        if self.holdout:
             cut = tail_start(a, b, self.holdout)
         else:
             return a, b

@@ -24,8 +24,8 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import reslm
-from reslm.core.device import cpu_name
-from reslm.core.errors import ReslmError
+from reslm.core.device import cpu_name, usable_cores, use_threads
+from reslm.core.errors import OutOfMemory, ReslmError
 from reslm.core.files import atomic_write, read_json, write_json
 from reslm.core.shell import path_word
 from reslm.core.metrics import LN2, TEST_LOSS, VAL_LOSS, final_of, kept_of
@@ -34,6 +34,7 @@ from reslm.frontier.imports import _import, source_name
 from reslm.frontier.plan import Config, load_plan
 from reslm.frontier.profile import PLOT, bench_memory, memory_lines, plot_bench_memory
 from reslm.frontier.runner import plan_table, selection
+from reslm.frontier.schedule import MEMORY
 from reslm.models import family
 from reslm.models.identity import command, delta, describe, run_name
 from reslm.models.load import check_fits
@@ -238,7 +239,7 @@ def _row(name, st, seconds, trainable, budget, curve=None) -> str:
 
 
 def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=None, reservoir_options=None,
-          size=None, out: Path = OUT, results: Path = Path("results"), jobs: int = 1,
+          size=None, out: Path = OUT, results: Path = Path("results"), jobs: int | None = None,
           threads: int | None = None, data_root: Path | None = None, progress: bool = True,
           recipe_plan: str = RECIPE_PLAN, settings: str | None = None,
           memory_positions: int = POSITIONS) -> dict:
@@ -246,7 +247,8 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     model fields as `--set` gives them ("spectral_radius=0.99,input_scaling=0.5"), recorded in the runs'
     config, and so in their fingerprint and folder name. `memory_positions`: the test positions of the first
     seed's memory profile (reslm.frontier.profile: out/memory.json and memory.png, in the table and the card);
-    0 leaves it out."""
+    0 leaves it out. `jobs`: seeds trained at once, each in its own process (None: one per core, each with its
+    share of the threads)."""
     if budget not in BUDGETS:
         raise ReslmError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
     sources = _import(imports)
@@ -268,7 +270,7 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
         ensure_run(run_dir, cfg.family, rc["model"], {**rc["train"], **({"threads": threads} if threads else {})},
                    dataset, preset=cfg.preset)
     t0 = time.perf_counter()
-    _train_seeds(runs, jobs, [src["path"] for src in sources], progress)
+    jobs = _train_seeds(runs, jobs, threads, [src["path"] for src in sources], progress)
     summaries = {s: read_json(d / SUMMARY) or {} for s, d in runs.items()}
     mine = dict(test=_stats([m.get(kept_of(TEST_LOSS), m.get(final_of(TEST_LOSS))) for m in summaries.values()]),
                 val=_stats([m.get(kept_of(VAL_LOSS), m.get(final_of(VAL_LOSS))) for m in summaries.values()]),
@@ -287,21 +289,26 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
     flags = [*(["--size", str(size)] if size is not None else []),
              *(["--reservoir-options", reservoir_options] if reservoir_options is not None else []),
              *(["--set", settings] if settings else [])]
+    wall = time.perf_counter() - t0
     card = _card(reservoir, cfg, base, notes + ([f"the substrate ran at {used}"] if used else []), sources, budget,
-                 runs, summaries, table, threads, flags, memory_lines(mem, reservoir) if mem else [])
+                 runs, summaries, table, threads, jobs, flags, memory_lines(mem, reservoir) if mem else [], wall)
     atomic_write(out / CARD, lambda p: p.write_text(card))
     return dict(table=table, card=str(out / CARD), runs={s: str(d) for s, d in runs.items()}, mine=mine,
-                wall_seconds=time.perf_counter() - t0)
+                wall_seconds=wall, jobs=jobs)
 
 
-def _train_seeds(runs: dict, jobs: int, imports: list[str], progress: bool) -> None:
-    """Train every seed's run that is not finished: `jobs` at once, each in its own process, or one by one here."""
+def _train_seeds(runs: dict, jobs: int | None, threads: int | None, imports: list[str], progress: bool,
+                 poll: float = 2.0) -> int:
+    """Train every seed's run that is not finished: `jobs` at once (None: as many as the machine has cores), each
+    in its own process, or one by one here; the number of seeds that trained at once."""
     todo = [s for s, d in runs.items() if not is_finished(d)]
-    if jobs > 1 and len(todo) > 1:
-        _parallel(todo, runs, jobs, imports)
+    jobs = max(1, min(jobs or usable_cores(), len(todo)))
+    if jobs > 1:
+        _parallel(todo, runs, jobs, threads, imports, poll)
     else:
         for s in todo:
             train(runs[s], progress=progress)
+    return jobs
 
 
 def _references(recipe_plan: str, results: Path, budget: str) -> list[dict]:
@@ -325,46 +332,72 @@ def _table(first: str, mine: dict, refs: list[dict], budget: str, mem: dict | No
     return "\n".join(lines)
 
 
-def _parallel(todo: list[int], runs: dict, jobs: int, imports: list[str]) -> None:
-    """Train the seeds' runs `jobs` at a time, each in its own process that first runs the --import files
-    (so that it knows the user's reservoir) and then continues the run from its folder."""
-    procs: list[subprocess.Popen] = []
-    queue = list(todo)
-    while queue or procs:
-        while queue and len(procs) < jobs:
+def _parallel(todo: list[int], runs: dict, jobs: int, threads: int | None, imports: list[str],
+              poll: float = 2.0) -> None:
+    """Train the seeds' runs `jobs` at a time, each in its own process that first runs the --import files (so
+    that it knows the user's reservoir) and then continues the run from its folder. Without `threads` each
+    process gets its share of the cores, counted when it starts: the seeds left to start and those running, at
+    most `jobs` of them (the last seed, once the others ended, gets every core). A seed whose process ran out
+    of memory beside others (reslm.frontier.schedule.MEMORY) goes again alone, with every core, once they end;
+    any other failure lets the others finish, starts nothing more, and is then raised."""
+    cores = usable_cores()
+    queue, procs, alone, tried, failed = list(todo), {}, [], set(), []
+    while procs or ((queue or alone) and not failed):
+        if alone and not procs and not failed:
+            s = alone.pop(0)
+            tried.add(s)
+            procs[s] = _spawn(runs[s], threads or cores, imports)
+        while queue and not alone and not failed and len(procs) < jobs:
             s = queue.pop(0)
-            procs.append(subprocess.Popen([sys.executable, "-c", _CHILD, str(runs[s]), *imports],
-                                          stdout=subprocess.DEVNULL))
-        time.sleep(2)
-        for p in [p for p in procs if p.poll() is not None]:
-            procs.remove(p)
-            if p.returncode:
-                raise ReslmError(f"a seed's training process exited with status {p.returncode} (its run folder "
-                                 "keeps its checkpoint: run the bench again to continue)")
+            procs[s] = _spawn(runs[s], threads or max(1, cores // min(jobs, len(queue) + 1 + len(procs))), imports)
+        time.sleep(poll)
+        for s, p in list(procs.items()):
+            if p.poll() is None:
+                continue
+            del procs[s]
+            if p.returncode in MEMORY and s not in tried and (procs or queue or alone):
+                alone.append(s)
+            elif p.returncode:
+                failed.append((s, p.returncode))
+    if failed:
+        s, code = failed[0]
+        raise ReslmError(f"seed {s}'s training process exited with status {code} (its run folder keeps its "
+                         "checkpoint: run the bench again to continue)")
+
+
+def _spawn(run_dir: Path, threads: int, imports: list[str]) -> subprocess.Popen:
+    """One seed's training process (`_train_one`) with `threads` torch threads."""
+    return subprocess.Popen([sys.executable, "-c", _CHILD, str(threads), str(run_dir), *imports],
+                            stdout=subprocess.DEVNULL)
 
 
 _CHILD = "import sys; from reslm.frontier.bench import _train_one; sys.exit(_train_one(sys.argv[1:]))"
 
 
 def _train_one(argv: list[str]) -> int:
-    """One seed of a parallel bench, in its own process: argv is RUN_DIR [FILE.py ...]."""
+    """One seed of a parallel bench, in its own process: argv is THREADS RUN_DIR [FILE.py ...] (a run whose
+    config names its threads uses those)."""
     try:
-        _import(argv[1:])
-        train(Path(argv[0]), progress=False)
-    except ReslmError as e:
-        print(f"reslm: error: {e}", file=sys.stderr)
-        return 2
+        use_threads(int(argv[0]))
+        _import(argv[2:])
+        train(Path(argv[1]), progress=False)
+    except (ReslmError, MemoryError) as e:   # out of memory: its own status, so that the parent runs it alone
+        print(f"reslm: error: {e or 'out of memory'}", file=sys.stderr)
+        return OutOfMemory.exit_status if isinstance(e, MemoryError) else getattr(e, "exit_status", 2)
     return 0
 
 
-def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, summaries, table, threads,
-          flags=(), memory=()) -> str:
+def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, summaries, table, threads, jobs=1,
+          flags=(), memory=(), wall: float | None = None) -> str:
     """card.md: what ran (the reservoir's source and its sha256, the recipe and what changed), where, every
     seed's figures, the references and (`memory`: reslm.frontier.profile.memory_lines) how far back it reads."""
     change = describe(delta(cfg.run_config(0), base.run_config(0)))
     L = [f"# Model card: {reservoir} in the reservoir frontier's recipe ({budget})", "",
          f"Made by `reslm frontier bench` (reslm {reslm.__version__}) on {cpu_name()}"
-         + (f", {threads} thread{'s' if threads != 1 else ''} per run" if threads else "") + ".", "",
+         + (f", {threads} thread{'s' if threads != 1 else ''} per run" if threads else "")
+         + (f", {jobs} seeds at a time" if jobs > 1 else "") + "."
+         + (f" The call took {wall / 60:.1f} min of wall time (the seeds it trained, the memory profile, "
+            "the card)." if wall is not None else ""), "",
          f"- Reservoir: `{cfg.model['reservoir']}`" + "".join(f"; registered by `{s['path']}` (sha256 {s['sha256'][:16]})" for s in sources),
          f"- Recipe: the {RECIPE_PLAN} plan's choice ({base.label or 'base'}), changed: {', '.join(change) or 'nothing'}",
          f"- Strict reservoir rules: checked before training (fixed substrate, head reads the state only, "

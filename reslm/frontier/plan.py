@@ -23,8 +23,9 @@ changes to it, the seeds, and the rule that chooses among them on the validation
                                  # name another preset of the base's family: its model fields, under the
                                  # base's and its own model changes)
     # full = { epochs_per_shard = 5, cycles = 2 }   a reduced-budget run's full budget (FULL_FIELDS: the
-    #                              budget, and the lr, schedule, warm-up and EMA a quick recipe replaces): the
-    #                              report ranks the plan's runs against the published runs of their full budgets
+    #                              budget and its text per shard, and the lr, schedule, warm-up and EMA a quick
+    #                              recipe replaces): the report ranks the plan's runs against the published runs
+    #                              of their full budgets
 
 Everything is checked before anything runs (`load_plan`): unknown keys and fields, values of the wrong
 type, a candidate that breaks the strict rules or the budget, two candidates of one configuration.
@@ -60,7 +61,7 @@ _KEYS = {"plan": {"about"}, "base": {"label", "preset", "family", "data", "model
 # fields a plan may not set: the seed is the rule's, where and how a run runs is the command line's
 _NOT_IN_PLANS = {"seed", "threads", "device"}
 # what a reduced budget's `full` may give back: the budget, and the schedule a quick recipe of its own replaces
-FULL_FIELDS = ("epochs_per_shard", "cycles", "epoch_samples", "lr", "schedule", "warmup_steps", "ema")
+FULL_FIELDS = ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "lr", "schedule", "warmup_steps", "ema")
 
 
 @dataclass(frozen=True)

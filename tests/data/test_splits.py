@@ -57,6 +57,10 @@ def test_a_runs_tails_and_held_out_groups():
     groups = splits.ShardSplit(ds, context=8, holdout=0.25, groups=True)
     assert groups.val_cut == 150 and groups.span(0) == (0, 100) and groups.span(1) == (100, 150)
     assert groups.span(1, "heldout") == (142, 200) and groups.heldout_shards() == [1]
+    # shard_chars with groups cuts the training parts alone: the held-out groups stay whole
+    cut = splits.ShardSplit(ds, context=8, holdout=0.25, shard_chars=30, groups=True)
+    assert cut.span(0) == (0, 30) and cut.span(1) == (100, 130) and cut.span(2) == (200, 260)
+    assert cut.span(1, "heldout") == groups.span(1, "heldout") and cut.heldout_shards() == [1]
     splits.check_tails(ds, 0.25, 8)
     with pytest.raises(ReslmError, match="val_fraction 0.95 of a 100-character"):
         splits.check_tails(ds, 0.95, 8, name="val_fraction")

@@ -82,9 +82,24 @@ def test_validation_groups_hold_out_whole_files_at_the_end_of_the_training_text(
     assert all("val_loss" in r for r in read_metrics(out) if r["kind"] == "eval")
 
 
-def test_validation_groups_need_groups_and_whole_shards(grouped, chars, tmp_path):
+def test_shard_chars_cuts_the_training_text_not_the_validation_groups(grouped, tmp_path):
+    """With val_split groups, shard_chars trains on the first K characters of each shard's training part; the
+    held-out groups stay whole, so runs with and without it are validated on the same text."""
+    m = build_model("rc", size=16, vocab_size=grouped.vocab_size)
+    whole, cut = (CharShards(m, grouped, tt.train_config("rc", **TINY, val_fraction=0.15, val_split="groups", **kw),
+                             torch.device("cpu"), None, False, holdout=0.15) for kw in ({}, dict(shard_chars=200)))
+    for shard in grouped.train_shards:
+        a, b = whole.split.span(shard)
+        assert cut.split.span(shard) == (a, min(b, a + 200))
+    assert [cut.split.span(s, "heldout") for s in cut.heldout_shards()] == \
+        [whole.split.span(s, "heldout") for s in whole.heldout_shards()]
+    out = tt.create_run(tmp_path / "r", "rc", dict(size=16), {**TINY, "val_fraction": 0.15, "val_split": "groups",
+                                                                "shard_chars": 200, "eval_samples": 64}, grouped)
+    assert tt.train(out, progress=False)["best_val_loss"] > 0
+
+
+def test_validation_groups_need_groups(grouped, chars, tmp_path):
     for data, train, msg in [(grouped, dict(val_split="groups"), "needs val_fraction > 0"),
-                             (grouped, dict(val_fraction=0.1, val_split="groups", shard_chars=500), "shard_chars"),
                              (grouped, dict(val_fraction=0.1, val_split="plays"), "val_split must be one of"),
                              (chars, dict(val_fraction=0.1, val_split="groups"), "no file-group boundary")]:
         with pytest.raises(ReslmError, match=msg):
