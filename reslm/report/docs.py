@@ -13,6 +13,7 @@ Writes (the tables: here; the rows: reslm.report.rows; the frontier page: reslm.
     docs/results-fig2.png and .csv   Fig. 2 of the paper-protocol runs (reslm.report.figures.plot_char_losses)
     docs/speed.md         the bench tables, one row per JSON, each with its CPU
     docs/frontier.md and docs/frontier.png and .csv   the reservoir frontier
+    docs/ordering.md      the paper's ordering (RC, AERC, TF) at each of Table 1's sizes (reslm.report.ordering)
     docs/token-scaling.md and .png, .csv   the token-level runs, fits and ablations (reslm.report.tokens); the
                           fits as data: results/token-scaling.json
     README.md             the table between README_BEGIN and README_END (one row per Table 1 preset, the ceilings
@@ -41,6 +42,7 @@ from reslm.models.budget import FRONTIER_BUDGET
 from reslm.report import figures, plots
 from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, frontier_md, frontier_points
 from reslm.report.names import REGISTRY, registry_md, registry_rows
+from reslm.report.ordering import ORDERING, ordering_md
 from reslm.report.rows import (LEGACY, NOT_PUBLISHED, PAPER_OPTIMISER, PAPER_SAMPLING, STREAM_TOLERANCE, _read_csv,
                                ceiling_rows, legacy_rows, preset_rows, published_rows, replace_between)
 from reslm.report.tokens import plot_tokens, token_outputs
@@ -295,7 +297,7 @@ def build(repo: Path) -> tuple[dict[str, str], list[dict]]:
     kn = read_json(repo / KN_FILE)
     points = frontier_points(repo, paper)
     outputs = {"docs/results.md": results_md(paper, other, FIG if paper else None), "docs/speed.md": speed_md(repo),
-               FRONTIER: frontier_md(points, kn, FRONTIER_FIG if points else None)}
+               FRONTIER: frontier_md(points, kn, FRONTIER_FIG if points else None), ORDERING: ordering_md(paper)}
     readme = repo / "README.md"
     if readme.is_file():
         outputs["README.md"] = replace_readme_table(readme.read_text(encoding="utf-8"), readme_table(paper))

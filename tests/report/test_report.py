@@ -379,3 +379,29 @@ def test_the_readme_takes_one_row_per_preset_at_the_papers_protocol():
              row("rc-250", "rc", "stream", 2.1953 + 2 * STREAM_TOLERANCE, "results/s")]
     assert stream_stands_for_window(apart) == set()
     assert [(r["context"], r["weights"]) for r in preset_rows(apart)] == [("window", None)]
+
+
+def test_the_ordering_page_orders_a_size_only_when_its_three_rows_are_final():
+    """docs/ordering.md: at each Table 1 size the RC, AERC and TF rows the README shows, their order where all
+    three are final; a row still training gives its latest whole-test-shard CE and how far it has got, and its
+    size stays open; the largest size is set against the paper's numbers."""
+    from reslm.report.ordering import ordering_md, sizes, table1
+
+    def row(name, family, last, done=5, finished=True, loss=None, steps=None):
+        shards = [2.5] * (done - 1) + [last] * (done > 0) + [None] * (5 - done)
+        return dict(name=name, family=family, context="window", cycle=1, shards=shards, weights="results/x",
+                    partial=done < 5, finished=finished, variant=False, trainable=1000, paper="Fig. 2 only",
+                    loss=loss, steps=steps)
+
+    assert table1()[0] == {"rc": "rc-250", "aerc": "aerc-75-13", "tf": "tf-64-4-4"} and len(table1()) == 5
+    rows = [row("rc-250", "rc", 2.1953), row("aerc-75-13", "aerc", 1.9944), row("tf-64-4-4", "tf", 2.0320),
+            row("rc-2600", "rc", 1.8426), row("aerc-160-30", "aerc", 1.7992),
+            row("tf-256-16-16", "tf", 2.30, done=0, finished=False, loss=2.2279, steps=4349)]
+    first, *_, last = sizes(rows)
+    assert first["order"] == ["aerc", "tf", "rc"] and last["order"] is None
+    assert last["states"]["tf"][1] == dict(ce=2.2279, final=False, where="training: 0 of 5 shards done, step 4,349")
+    page = ordering_md(rows)
+    assert "| AERC < TF < RC |" in page and "open (TF not final)" in page and "open (RC, AERC, TF not final)" in page
+    assert "rc-2600: 1.8426 against the paper's 1.81, +0.033 nats" in page
+    assert "tf-256-16-16: still training (0 of 5 shards done, step 4,349; latest 2.2279); the paper: 1.67" in page
+    assert "Sizes with all three rows final: 1 of 5; the transformer is lowest at none of them" in page
