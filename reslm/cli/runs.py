@@ -11,7 +11,8 @@ from reslm.cli.flags import INT64, SEED, data_root, imported, int_range, shared
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
 from reslm.data.datasets import data_kind, ensure_dataset
-from reslm.scoring.evaluate import GRID_FILE, check_grid, check_ngrams, eval_file_name, eval_text, evaluate_run, grid_text, physical_grid
+from reslm.scoring.evaluate import check_ngrams, eval_file_name, eval_text, evaluate_run
+from reslm.scoring.physical import GRID_FILE, check_grid, grid_text, physical_grid
 from reslm.frontier.plan import load_plan
 from reslm.frontier.runner import plan_items
 from reslm.generate import MAX_LENGTH, check_length, sample

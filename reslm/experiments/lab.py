@@ -10,7 +10,7 @@ substrate out costs (the report and its figures: reslm.report.write_lab).
    run's last evaluation, on the same test samples for every run of a budget.
 2. Physical constraints. The rc and aerc runs of `--physical-substrate` (default esn), trained
    without constraints, are scored under readout-side noise (sigma over NOISE_GRID, ADC off) and
-   under b-bit ADCs (BITS_GRID, no noise): `reslm.scoring.evaluate.physical_grid`, one reservoir pass each.
+   under b-bit ADCs (BITS_GRID, no noise): `reslm.scoring.physical.physical_grid`, one reservoir pass each.
 3. OUT/results.json. Re-running skips finished runs and continues interrupted ones (the same run
    directories).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from reslm.core.device import pick_device
 from reslm.core.errors import ReslmError
-from reslm.scoring.evaluate import physical_grid
+from reslm.scoring.physical import physical_grid
 from reslm.experiments.plans import (BITS_GRID, BUDGETS, LAB_BUDGETS, LAB_FAMILIES, NOISE_GRID, SUBSTRATES,
                                      lab_plan, parse_names)
 from reslm.experiments.runner import run_plan, stamped_folder, validate

@@ -332,24 +332,38 @@ def _table(first: str, mine: dict, refs: list[dict], budget: str, mem: dict | No
     return "\n".join(lines)
 
 
+WAIT_SHARE = 0.25   # a seed waits for the running ones when they should end within this share of a seed's time
+
+
 def _parallel(todo: list[int], runs: dict, jobs: int, threads: int | None, imports: list[str],
-              poll: float = 2.0) -> None:
+              poll: float = 2.0, clock=time.monotonic) -> None:
     """Train the seeds' runs `jobs` at a time, each in its own process that first runs the --import files (so
     that it knows the user's reservoir) and then continues the run from its folder. Without `threads` each
     process gets its share of the cores, counted when it starts: the seeds left to start and those running, at
-    most `jobs` of them (the last seed, once the others ended, gets every core). A seed whose process ran out
+    most `jobs` of them. A seed that would start with fewer threads than it gets once the running ones end
+    waits for them when they should end soon (the seeds are one configuration: each running one is expected
+    to take as long as those that ended took, and it waits while their expected end is within WAIT_SHARE of
+    that time, before or after), so that the last seed trains on every core rather than on one beside a run
+    about to end. A seed whose process ran out
     of memory beside others (reslm.frontier.schedule.MEMORY) goes again alone, with every core, once they end;
     any other failure lets the others finish, starts nothing more, and is then raised."""
     cores = usable_cores()
     queue, procs, alone, tried, failed = list(todo), {}, [], set(), []
+    started, took = {}, []   # when each running seed started; how long each ended one took
     while procs or ((queue or alone) and not failed):
         if alone and not procs and not failed:
             s = alone.pop(0)
             tried.add(s)
-            procs[s] = _spawn(runs[s], threads or cores, imports)
+            procs[s], started[s] = _spawn(runs[s], threads or cores, imports), clock()
         while queue and not alone and not failed and len(procs) < jobs:
+            share = max(1, cores // min(jobs, len(queue) + len(procs)))
+            if not threads and procs and took and share < cores // min(jobs, len(queue)):
+                typical = statistics.median(took)
+                left = max(started[r] for r in procs) + typical - clock()
+                if abs(left) <= WAIT_SHARE * typical:
+                    break   # the running seeds should end about now: this one starts then, with more threads
             s = queue.pop(0)
-            procs[s] = _spawn(runs[s], threads or max(1, cores // min(jobs, len(queue) + 1 + len(procs))), imports)
+            procs[s], started[s] = _spawn(runs[s], threads or share, imports), clock()
         time.sleep(poll)
         for s, p in list(procs.items()):
             if p.poll() is None:
@@ -359,6 +373,8 @@ def _parallel(todo: list[int], runs: dict, jobs: int, threads: int | None, impor
                 alone.append(s)
             elif p.returncode:
                 failed.append((s, p.returncode))
+            else:
+                took.append(clock() - started[s])
     if failed:
         s, code = failed[0]
         raise ReslmError(f"seed {s}'s training process exited with status {code} (its run folder keeps its "

@@ -22,19 +22,15 @@ What `evaluate_run` measures, on the run's own data (the char runs' test shard, 
                 TEST stream, by position in the test text: what training's evaluations drew.
 
 Under other constraints (`physical=` overrides) the result goes to eval-<settings>.json (eval_file_name),
-never over the training-time eval.json. `physical_grid` scores one run under many constraint settings
-(CE only) from one pass of the reservoir over the chunk: eval-physical.json / .csv.
+never over the training-time eval.json; many settings at once: reslm.scoring.physical.
 
 A model whose reservoir is not `drivable` (a recorded substrate, reservoir/recorded.py) is scored only:
 no sample, empty overlap / distinct, generation_length 0 and a `note` saying so.
 
-`eval_text` and `grid_text` are the two results as `reslm eval` prints them.
+`eval_text` is the result as `reslm eval` prints it.
 """
 from __future__ import annotations
 
-import csv
-import itertools
-import math
 import platform
 import sys
 import time
@@ -52,30 +48,17 @@ from reslm.generate import check_length, sample
 from reslm.models.base import count_params, estimate_loss, feature_batches
 from reslm.models.reservoir_lm import ReservoirLM
 from reslm.ngram import NgramReference, distinct_n
-from reslm.reservoir.physical import FIELDS as PHYSICAL_FIELDS
 from reslm.run.registry import MANIFEST, is_published, read_manifest, record_file, verify_published, weights_digest
 from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
-from reslm.core.files import atomic_write, write_json
+from reslm.core.files import write_json
 from reslm.core.metrics import CHECK_LOSS, LN2, TEST_BITS, TEST_BPC, TEST_LOSS, TEST_STREAM_LOSS, bits
 from reslm.run import lock_run, read_config
 from reslm.data.datasets import check_dataset, data_kind, ensure_dataset, open_dataset
 from reslm.models.load import load_run
-from reslm.scoring.pieces import PIECE, Progress, progress_name, reservoir_clock
+from reslm.scoring.physical import run_physical
+from reslm.scoring.pieces import PIECE, Progress, progress_name, timed
 
 EVAL_FILE = "eval.json"
-GRID_MAX = 1_000   # combinations of physical settings one `reslm eval` grid may score
-GRID_FILE = "eval-physical"   # .json and .csv
-
-
-def _timed(fn, model):
-    """(result, total seconds, reservoir seconds) of fn(clock), `clock` the reservoir's (reservoir_clock)."""
-    device = next(iter(model.buffers()), next(model.parameters())).device
-    with reservoir_clock(model) as clock:
-        synchronize(device)
-        t0 = time.perf_counter()
-        out = fn(clock)
-        synchronize(device)
-        return out, time.perf_counter() - t0, clock["seconds"]
 
 
 def _score_chars(model, tokens: torch.Tensor, context: int, position: int, clock: dict,
@@ -106,37 +89,6 @@ def _score_chars(model, tokens: torch.Tensor, context: int, position: int, clock
         if progress is not None:
             p.save()
     return p.total / max(p.count, 1), *before
-
-
-def _score_physical(model, tokens: torch.Tensor, context: int, configs, position: int = 0,
-                    batch_size: int = 1024) -> list[float]:
-    """_score_chars under each PhysicalConfig in `configs`: one reservoir pass per piece, then each
-    measurement of those raw states (the same test noise draws, scaled by each sigma)."""
-    totals, count = [0.0] * len(configs), 0
-    for a in range(0, tokens.numel() - context, PIECE):
-        piece = tokens[a:a + PIECE + context]
-        raw = model.states(piece, position=position + a)
-        for i, pc in enumerate(configs):
-            model.set_physical(pc)
-            feats = model.measured(raw.clone(), piece, noise_key=TEST_KEY, offset=a)
-            loss, n = estimate_loss(model, feature_batches(feats, batch_size))
-            totals[i] += loss * n
-        count += n
-    return [t / max(count, 1) for t in totals]
-
-
-def _physical(model, cfg: dict, overrides: dict | None):
-    """(the run's trained PhysicalConfig, the one to measure through), after checking the overrides."""
-    if not isinstance(model, ReservoirLM):   # the readout-side constraints are ReservoirLM's
-        if overrides:
-            raise ReslmError(f"physical constraints (--state-noise, --adc-bits, --gain-mismatch, --adc-range) "
-                             f"apply to reservoir runs (rc, aerc), not to {cfg['family']}")
-        return None, None
-    unknown = sorted(set(overrides or {}) - set(PHYSICAL_FIELDS))
-    if unknown:
-        raise ReslmError(f"unknown physical constraint(s): {', '.join(unknown)}")
-    trained = model.config.physical_config()
-    return trained, replace(trained, **(overrides or {})).validate()
 
 
 def check_ngrams(ns, length: int) -> tuple[int, ...]:
@@ -221,7 +173,7 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     model, codec, cfg = load_run(run_dir, dev)
     trained_mode = getattr(model.config, "context_mode", None)
     model = _with_context_mode(model, cfg, context_mode)
-    trained, measured = _physical(model, cfg, physical)
+    trained, measured = run_physical(model, cfg, physical)
     if physical:
         model.set_physical(measured)
     token_run = data_kind(cfg["data"]) == "tokens"
@@ -283,7 +235,7 @@ def _score_token_run(model, tokens: torch.Tensor, score: int, codec, test: np.nd
     and bits per character of the text they decode to."""
     context = model.config.context
     chunk = tokens if score == 0 else tokens[:score + 1]
-    (loss, positions), score_s, score_res = _timed(lambda _: _score_tokens(model, chunk, context), model)
+    (loss, positions), score_s, score_res = timed(lambda _: _score_tokens(model, chunk, context), model)
     if positions == 0:
         raise ReslmError(f"--score {score} is shorter than one window of the model's context ({context})")
     chars = len(codec.decode(test[1:positions + 1]))
@@ -311,7 +263,7 @@ def _score_char_run(model, tokens: torch.Tensor, score: int, start: int, progres
     (CharRNN.stream_loss)."""
     context = model.config.context
     chunk = tokens if score == 0 else tokens[:score + context]
-    (loss, *before), score_s, score_res = _timed(
+    (loss, *before), score_s, score_res = timed(
         lambda clock: _score_chars(model, chunk, context, start, clock, progress), model)
     stream = ({TEST_STREAM_LOSS: model.stream_loss(chunk)[0]}
               if getattr(model, "all_positions", None) == "streams" else {})
@@ -330,7 +282,7 @@ def _sample(model, codec, test: np.ndarray, prompt_len: int, length: int, ns, re
     (reservoir/recorded.py) cannot read the symbols it would generate: no sample, and a note saying so."""
     drivable = not isinstance(model, ReservoirLM) or model.reservoir.drivable
     prompt = test[:prompt_len].tolist()
-    gen, gen_s, gen_res = _timed(lambda _: sample(model, prompt, length, **how), model) if drivable else ([], 0.0, 0.0)
+    gen, gen_s, gen_res = timed(lambda _: sample(model, prompt, length, **how), model) if drivable else ([], 0.0, 0.0)
     text = codec.decode(gen)
     if reference is None and drivable:
         reference = NgramReference(codec.decode(test)) if token_run else NgramReference(test, base=len(codec.vocab))
@@ -384,59 +336,6 @@ def record_check(folder: Path, positions: int = CHECK_POSITIONS, device: str = "
     return got
 
 
-def check_grid(grid: dict) -> None:
-    """ReslmError when a physical grid has more than GRID_MAX combinations (before any work)."""
-    combinations = math.prod(len(v) for v in grid.values()) if grid else 0
-    if combinations > GRID_MAX:
-        raise ReslmError(f"the physical grid has {combinations:,} combinations, over the cap of {GRID_MAX:,} (each "
-                         "is a pass over the scored text): give fewer values per constraint")
-
-
-def physical_grid(run_dir: Path, grid: dict, *, write: bool = True, **kw) -> dict:
-    """Test CE of one rc / aerc run under every combination of the physical settings in `grid`
-    ({field: [values]}, fields of PhysicalConfig; the others stay as trained), on the chunk
-    `evaluate_run` scores. The reservoir runs once; each setting re-measures its states. Writes
-    run_dir/eval-physical.json and .csv (replacing a previous grid's). A grid of more than GRID_MAX
-    combinations is refused before anything is done."""
-    check_grid(grid)
-    with lock_run(run_dir) if write else nullcontext():   # the whole command, as evaluate_run
-        return _physical_grid(Path(run_dir), grid, write=write, **kw)
-
-
-def _physical_grid(run_dir: Path, grid: dict, *, score: int = 65536, device: str = "cpu",
-                   write: bool = True, root: Path | None = None) -> dict:
-    if not isinstance(score, int) or score < 0:
-        raise ReslmError(f"score must be a non-negative integer, got {score!r}")
-    run_dir = Path(run_dir)
-    dev = pick_device(device)
-    model, _, cfg = load_run(run_dir, dev)
-    names = list(grid)
-    settings = [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
-    if not settings or any(not grid[n] for n in names):
-        raise ReslmError("the physical grid is empty: give at least one value per constraint")
-    trained, _ = _physical(model, cfg, settings[0])
-    configs = [_physical(model, cfg, s)[1] for s in settings]
-    ds = open_dataset(cfg["data"], root)
-    check_dataset(cfg, ds)
-    a, b = ds.shards[ds.test_shard]
-    tokens = torch.from_numpy(np.asarray(ds.tokens[a:b], dtype=np.int64)).to(dev)
-    context = model.config.context
-    chunk = tokens if score == 0 else tokens[:score + context]
-    if chunk.numel() <= context:
-        raise ReslmError(f"the test text of {run_dir} is too short ({tokens.numel()} characters)")
-    losses, seconds, res_seconds = _timed(lambda _: _score_physical(model, chunk, context, configs, position=a), model)
-    rows = [dict(**asdict(pc), **{TEST_LOSS: loss, TEST_BITS: bits(loss)}) for pc, loss in zip(configs, losses)]
-    result = dict(run=str(run_dir), family=cfg["family"], preset=cfg.get("preset"),
-                  physical_trained=asdict(trained), grid={n: list(grid[n]) for n in names},
-                  score_positions=chunk.numel() - context, seconds=seconds, reservoir_seconds=res_seconds,
-                  rows=rows, environment=dict(device=str(dev), torch=torch.__version__,
-                                              threads=torch.get_num_threads()))
-    if write:
-        write_json(run_dir / f"{GRID_FILE}.json", result)
-        atomic_write(run_dir / f"{GRID_FILE}.csv", lambda p: _write_csv(p, rows))
-    return result
-
-
 # --- the result as `reslm eval` prints it ------------------------------------------------------------
 def eval_text(r: dict) -> str:
     """An evaluate_run result as text: the CE, the constraints, the timings, overlap and the sample."""
@@ -465,21 +364,3 @@ def eval_text(r: dict) -> str:
     else:
         lines += [f"--- sample (temperature {r['settings']['temperature']}) ---", r["prompt"] + r["sample"]]
     return "\n".join(lines)
-
-
-def grid_text(r: dict) -> str:
-    """A physical_grid result as a table: one row per setting, its test CE in nats and bits."""
-    names = list(r["grid"])
-    lines = [f"{r['run']}: {r['family']} {r.get('preset') or ''}, test CE over {r['score_positions']:,} positions "
-             f"(trained with: {', '.join(f'{k} {v}' for k, v in r['physical_trained'].items())})",
-             "".join(f"{n:>15}" for n in names) + f"{'CE (nats)':>12}{'bits/char':>11}"]
-    for row in r["rows"]:
-        lines.append("".join(f"{row[n]:>15g}" for n in names) + f"{row[TEST_LOSS]:>12.4f}{row[TEST_BITS]:>11.3f}")
-    return "\n".join(lines)
-
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)

@@ -1,5 +1,5 @@
 """What a scoring (`reslm eval`'s test CE) keeps besides the figure: the time its reservoir took
-(`reservoir_clock`), and its progress between pieces (`Progress`).
+(`reservoir_clock`, `timed`), and its progress between pieces (`Progress`).
 
 `reslm eval` scores every sample of a character run's test text from its `context` preceding characters,
 PIECE samples per reservoir pass (each piece with its own `context` lead-in; reslm.scoring.evaluate). In window
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from reslm.core.device import synchronize
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json, write_json
 from reslm.core.progress import say
@@ -73,6 +74,17 @@ def reservoir_clock(model):
         for m in mods:
             for n in names(m):
                 m.__dict__.pop(n, None)
+
+
+def timed(fn, model):
+    """(result, total seconds, reservoir seconds) of fn(clock), `clock` the reservoir's (reservoir_clock)."""
+    device = next(iter(model.buffers()), next(model.parameters())).device
+    with reservoir_clock(model) as clock:
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn(clock)
+        synchronize(device)
+        return out, time.perf_counter() - t0, clock["seconds"]
 
 
 def progress_name(evaluation: str) -> str:

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 import reslm.train as tt
 from reslm.cli import main
 from reslm.core.errors import ReslmError
-from reslm.scoring.evaluate import EVAL_FILE, _physical, evaluate_run, physical_grid
+from reslm.scoring.evaluate import EVAL_FILE, evaluate_run
+from reslm.scoring.physical import physical_grid, run_physical
 from reslm.models import build_model
 from reslm.reservoir import RESERVOIRS, shard_states
 from reslm.reservoir.nvar import nvar_size
@@ -241,8 +242,8 @@ def test_cli_eval_flags(noisy_run, capsys):
 def test_constraints_refused_for_a_transformer():
     tf = build_model("tf", vocab_size=V, ff_dim=16, n_heads=2, n_layers=1)
     with pytest.raises(ReslmError, match="apply to reservoir runs"):
-        _physical(tf, dict(family="tf"), dict(state_noise=0.1))
-    assert _physical(tf, dict(family="tf"), {}) == (None, None)         # eval.json then has no physical
+        run_physical(tf, dict(family="tf"), dict(state_noise=0.1))
+    assert run_physical(tf, dict(family="tf"), {}) == (None, None)         # eval.json then has no physical
 
 
 def test_a_run_made_before_the_constraints_still_matches(chars, tmp_path):

@@ -141,7 +141,7 @@ def test_eval_refuses_impossible_lengths_and_ngrams_before_any_work(big, tmp_pat
     def no_work(*a, **k):
         raise AssertionError("scored or built before the arguments were checked")
 
-    monkeypatch.setattr(ev, "_timed", no_work)
+    monkeypatch.setattr(ev, "timed", no_work)
     monkeypatch.setattr(cr, "ensure_dataset", no_work)
     assert main(["eval", str(run), *argv]) == 2
     assert needle in one_error(capsys)
@@ -157,7 +157,7 @@ def test_evaluate_run_checks_ngrams_before_scoring(big, monkeypatch):
     def no_work(*a, **k):
         raise AssertionError("scored before the arguments were checked")
 
-    monkeypatch.setattr(ev, "_timed", no_work)
+    monkeypatch.setattr(ev, "timed", no_work)
     with pytest.raises(ReslmError, match=r"^--ngrams 7 is longer than the sample \(--length 5\)"):
         ev.evaluate_run(run, length=5)
     assert ev._defined({"7": float("nan"), "8": 0.5}) == {"7": None, "8": 0.5}

@@ -7,7 +7,8 @@ import pytest
 
 import reslm.train as tt
 from reslm.core.errors import ReslmError
-from reslm.scoring.evaluate import EVAL_FILE, evaluate_run, reservoir_clock
+from reslm.scoring.evaluate import EVAL_FILE, evaluate_run
+from reslm.scoring.pieces import reservoir_clock
 from reslm.models import build_model
 
 
@@ -121,7 +122,7 @@ def test_eval_text_is_the_result_as_reslm_eval_prints_it():
 
 
 def test_grid_text_is_one_row_per_setting():
-    from reslm.scoring.evaluate import grid_text
+    from reslm.scoring.physical import grid_text
     r = dict(run="runs/x", family="rc", preset=None, score_positions=64, physical_trained={"adc_bits": 0},
              grid={"adc_bits": [0, 4]}, rows=[dict(adc_bits=0, test_loss=1.5, test_bits=2.164),
                                              dict(adc_bits=4, test_loss=1.75, test_bits=2.525)])
