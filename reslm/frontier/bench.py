@@ -344,9 +344,9 @@ def _parallel(todo: list[int], runs: dict, jobs: int, threads: int | None, impor
     waits for them when they should end soon (the seeds are one configuration: each running one is expected
     to take as long as those that ended took, and it waits while their expected end is within WAIT_SHARE of
     that time, before or after), so that the last seed trains on every core rather than on one beside a run
-    about to end. A seed whose process ran out
-    of memory beside others (reslm.frontier.schedule.MEMORY) goes again alone, with every core, once they end;
-    any other failure lets the others finish, starts nothing more, and is then raised."""
+    about to end. A seed whose process ran out of memory beside others (reslm.frontier.schedule.MEMORY) goes
+    again alone, with every core, once they end; any other failure lets the others finish, starts nothing
+    more, and is then raised."""
     cores = usable_cores()
     queue, procs, alone, tried, failed = list(todo), {}, [], set(), []
     started, took = {}, []   # when each running seed started; how long each ended one took
