@@ -109,7 +109,7 @@ def _verdict(table: list[dict]) -> list[str]:
         L.append(f"  - {name}: {s['ce']:.4f} against the paper's {TEST_CE[f]:.2f}, {s['ce'] - TEST_CE[f]:+.3f} nats"
                  if s["final"] else f"  - {name}: still training ({s['where'][len('training: '):]}; latest "
                  f"{s['ce']:.4f}); the paper: {TEST_CE[f]:.2f}")
-    L += ["", "Why the reservoir rows sit above the paper's figures at the largest size: "
+    L += ["", "The AERC gap at the largest size, measured: "
           "[paper-protocol.md](paper-protocol.md#the-gap-to-the-papers-aerc-figure-180-against-173). How the "
           "transformer rows train on a CPU: [window-step.md](window-step.md)."]
     return L
