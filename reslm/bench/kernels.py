@@ -8,15 +8,19 @@ import torch
 
 from reslm.bench.plan import BenchPlan, _clamp
 from reslm.bench.timing import repeat, sig, stats, timing_model, timing_reservoir
+from reslm.core.device import _onednn_linear
 from reslm.models.substrates import SUBSTRATES
 from reslm.models.substrates import model_overrides as lab_overrides
 from reslm.reservoir import ESNConfig
+from reslm.reservoir.esn import onednn_weight
 
 
 # --- 1. recurrence vs GEMM -------------------------------------------------------------------------
 def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, device: torch.device,
                      input_dim: int = 16, **timing) -> dict:
-    """ESN.forward over `batch` streams x `steps` steps vs `steps` x torch.mm((B,N),(N,N)), same dtype.
+    """ESN.forward over `batch` streams x `steps` steps vs `steps` x torch.mm((B,N),(N,N)), same dtype
+    (and, on a CPU in float32, the same product through oneDNN: `onednn_gemm_gflops`; `gemm_library`
+    is the one the reservoir's steps used, reslm.reservoir.esn.onednn_weight).
 
     Both sides count 2 B N^2 flops per step; the reservoir side also pays its input GEMM and tanh.
     The ESN runs with its default backend ("reservoir": on a CPU tanh as 2 sigmoid(2z) - 1), with the
@@ -51,13 +55,23 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
         for _ in range(steps):
             torch.tanh(x, out=y)
 
+    W_lin = W.t().contiguous()
+
+    def onednn():     # the same product through oneDNN's inner product (what cpu_gemm may route it to)
+        for _ in range(steps):
+            torch.ops.mkldnn._linear_pointwise(x, W_lin, None, "none", [], "")
+
     def warm():
         esn(u[:, :1], s0)
         torch.mm(x, W, out=y)
         torch.tanh(x, out=y)
 
-    t = repeat(dict(gemm=gemm, reservoir=reservoir, loop=lambda: reservoir(esn_loop),
-                    blocked=lambda: reservoir(esn_blocked), tanh=tanh), device, **timing, warmup=warm)
+    cases = dict(gemm=gemm, reservoir=reservoir, loop=lambda: reservoir(esn_loop),
+                 blocked=lambda: reservoir(esn_blocked), tanh=tanh)
+    with_onednn = device.type == "cpu" and dtype == torch.float32 and _onednn_linear()
+    if with_onednn:
+        cases["onednn"] = onednn
+    t = repeat(cases, device, **timing, warmup=warm)
     flops = 2.0 * batch * steps * size * size
     res_s, gemm_s, loop_s, blk_s = (min(t[k]) for k in ("reservoir", "gemm", "loop", "blocked"))
     return dict(size=size, batch=batch, steps=steps, dtype=str(dtype).replace("torch.", ""),
@@ -69,6 +83,8 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
                 reservoir_ms_per_step=sig(1e3 * res_s / steps), gemm_ms_per_step=sig(1e3 * gemm_s / steps),
                 tanh_ms_per_step=sig(1e3 * min(t["tanh"]) / steps),
                 states_per_s=sig(batch * steps / res_s),
+                gemm_library="torch" if onednn_weight(x, W, batch) is None else "onednn",
+                **(dict(onednn_gemm_gflops=sig(flops / min(t["onednn"]) / 1e9)) if with_onednn else {}),
                 **{k: stats(t[k]) for k in ("reservoir", "gemm", "loop", "blocked")})
 
 
@@ -81,7 +97,8 @@ def recurrence_rows(plan: BenchPlan, device: torch.device, dtype: str, say) -> d
                                             device=device, input_dim=plan.embed_dim, **plan.timing())
         say(f"recurrence N={N} {dtype} B={plan.batch} T={T}: reservoir {r['reservoir_gflops']} GFLOP/s, "
             f"gemm {r['gemm_gflops']} GFLOP/s, ratio {r['reservoir_vs_gemm']} ({r['backend']}; torch.tanh loop "
-            f"{r['loop_vs_gemm']}, blocked {r['blocked_vs_gemm']}) "
+            f"{r['loop_vs_gemm']}, blocked {r['blocked_vs_gemm']}; its GEMM through {r['gemm_library']}"
+            + (f", oneDNN's {r['onednn_gemm_gflops']} GFLOP/s" if "onednn_gemm_gflops" in r else "") + ") "
             f"(tanh {r['tanh_ms_per_step']} ms/step; best of {r['reservoir']['reps']})")
     return rows
 

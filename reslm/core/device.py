@@ -10,7 +10,8 @@ confirmed once per process by a small bf16-vs-fp32 matmul), and `resolve_dtype` 
 use it: a bf16 the user asked for on a slow CPU is refused with a one-line error, a bf16 that was
 only a default falls back to fp32 with a one-line note on stderr. RESLM_BF16=1 (or 0) overrides the
 check, for tests and for users who know better. `state_dtypes` picks the dtype reservoir states are
-stored and computed in from the memory available (`available_memory`).
+stored and computed in from the memory available (`available_memory`). `cpu_gemm` says which library
+multiplies the reservoir recurrence's float32 matrices on this CPU (torch's BLAS or oneDNN).
 """
 from __future__ import annotations
 
@@ -187,6 +188,49 @@ def _use_bf16(device: torch.device, *, explicit: bool, what: str, instead: str) 
                          "(RESLM_BF16=1 forces bf16)")
     print(f"reslm: bf16 is slow on this {where} ({why}); using {instead} for {what}", file=sys.stderr)
     return False
+
+
+# --- which library multiplies the reservoir's float32 matrices on a CPU --------------------------------
+GEMMS = ("torch", "onednn")
+
+
+def cpu_vendor() -> str | None:
+    """The CPU's vendor_id in /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...), None where absent."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), None)
+    except OSError:
+        return None
+
+
+@functools.cache
+def cpu_gemm() -> tuple[str, str]:
+    """(library, why) for the reservoir recurrence's float32 GEMM on this CPU, decided once per process
+    and the same on every run on one machine (no timing decides it, so a seed's states do not depend
+    on the load): "onednn" (torch's oneDNN inner product, which chooses its kernels by the instruction
+    set) where torch's BLAS is MKL and the CPU is not Intel's (MKL chooses its code path by the CPU's
+    vendor and runs a generic one elsewhere), else "torch" (torch.addmm). RESLM_GEMM=torch or onednn
+    decides without looking. Both compute the same products; their float32 sums may differ in the
+    last bits."""
+    forced = os.environ.get("RESLM_GEMM", "")
+    if forced:
+        if forced not in GEMMS:
+            raise ReslmError(f"RESLM_GEMM must be one of {', '.join(GEMMS)}, got {forced!r}")
+        if forced == "onednn" and not _onednn_linear():
+            raise ReslmError("RESLM_GEMM=onednn: this torch has no oneDNN inner product")
+        return forced, f"RESLM_GEMM={forced}"
+    if not torch.backends.mkl.is_available():
+        return "torch", "torch's BLAS is not MKL"
+    vendor = cpu_vendor()
+    if vendor in (None, "GenuineIntel"):
+        return "torch", f"MKL on {vendor or 'an unknown vendor'}'s CPU"
+    if not _onednn_linear():
+        return "torch", "this torch has no oneDNN inner product"
+    return "onednn", f"MKL runs its generic code path on {vendor} CPUs"
+
+
+def _onednn_linear() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 # --- dtypes and precisions ---------------------------------------------------------------------------

@@ -26,7 +26,8 @@ Kernels (`backend`): "loop" is `tanh_recurrence`, one GEMM + tanh per step in pl
 "sigmoid" is the same loop with tanh(z) evaluated as 2 sigmoid(2z) - 1 in float32 on a CPU (the 2 is
 the GEMM's alpha and beta, so one sigmoid pass and one affine pass replace torch.tanh, which costs
 several sigmoids there; its error against torch.tanh: docs/design-figures.md); in other dtypes or on
-a GPU it is loop. "blocked" is the
+a GPU it is loop. Where the step's float32 GEMM is large enough (ONEDNN_MIN_MACS), a CPU on which MKL
+runs a generic path computes it through oneDNN instead (reslm.core.device.cpu_gemm). "blocked" is the
 loop cut into blocks of BLOCK_ROWS sequences (GEMM then tanh per block, cache-resident); "rnn" is
 `torch.rnn_tanh` (cuDNN's fused RNN on a GPU; it also runs on a CPU) and needs leak_rate = 1; "auto"
 picks rnn on CUDA when leak_rate = 1, loop elsewhere on a GPU, and sigmoid on a CPU.
@@ -37,12 +38,15 @@ reservoir_grad, the authors' variant). Otherwise it runs under no_grad, in place
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
 import torch
 
+from reslm.core.device import cpu_gemm
 from reslm.core.errors import ReslmError
+from reslm.core.progress import say
 from reslm.reservoir.base import Reservoir, ReservoirConfig
 from reslm.core.radii import radius_name
 from reslm.reservoir.matrices import (DISTRIBUTIONS, RADIUS_NORMS, random_sparse, scale_radius,
@@ -110,12 +114,38 @@ class ESNConfig(ReservoirKnobs, ReservoirConfig):
 
 
 _MINUS_ONE = torch.tensor(-1.0)
+ONEDNN_MIN_MACS = 2**20   # a step's multiply-adds (rows x N x N) from which its GEMM may go through oneDNN
 
 
-def _tanh_step(x: torch.Tensor, s: torch.Tensor | None, W_T: torch.Tensor, buf: torch.Tensor, via_sigmoid: bool):
+def onednn_weight(t: torch.Tensor, W_T: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """W (W_T transposed, contiguous: the inner product's layout) where the step's GEMM of `rows` rows of
+    `t` (a float32 CPU tensor) goes through oneDNN (reslm.core.device.cpu_gemm, said once), else None."""
+    if t.device.type != "cpu" or t.dtype != torch.float32 or rows * W_T.shape[0] * W_T.shape[1] < ONEDNN_MIN_MACS:
+        return None
+    if cpu_gemm()[0] != "onednn":
+        return None
+    _say_gemm()
+    return W_T.t().contiguous()
+
+
+@functools.cache
+def _say_gemm():
+    say(f"reslm: the reservoir's float32 GEMM goes through oneDNN ({cpu_gemm()[1]})")
+
+
+def _tanh_step(x: torch.Tensor, s: torch.Tensor | None, W_T: torch.Tensor, buf: torch.Tensor, via_sigmoid: bool,
+               W: torch.Tensor | None = None):
     """x <- tanh(s W_T + x) (s None: tanh(x)), through the scratch `buf` of x's shape.
 
-    via_sigmoid: tanh(z) = 2 sigmoid(2z) - 1, the 2z from the GEMM's alpha = beta = 2 (exact scaling)."""
+    via_sigmoid: tanh(z) = 2 sigmoid(2z) - 1, the 2z from the GEMM's alpha = beta = 2 (exact scaling).
+    W (`onednn_weight`): the product s W^T comes from oneDNN's inner product, then the same tanh."""
+    if W is not None and s is not None:
+        z = torch.ops.mkldnn._linear_pointwise(s, W, None, "none", [], "").add_(x)
+        if via_sigmoid:
+            torch.add(_MINUS_ONE, z.mul_(2).sigmoid_(), alpha=2, out=x)
+        else:
+            torch.tanh(z, out=x)
+        return
     if not via_sigmoid:
         if s is None:
             x.tanh_()
@@ -152,6 +182,7 @@ def tanh_recurrence(states: torch.Tensor, s: torch.Tensor | None, W_T: torch.Ten
     (the "blocked" backend; the same arithmetic row by row, so the same states).
     `scratch`: a (>= rows, N) buffer to use instead of a new one.
     via_sigmoid: tanh as 2 sigmoid(2z) - 1 where `sigmoid_tanh_pays` (the "sigmoid" backend).
+    The GEMM goes through oneDNN where `onednn_weight` says so (the same arithmetic, another library).
     """
     B = states.shape[1] if states.dim() == 3 else 0
     rows = block_rows if 0 < block_rows < B else B
@@ -160,17 +191,29 @@ def tanh_recurrence(states: torch.Tensor, s: torch.Tensor | None, W_T: torch.Ten
         scratch = states.new_empty(rows, states.shape[-1]) if len(states) else None
     else:
         scratch = scratch[:rows]
+    W = onednn_weight(states, W_T, rows) if len(states) else None
     for t in range(len(states)):
         x = states[t]                              # (B, N), holds W_in u_t + b
         for r0 in range(0, B, rows or 1):          # one block unless block_rows
             r1 = min(B, r0 + rows)
-            _tanh_step(x[r0:r1], None if s is None else s[r0:r1], W_T, scratch[:r1 - r0], via_sigmoid)
+            _tanh_step(x[r0:r1], None if s is None else s[r0:r1], W_T, scratch[:r1 - r0], via_sigmoid, W)
         if leak_rate != 1.0:                       # leaky integration
             x.mul_(leak_rate)
             if s is not None:
                 x.add_(s, alpha=1 - leak_rate)
         s = x
     return s
+
+
+def _input_term(u2: torch.Tensor, W_in_T: torch.Tensor, bias: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """u2 W_in_T + bias for inputs u2 (rows, d), into `out` if given; through oneDNN where
+    `onednn_weight` says so."""
+    W_in = onednn_weight(u2, W_in_T, u2.shape[0]) if not u2.requires_grad else None
+    if W_in is None:
+        return torch.addmm(bias, u2, W_in_T, out=out)
+    z = torch.ops.mkldnn._linear_pointwise(u2, W_in, bias, "none", [], "")
+    return z if out is None else out.copy_(z)
 
 
 def _recurrence_with_grad(inputs: torch.Tensor, s: torch.Tensor | None, W_T: torch.Tensor,
@@ -279,10 +322,10 @@ class ESN(Reservoir):
                     raise ValueError(f"work buffer: need a contiguous {dtype} tensor of >= {(T + 1) * B * N} "
                                      f"elements on {u.device}")
                 flat = work.view(-1)
-                inputs = torch.addmm(bias, u2, W_in_T, out=flat[:T * B * N].view(T * B, N))
+                inputs = _input_term(u2, W_in_T, bias, out=flat[:T * B * N].view(T * B, N))
                 scratch = flat[T * B * N:(T + 1) * B * N].view(B, N)
             else:
-                inputs = torch.addmm(bias, u2, W_in_T)
+                inputs = _input_term(u2, W_in_T, bias)
             inputs = inputs.view(T, B, N)
             if grad:
                 states = _recurrence_with_grad(inputs, s0, W_T, self.config.leak_rate)
