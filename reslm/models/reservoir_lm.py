@@ -173,20 +173,30 @@ class ReservoirLM(nn.Module):
         `position` is where tokens[0] sits in the dataset's stream: a substrate with `replay` (a
         recording) reads its states there. noise_key / offset: sample i's measurement noise is row
         offset + i of that noise stream (reservoir/physical.py: the split, and where `tokens` starts in
-        its text)."""
+        its text). With no measurement constraint, the normalisation (a function of each row alone) is
+        applied to each chunk of states as it is computed, in the compute dtype, before storage: one
+        pass and one rounding to `dtype` instead of a second pass over the stored states."""
+        if self.config.state_norm and not self.physical.config.active and not self.reservoir.replays:
+            states = self.states(tokens, dtype=dtype, compute_dtype=compute_dtype, progress=progress, normalized=True)
+            return self.measured(states, tokens, normalized=True)
         states = self.states(tokens, position=position, dtype=dtype, compute_dtype=compute_dtype, progress=progress)
         return self.measured(states, tokens, noise_key=noise_key, offset=offset)
 
     def states(self, tokens: torch.Tensor, *, position: int | None = None, dtype: torch.dtype = torch.float32,
-               compute_dtype: torch.dtype | None = None, progress: bool = False) -> torch.Tensor:
+               compute_dtype: torch.dtype | None = None, progress: bool = False,
+               normalized: bool = False) -> torch.Tensor:
         """The reservoir states of a token stream as the readout's channels see them before the measurement
-        constraints (see `features`): (M, N), or (M, D) through the projection."""
+        constraints (see `features`): (M, N), or (M, D) through the projection; `normalized`: each row
+        through the state normalisation too, before storage (a computed reservoir only)."""
         c = self.config
         if self.reservoir.replays:   # states after tokens context-1 .. S-2, as shard_states gives
             return self.read(self.reservoir.replay(tokens, position)[c.context - 1:-1]).to(dtype)
+        read = self.read if self.projection is not None else None
+        if normalized:
+            read = lambda s: self.normalize(self.read(s))   # noqa: E731
         return shard_states(self.reservoir, self.embed, tokens, mode=c.context_mode, context=c.context,
                             streams=c.streams, warmup=c.warmup, dtype=dtype, compute_dtype=compute_dtype,
-                            progress=progress, readout=self.read if self.projection is not None else None)
+                            progress=progress, readout=read)
 
     def read(self, states: torch.Tensor) -> torch.Tensor:
         """Reservoir states (..., N) -> what the readout measures (..., D): the fixed projection, or the
@@ -204,9 +214,10 @@ class ReservoirLM(nn.Module):
         return self.config.readout_dim or self.reservoir.size
 
     def measured(self, states: torch.Tensor, tokens: torch.Tensor, *, noise_key: tuple[int, ...] = OTHER_KEY,
-                 offset: int = 0) -> TensorFeatures:
-        """Raw states (M, N) of `tokens` -> measured and normalised features, in place (see `features`)."""
-        for i0 in range(0, len(states), 65536):  # once per shard, not once per epoch
+                 offset: int = 0, normalized: bool = False) -> TensorFeatures:
+        """Raw states (M, N) of `tokens` -> measured and normalised features, in place (see `features`);
+        `normalized`: states already measured (no constraint) and normalised."""
+        for i0 in range(0, 0 if normalized else len(states), 65536):  # once per shard, not once per epoch
             chunk = states[i0:i0 + 65536]
             states[i0:i0 + 65536] = self.normalize(self.physical(chunk, noise_key, offset + i0))
         c = self.config
