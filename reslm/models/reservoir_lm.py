@@ -119,6 +119,7 @@ def fixed_embedding(vocab_size: int, embed_dim: int, seed: int) -> torch.Tensor:
     return torch.randn((vocab_size, embed_dim), generator=torch.Generator().manual_seed(seed)) / embed_dim ** 0.5
 
 
+WINDOW_ELEMS = 2**25    # ReservoirLM.forward's time piece: at most this many state values (128 MiB in float32)
 PROJECTION_KEY = 300   # seeding key of the readout projection (matrices 0-3, training 100-101, measurement 200)
 
 
@@ -260,10 +261,17 @@ class ReservoirLM(nn.Module):
         logits = self.head(states if states.dtype == dtype else states.to(dtype))[:, None]
         return logits, next_token_loss(logits, targets)
 
+    reads_any_window = True   # forward reads a window of any length from a zero state, as `step` does
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """idx (B, T): run the reservoir from a zero state over the window, predict the next token."""
-        _, s = self.reservoir(self.embed(idx))
-        s = self.normalize(self.physical.online(self.read(s), idx.shape[1]))
+        """idx (B, T): run the reservoir from a zero state over the window, predict the next token. A long
+        window runs in time pieces of at most WINDOW_ELEMS state values, the state carried between them
+        (the same steps)."""
+        B, T = idx.shape
+        piece, s = max(1, WINDOW_ELEMS // max(1, B * self.reservoir.size)), None
+        for j in range(0, max(T, 1), piece):
+            _, s = self.reservoir(self.embed(idx[:, j:j + piece]), s)
+        s = self.normalize(self.physical.online(self.read(s), T))
         return self.forward_features(self.head_features(s, idx[:, -1]), targets)
 
     # --- recurrent interface (generation) ---------------------------------------------------

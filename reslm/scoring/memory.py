@@ -9,9 +9,11 @@ error is that of the per-position differences, far below either curve's own.
                     test shard; tokens: the val split), "val" (chars: the runs' validation split) or
                     "train" (the text the runs trained on, their validation split left out), so that CE
                     on the training text beside CE on the test text tells fit from generalisation
-    k symbols       a model with a state (rc / aerc in either context mode, rnn, laerc, gpt) steps
-                    through the k symbols from init_state; a window model (tf) reads them with
-                    forward, for k up to its context (longer k: no figure)
+    k symbols       a reservoir model (rc / aerc, either context mode) reads them with forward, which steps
+                    its reservoir through them from a zero state and reads the head once; another
+                    model with a state (rnn, laerc, gpt) steps through them from init_state; a
+                    window model (tf) reads them with forward, for k up to its context (longer k: no
+                    figure)
 
 The figures are CE in nats per symbol with the standard error of the mean over positions; they are
 not the run's test CE (that scores every position of the whole text at the run's own protocol).
@@ -69,13 +71,17 @@ def memory_positions(spans, longest: int, positions: int) -> torch.Tensor:
 
 
 def _stepper(model):
-    """The model's way of reading a window from a zero state: 'step' or 'forward'."""
+    """The model's way of reading a window from a zero state: 'window' (forward, any length: a reservoir
+    model, whose forward steps its reservoir through the window and reads the head once), 'step' or
+    'forward' (a window model, up to its context)."""
+    if getattr(model, "reads_any_window", False):
+        return "window"
     return "step" if hasattr(model, "step") and hasattr(model, "init_state") else "forward"
 
 
 def reachable(model, k: int) -> bool:
     """Whether the model can read a window of k symbols from a zero state."""
-    if _stepper(model) == "step":
+    if _stepper(model) != "forward":
         limit = getattr(model, "max_positions", None)
         return limit is None or k <= limit
     return k <= model.config.context
@@ -89,11 +95,14 @@ def window_losses(model, tokens: torch.Tensor, targets: torch.Tensor, k: int, ba
     for a in range(0, targets.numel(), batch):
         t = targets[a:a + batch].to(tokens.device)
         idx = tokens[t[:, None] + offsets]                      # (B, k)
-        if _stepper(model) == "step":
+        how = _stepper(model)
+        if how == "step":
             state = model.init_state(idx.shape[0], device=tokens.device)
             for j in range(k):
                 logits, state = model.step(idx[:, j], state)
         else:
+            if how == "window":
+                model.init_state(idx.shape[0], device=tokens.device)   # the measurement clock, as step's
             logits = model(idx)[0][:, -1]
         out.append(F.cross_entropy(logits.float(), tokens[t], reduction="none").double().cpu())
     return torch.cat(out)
