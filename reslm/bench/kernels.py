@@ -8,7 +8,7 @@ import torch
 
 from reslm.bench.plan import BenchPlan, _clamp
 from reslm.bench.timing import repeat, sig, stats, timing_model, timing_reservoir
-from reslm.core.device import _onednn_linear
+from reslm.core.device import onednn_available
 from reslm.models.substrates import SUBSTRATES
 from reslm.models.substrates import model_overrides as lab_overrides
 from reslm.reservoir import ESNConfig
@@ -68,7 +68,7 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
 
     cases = dict(gemm=gemm, reservoir=reservoir, loop=lambda: reservoir(esn_loop),
                  blocked=lambda: reservoir(esn_blocked), tanh=tanh)
-    with_onednn = device.type == "cpu" and dtype == torch.float32 and _onednn_linear()
+    with_onednn = device.type == "cpu" and dtype == torch.float32 and onednn_available()
     if with_onednn:
         cases["onednn"] = onednn
     t = repeat(cases, device, **timing, warmup=warm)

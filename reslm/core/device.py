@@ -216,7 +216,7 @@ def cpu_gemm() -> tuple[str, str]:
     if forced:
         if forced not in GEMMS:
             raise ReslmError(f"RESLM_GEMM must be one of {', '.join(GEMMS)}, got {forced!r}")
-        if forced == "onednn" and not _onednn_linear():
+        if forced == "onednn" and not onednn_available():
             raise ReslmError("RESLM_GEMM=onednn: this torch has no oneDNN inner product")
         return forced, f"RESLM_GEMM={forced}"
     if not torch.backends.mkl.is_available():
@@ -224,12 +224,13 @@ def cpu_gemm() -> tuple[str, str]:
     vendor = cpu_vendor()
     if vendor in (None, "GenuineIntel"):
         return "torch", f"MKL on {vendor or 'an unknown vendor'}'s CPU"
-    if not _onednn_linear():
+    if not onednn_available():
         return "torch", "this torch has no oneDNN inner product"
     return "onednn", f"MKL runs its generic code path on {vendor} CPUs"
 
 
-def _onednn_linear() -> bool:
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN's inner product (torch.ops.mkldnn._linear_pointwise) on the CPU."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 

@@ -140,7 +140,7 @@ def _tanh_step(x: torch.Tensor, s: torch.Tensor | None, W_T: torch.Tensor, buf: 
     via_sigmoid: tanh(z) = 2 sigmoid(2z) - 1, the 2z from the GEMM's alpha = beta = 2 (exact scaling).
     W (`onednn_weight`): the product s W^T comes from oneDNN's inner product, then the same tanh."""
     if W is not None and s is not None:
-        z = torch.ops.mkldnn._linear_pointwise(s, W, None, "none", [], "").add_(x)
+        z = torch.ops.mkldnn._linear_pointwise(s.contiguous(), W, None, "none", [], "").add_(x)
         if via_sigmoid:
             torch.add(_MINUS_ONE, z.mul_(2).sigmoid_(), alpha=2, out=x)
         else:
@@ -182,7 +182,7 @@ def tanh_recurrence(states: torch.Tensor, s: torch.Tensor | None, W_T: torch.Ten
     (the "blocked" backend; the same arithmetic row by row, so the same states).
     `scratch`: a (>= rows, N) buffer to use instead of a new one.
     via_sigmoid: tanh as 2 sigmoid(2z) - 1 where `sigmoid_tanh_pays` (the "sigmoid" backend).
-    The GEMM goes through oneDNN where `onednn_weight` says so (the same arithmetic, another library).
+    The GEMM goes through oneDNN where `onednn_weight` says so (the same product, another library).
     """
     B = states.shape[1] if states.dim() == 3 else 0
     rows = block_rows if 0 < block_rows < B else B

@@ -27,7 +27,7 @@ def test_the_library_is_chosen_by_the_blas_and_the_vendor_never_by_a_timing(monk
     for vendor, want in (("GenuineIntel", "torch"), ("AuthenticAMD", "onednn"), (None, "torch")):
         monkeypatch.setattr(device, "cpu_vendor", lambda v=vendor: v)
         device.cpu_gemm.cache_clear()
-        assert device.cpu_gemm()[0] == (want if device._onednn_linear() else "torch"), vendor
+        assert device.cpu_gemm()[0] == (want if device.onednn_available() else "torch"), vendor
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: False)
     device.cpu_gemm.cache_clear()
     assert device.cpu_gemm() == ("torch", "torch's BLAS is not MKL")
@@ -38,7 +38,7 @@ def test_the_library_is_chosen_by_the_blas_and_the_vendor_never_by_a_timing(monk
         device.cpu_gemm()
 
 
-@pytest.mark.skipif(not device._onednn_linear(), reason="this torch has no oneDNN inner product")
+@pytest.mark.skipif(not device.onednn_available(), reason="this torch has no oneDNN inner product")
 @pytest.mark.parametrize("backend,leak", [("sigmoid", 1.0), ("loop", 1.0), ("blocked", 0.6)])
 def test_onednn_states_equal_the_torch_ones(monkeypatch, gemm, backend, leak):
     """Every recurrence kernel gives the same states (to float32 rounding) through either library, the
@@ -62,10 +62,10 @@ def test_onednn_states_equal_the_torch_ones(monkeypatch, gemm, backend, leak):
 
 
 def test_small_or_non_float32_steps_keep_torch(monkeypatch, gemm):
-    gemm("onednn") if device._onednn_linear() else None
+    gemm("onednn") if device.onednn_available() else None
     W_T = torch.randn(40, 40)
     assert esn.onednn_weight(torch.zeros(2, 40), W_T, rows=2) is None                  # under ONEDNN_MIN_MACS
     monkeypatch.setattr(esn, "ONEDNN_MIN_MACS", 0)
     assert esn.onednn_weight(torch.zeros(2, 40, dtype=torch.bfloat16), W_T, rows=2) is None
-    if device._onednn_linear():
+    if device.onednn_available():
         assert torch.equal(esn.onednn_weight(torch.zeros(2, 40), W_T, rows=2), W_T.t())
