@@ -18,9 +18,8 @@ from reslm.reservoir.esn import onednn_weight
 # --- 1. recurrence vs GEMM -------------------------------------------------------------------------
 def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, device: torch.device,
                      input_dim: int = 16, **timing) -> dict:
-    """ESN.forward over `batch` streams x `steps` steps vs `steps` x torch.mm((B,N),(N,N)), same dtype
-    (and, on a CPU in float32, the same product through oneDNN: `onednn_gemm_gflops`; `gemm_library`
-    is the one the reservoir's steps used, reslm.reservoir.esn.onednn_weight).
+    """ESN.forward over `batch` streams x `steps` steps vs `steps` x torch.mm((B,N),(N,N)), same dtype;
+    `onednn_gemm_gflops` (`_onednn_case`), `gemm_library` (the one the reservoir used: esn.onednn_weight).
 
     Both sides count 2 B N^2 flops per step; the reservoir side also pays its input GEMM and tanh.
     The ESN runs with its default backend ("reservoir": on a CPU tanh as 2 sigmoid(2z) - 1), with the
@@ -55,22 +54,13 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
         for _ in range(steps):
             torch.tanh(x, out=y)
 
-    W_lin = W.t().contiguous()
-
-    def onednn():     # the same product through oneDNN's inner product (what cpu_gemm may route it to)
-        for _ in range(steps):
-            torch.ops.mkldnn._linear_pointwise(x, W_lin, None, "none", [], "")
-
     def warm():
         esn(u[:, :1], s0)
         torch.mm(x, W, out=y)
         torch.tanh(x, out=y)
 
     cases = dict(gemm=gemm, reservoir=reservoir, loop=lambda: reservoir(esn_loop),
-                 blocked=lambda: reservoir(esn_blocked), tanh=tanh)
-    with_onednn = device.type == "cpu" and dtype == torch.float32 and onednn_available()
-    if with_onednn:
-        cases["onednn"] = onednn
+                 blocked=lambda: reservoir(esn_blocked), tanh=tanh, **_onednn_case(x, W, steps, device))
     t = repeat(cases, device, **timing, warmup=warm)
     flops = 2.0 * batch * steps * size * size
     res_s, gemm_s, loop_s, blk_s = (min(t[k]) for k in ("reservoir", "gemm", "loop", "blocked"))
@@ -84,8 +74,21 @@ def bench_recurrence(size: int, *, batch: int, steps: int, dtype: torch.dtype, d
                 tanh_ms_per_step=sig(1e3 * min(t["tanh"]) / steps),
                 states_per_s=sig(batch * steps / res_s),
                 gemm_library="torch" if onednn_weight(x, W, batch) is None else "onednn",
-                **(dict(onednn_gemm_gflops=sig(flops / min(t["onednn"]) / 1e9)) if with_onednn else {}),
+                **(dict(onednn_gemm_gflops=sig(flops / min(t["onednn"]) / 1e9)) if "onednn" in t else {}),
                 **{k: stats(t[k]) for k in ("reservoir", "gemm", "loop", "blocked")})
+
+
+def _onednn_case(x: torch.Tensor, W_T: torch.Tensor, steps: int, device: torch.device) -> dict:
+    """{"onednn": steps x x @ W_T through oneDNN's inner product} (what cpu_gemm may route the
+    recurrence's product to), on a CPU in float32 where torch has it; else {}."""
+    if device.type != "cpu" or x.dtype != torch.float32 or not onednn_available():
+        return {}
+    W = W_T.t().contiguous()
+
+    def onednn():
+        for _ in range(steps):
+            torch.ops.mkldnn._linear_pointwise(x, W, None, "none", [], "")
+    return dict(onednn=onednn)
 
 
 def recurrence_rows(plan: BenchPlan, device: torch.device, dtype: str, say) -> dict:
