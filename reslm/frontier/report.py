@@ -291,8 +291,8 @@ def gap_figures(plans: dict[str, Plan], results: Path, index: dict) -> tuple[lis
 def _val_curve(folder: Path) -> list[tuple[int, int, float]]:
     """(step, samples seen, validation CE) of each evaluation a run folder recorded."""
     batch = read_config(folder)["train"].get("batch_size", 1)
-    return [(r["step"], r["step"] * batch, r[VAL_LOSS]) for r in read_metrics(folder)
-            if r.get("kind") == "eval" and r.get("step", 0) > 0 and isinstance(r.get(VAL_LOSS), (int, float))]
+    return [(r["step"], r["step"] * batch, r[VAL_LOSS]) for r in read_metrics(folder, "eval")
+            if r.get("step", 0) > 0 and isinstance(r.get(VAL_LOSS), (int, float))]
 
 
 def _interpolate(curve: list[tuple[int, int, float]], samples: int) -> float | None:

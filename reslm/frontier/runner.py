@@ -90,9 +90,9 @@ def figures(folder: Path) -> dict:
     summary = read_json(folder / SUMMARY) or {}
     cfg = read_config(folder)
     tc = cfg["train"]
-    rows = read_metrics(folder)
-    evals = [r for r in rows if r.get("kind") == "eval" and r.get("step", 0) > 0]
-    timed = [r["eval_seconds"] for r in rows if r.get("kind") in ("eval", "weights") and "eval_seconds" in r]
+    rows = read_metrics(folder, "eval", "weights")
+    evals = [r for r in rows if r["kind"] == "eval" and r.get("step", 0) > 0]
+    timed = [r["eval_seconds"] for r in rows if "eval_seconds" in r]
     total = max(1, len(cfg["data"].get("train_shards", [0] * 5)) * tc.get("epochs_per_shard", 1) * tc.get("cycles", 1))
     test = summary.get(kept_of(TEST_LOSS), summary.get(final_of(TEST_LOSS)))
     window, stream = both_metrics(folder, summary)

@@ -17,6 +17,7 @@ that field's default today, so an old run compares as the configuration it was.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -36,7 +37,13 @@ LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$")
 
 def train_defaults(family_name: str) -> dict:
     """Every training field at the family's default (TrainConfig's, then the family's overrides)."""
-    return {**asdict(TrainConfig()), **family(family_name).train}
+    return {**_train_config_defaults(), **family(family_name).train}
+
+
+@functools.cache
+def _train_config_defaults() -> dict:
+    """TrainConfig's defaults, made once (every field is a number, a string, a bool or None: nothing to share)."""
+    return asdict(TrainConfig())
 
 
 def model_defaults(family_name: str, preset: str | None = None) -> dict:

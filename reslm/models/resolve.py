@@ -18,6 +18,7 @@ its identity and fingerprint are reslm.models.identity's.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, fields
 from functools import cached_property
@@ -29,6 +30,9 @@ from reslm.models.base import config_dict
 from reslm.models.budget import Frontier, check_frontier
 from reslm.models.registry import family
 from reslm.models.registry import preset as preset_of
+from reslm.reservoir import RESERVOIRS
+
+_VERDICTS: dict[tuple, Frontier] = {}   # ModelSpec.frontier's, one per configuration
 
 CHAR_VOCAB = 59   # the Shakespeare characters (the paper's vocabulary): a plan's or the bench's configuration
                   # is resolved at it before its dataset is opened
@@ -114,7 +118,14 @@ class ModelSpec:
 
     @cached_property
     def frontier(self) -> Frontier:
-        return check_frontier(self.shape)
+        # one verdict per configuration in a process (a report reads hundreds of runs of a few dozen), keyed
+        # by its fields but the seed (which draws values, not shapes or what is trained) and by the classes
+        # that build it (an --import may register a name anew)
+        key = (self.family, family(self.family).model, tuple(RESERVOIRS.items()),
+               json.dumps({k: v for k, v in self.fields.items() if k != "seed"}, sort_keys=True, default=repr))
+        if key not in _VERDICTS:
+            _VERDICTS[key] = check_frontier(self.shape)
+        return _VERDICTS[key]
 
     @cached_property
     def bytes(self) -> int:

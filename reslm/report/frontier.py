@@ -72,7 +72,7 @@ def frontier_points(repo: Path, paper: list[dict]) -> list[dict]:
         cfg = read_json(folder / CONFIG) or {}
         if cfg.get("data", {}).get("kind", "chars") != "chars" or not whole_shard_final(cfg["train"]):
             continue
-        rows = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get(TEST_LOSS) is not None]
+        rows = [r for r in read_metrics(folder, "eval") if r.get(TEST_LOSS) is not None]
         if not rows or (cfg["train"].get("eval_samples", 0) and not read_manifest(folder).get("finished")):
             continue   # an unfinished run's last score is on fewer positions than the whole shard
         if read_source(folder) is not None:   # its reservoir's config class is in a user's file, never run here

@@ -66,7 +66,7 @@ def _figures(out: Path, results: dict) -> dict:
     if char_rows:
         made["fig2"] = figures.plot_char_losses(
             [dict(family=r["family"], name=r["preset"], trainable_params=r["trainable_params"],
-                  epochs=[m for m in read_metrics(out / "runs" / r["preset"]) if m["kind"] == "eval"],
+                  epochs=read_metrics(out / "runs" / r["preset"], "eval"),
                   shards_per_cycle=r["shards_per_cycle"]) for r in char_rows], fig_dir)
         baselines = {f"Kneser-Ney order {kn['order']}": kn["overlap"]} if kn else None
         made["fig3"] = figures.plot_overlap(char_rows, fig_dir, baselines=baselines)

@@ -105,7 +105,7 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
                                  (f"per-shard CE on {tc.get('eval_samples', 0):,} test positions",
                                   tc.get("eval_samples", 0) != 0)) if on]
         wall = prov.get("wall", {})
-        rows = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("step", 0) > 0]
+        rows = [r for r in read_metrics(folder, "eval") if r.get("step", 0) > 0]
         link = f"results/{folder.name}"
         if "shard" not in (rows[0] if rows else {"shard": 0}):     # a token-level run: the other table
             other.append(dict(name=name, family=cfg["family"], trainable=trainable, folder=link, rows=rows,

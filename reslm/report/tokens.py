@@ -102,7 +102,7 @@ runs before variants, trainable parameters."""
             continue
         m, summary = read_manifest(folder), read_json(folder / SUMMARY) or {}
         prov, ev = read_json(folder / PROVENANCE) or {}, read_json(folder / EVAL) or {}
-        evals = [r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("step", 0) > 0
+        evals = [r for r in read_metrics(folder, "eval") if r.get("step", 0) > 0
                  and isinstance(r.get(VAL_LOSS), (int, float))]
         steps = m.get("step") or 0
         train_tokens = cfg["data"].get("fingerprint", {}).get("files", {}).get("train.bin", {}).get("bytes", 0) // 2

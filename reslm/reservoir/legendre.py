@@ -93,11 +93,14 @@ def discretise(A: torch.Tensor, B: torch.Tensor, theta: float) -> tuple[torch.Te
 
 def stationary_variance(Abar: torch.Tensor, Bbar: torch.Tensor, doublings: int = 40) -> torch.Tensor:
     """diag(P), P = sum_k Abar^k Bbar Bbar^T Abar^k^T (a unit white input's stationary covariance), by
-    doubling: P_2K = P_K + Abar^K P_K Abar^K^T."""
+    doubling: P_2K = P_K + Abar^K P_K Abar^K^T, until Abar^K is below 1e-100 (every later term then
+    underflows against P: the same float64 result, without products of denormal numbers)."""
     P, Ak = torch.outer(Bbar, Bbar), Abar.clone()
     for _ in range(doublings):
         P = P + Ak @ P @ Ak.T
         Ak = Ak @ Ak
+        if Ak.abs().max() < 1e-100:
+            break
     return torch.diagonal(P).clone()
 
 
@@ -109,7 +112,12 @@ class LegendreMemory(Reservoir):
     def __init__(self, cfg: LegendreConfig):
         super().__init__(cfg)
         q, C = cfg.q, cfg.chunk
-        with torch.device("cpu"):   # a few (q, q) products, also when the model is built on the meta device
+        if torch.empty(0).is_meta:   # shape-only construction (counting parameters): compute nothing
+            Abar, Bbar, toeplitz, carry = (torch.empty(s, dtype=torch.float64) for s in ((q, q), (q,), (C * q, C),
+                                                                                       (C * q, q)))
+            self._keep(Abar, Bbar, toeplitz, carry, q)
+            return
+        with torch.device("cpu"):   # float64 on the CPU whatever the default device
             Abar, Bbar = discretise(*legendre_system(q, cfg.theta), cfg.theta)
             if cfg.normalize:
                 D = stationary_variance(Abar, Bbar).clamp_min(1e-300).rsqrt()
@@ -121,11 +129,13 @@ class LegendreMemory(Reservoir):
             H = torch.stack([p @ Bbar for p in powers[:C]])            # (C, q): impulse response Abar^k Bbar
             lag = torch.arange(C)[:, None] - torch.arange(C)[None, :]  # j - i
             toeplitz = torch.where((lag >= 0)[..., None], H[lag.clamp_min(0)], 0.0)   # (C, C, q): [j, i, p]
+        self._keep(Abar, Bbar, toeplitz.permute(0, 2, 1).reshape(C * q, C),   # rows (j, p)
+                   torch.stack(powers[1:]).reshape(C * q, q), q)             # Abar^(j+1), rows (j, p)
+
+    def _keep(self, Abar, Bbar, toeplitz, carry, q: int) -> None:
         # float64 buffers (cast to the compute dtype when used), so that the float64 path is exact
-        self.register_buffer("Abar", Abar)                                             # (q, q)
-        self.register_buffer("Bbar", Bbar)                                             # (q,)
-        self.register_buffer("toeplitz", toeplitz.permute(0, 2, 1).reshape(C * q, C))   # rows (j, p)
-        self.register_buffer("carry", torch.stack(powers[1:]).reshape(C * q, q))       # Abar^(j+1), rows (j, p)
+        for name, t in (("Abar", Abar), ("Bbar", Bbar), ("toeplitz", toeplitz), ("carry", carry)):
+            self.register_buffer(name, t)
         self.q = q
 
     def init_state(self, batch: int, device=None, dtype=None) -> torch.Tensor:

@@ -176,11 +176,12 @@ def read_config(run_dir: Path) -> dict:
 # ---------------------------------------------------------------------------------------------------
 # metrics.jsonl
 
-def _scan_metrics(path: Path) -> tuple[list[dict], int | None, bool]:
+def _scan_metrics(path: Path, only: tuple[bytes, ...] = ()) -> tuple[list[dict], int | None, bool]:
     """(rows, byte offset of a cut-off last line or None, whether the file lacks its final newline).
 
-    A row is a JSON object on one line; blank lines are skipped. A bad last line is reported, not
-    read (a kill or a full disk mid-append); a bad line before it raises ReslmError with its number."""
+    A row is a JSON object on one line; blank lines are skipped, and so, unread, are lines holding none
+    of the byte strings `only` where given. A bad last line is reported, not read (a kill or a full disk
+    mid-append); a bad line before it raises ReslmError with its number."""
     data = read_plain(path)   # a link or a special file in its place: ReslmError, not followed
     if data is None:
         return [], None, False
@@ -189,7 +190,7 @@ def _scan_metrics(path: Path) -> tuple[list[dict], int | None, bool]:
     rows, pos = [], 0
     for i, raw in enumerate(lines):
         start, pos = pos, pos + len(raw) + 1
-        if not raw.strip():
+        if not raw.strip() or (only and not any(b in raw for b in only)):
             continue
         try:
             row = json.loads(raw.decode("utf-8"))
@@ -219,14 +220,16 @@ def _finite_or_none(obj):
     return obj
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    """The rows of metrics.jsonl ([] if there is none). A cut-off last line is dropped with a warning on
-    stderr; a damaged line before it raises ReslmError naming the file and line number."""
+def read_metrics(run_dir: Path, *kinds: str) -> list[dict]:
+    """The rows of metrics.jsonl ([] if there is none); with `kinds` ("eval", "weights"), only the rows of
+    those kinds, the others skipped unparsed (a log's step rows are most of it). A cut-off last line is
+    dropped with a warning on stderr; a damaged line before it (among those read) raises ReslmError naming
+    the file and line number."""
     path = Path(run_dir) / METRICS
-    rows, torn_at, _ = _scan_metrics(path)
+    rows, torn_at, _ = _scan_metrics(path, tuple(json.dumps(k).encode() for k in kinds))
     if torn_at is not None:
         _warn_torn(path)
-    return rows
+    return [r for r in rows if r.get("kind") in kinds] if kinds else rows
 
 
 class MetricsLog:

@@ -3,9 +3,11 @@ tiny corpus made in the test."""
 import hashlib
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,10 +66,28 @@ def run(plan, results, runs, root, **kw):
     return run_plan(load_plan(plan), results, runs, data_root=root, progress=False, say=lambda m: None, **kw)
 
 
-def test_a_plan_is_screened_then_its_finalist_finishes_and_the_rule_chooses(where, monkeypatch):
-    path, results, runs, root = where
+@pytest.fixture(scope="module")
+def screened_once(tmp_path_factory, chars):
+    """The tiny plan run to its end once for the module: (folder holding it, the run's table)."""
+    home = tmp_path_factory.mktemp("screened")
+    path = write_plan(home, BASE + CANDIDATES)
+    return home, run(path, home / "results", home / "runs", chars.path.parent)
+
+
+@pytest.fixture
+def screened(tmp_path, screened_once, chars):
+    """`where` with the plan already run to its end (a copy of the module's run, the test's own to change),
+    and the table that run returned."""
+    home, table = screened_once
+    for part in ("tiny-plan.toml", "results", "runs"):
+        (shutil.copytree if (home / part).is_dir() else shutil.copy)(home / part, tmp_path / part)
+    where = write_plan(tmp_path, BASE + CANDIDATES), tmp_path / "results", tmp_path / "runs", chars.path.parent
+    return where, [replace(e, folder=e.folder and tmp_path / e.folder.relative_to(home)) for e in table]
+
+
+def test_a_plan_is_screened_then_its_finalist_finishes_and_the_rule_chooses(screened, monkeypatch):
+    (path, results, runs, root), table = screened
     plan = load_plan(path)
-    table = run(path, results, runs, root)
     sel = selection(plan, table)
     assert sel["screened"] and len(sel["finalists"]) <= 1
     done = [e for e in table if e.state == "done"]
@@ -142,10 +162,9 @@ def test_time_left_is_paced_by_runs_on_this_cpu_before_runs_on_others(where):
     assert frunner.estimate(begun, [far, here], cpu="slow (AVX2)") == 240.0
 
 
-def test_a_finished_run_logs_the_time_of_its_evaluations(where):
-    path, results, runs, root = where
+def test_a_finished_run_logs_the_time_of_its_evaluations(screened):
+    (path, results, runs, root), _ = screened
     plan = load_plan(path)
-    run(path, results, runs, root)
     e = next(e for e in plan_table(plan, results, runs) if e.state == "done")
     summary = json.loads((e.folder / "summary.json").read_text())
     assert e.eval_seconds is not None and e.eval_seconds > 0
@@ -262,9 +281,8 @@ def test_the_chosen_configuration_is_scored_on_the_windows_and_a_stopped_scoring
     assert not (waiting[0].folder / "eval-window.partial.json").exists()
 
 
-def test_the_ledger_says_what_was_finished_when_a_candidate_joined(where):
-    path, results, runs, root = where
-    run(path, results, runs, root)
+def test_the_ledger_says_what_was_finished_when_a_candidate_joined(screened):
+    (path, results, runs, root), _ = screened
     finished = len([e for e in plan_table(load_plan(path), results, runs) if e.state == "done"])
     path.write_text(path.read_text() + '\n[[candidate]]\nlabel = "lr1e-3"\ntrain = { lr = 1e-3 }\n')
     plan = load_plan(path)
@@ -524,7 +542,7 @@ def test_bench_runs_a_reservoir_from_a_user_file_in_the_recipe(where, tmp_path, 
         """))
     out = tmp_path / "bench"
     r = bench("ring-test", imports=[str(user)], seeds=(0, 1), out=out, results=results, data_root=root,
-              progress=False, recipe_plan=str(path))
+              progress=False, recipe_plan=str(path), memory_positions=0)
     assert r["mine"]["test"][2] == 2 and f"**ring-test** (this bench; {user}, sha256 " in r["table"]
     # its runs record the reservoir by its name and the file's sha256
     sha = hashlib.sha256(user.read_bytes()).hexdigest()[:12]
@@ -533,10 +551,11 @@ def test_bench_runs_a_reservoir_from_a_user_file_in_the_recipe(where, tmp_path, 
     assert "ring-test" in card and str(user) in card and "Strict reservoir rules" in card
     # the seeds at once, each in its own process: it must register the user's reservoir too, and train the same
     again = bench("ring-test", imports=[str(user)], seeds=(0, 1), out=tmp_path / "jobs", results=results,
-                  data_root=root, progress=False, recipe_plan=str(path), jobs=2)
+                  data_root=root, progress=False, recipe_plan=str(path), jobs=2, memory_positions=0)
     assert again["mine"]["test"] == r["mine"]["test"]
     with pytest.raises(ReslmError, match="unknown reservoir"):
         bench("no-such-reservoir", out=out, results=results, recipe_plan=str(path))
+    capsys.readouterr()
     assert main(["frontier", "bench", "--reservoir", "nope", "--out", str(out), "--results", str(results)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown reservoir 'nope'" in err[0]
@@ -562,12 +581,11 @@ def test_an_unknown_device_is_refused_before_any_run_starts(where, capsys):
     assert "unknown device 'bogus'" in capsys.readouterr().err and not runs.exists()
 
 
-def test_the_gap_figure_draws_each_configuration_and_each_screen_against_its_base(where, monkeypatch, tmp_path):
+def test_the_gap_figure_draws_each_configuration_and_each_screen_against_its_base(screened, monkeypatch, tmp_path):
     from reslm.frontier import report as freport
     from reslm.frontier.runner import index_results
-    path, results, runs, root = where
+    (path, results, runs, root), table = screened
     plan = load_plan(path)
-    table = run(path, results, runs, root)
     monkeypatch.setattr(freport, "GAP_PLANS", (("reservoir", (plan.name,)),))
     rows, curves = freport.gap_figures({plan.name: plan}, results, index_results(results))
     groups = selection(plan, table)["groups"]

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAPER = dict(batch_size=1024, lr=1e-4, epochs_per_shard=5, epoch_samples=0, shard_chars=0, eval_samples=0)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def checkout() -> Path:
     """The repository, whose results/ the test reads; skipped while a run trains in place there (`reslm
     frontier run` continuing a published run): its files change under the test, and the docs describe
@@ -31,18 +31,24 @@ def checkout() -> Path:
     return REPO
 
 
-def test_readme_docs_and_figures_are_what_report_writes(checkout):
+@pytest.fixture(scope="module")
+def built(checkout):
+    """build(REPO) once for the tests that read it: (outputs, figures)."""
+    return build(checkout)
+
+
+def test_readme_docs_and_figures_are_what_report_writes(built):
     """README.md's results table, docs/results.md and docs/speed.md equal what `reslm report` writes from the
     repository's data: run `reslm report` after publishing a run or adding a bench JSON to results/bench/."""
     text = (REPO / "README.md").read_text()
     assert text.count(README_BEGIN) == 1 and text.count(README_END) == 1
-    outputs, _ = build(REPO)
+    outputs, _ = built
     assert outputs["README.md"] == text, "README.md's results table is out of date: run `reslm report`"
     assert report(REPO, check=True) == []
 
 
-def test_legacy_rows_are_marked_and_read_from_their_curves(checkout):
-    outputs, figs = build(REPO)
+def test_legacy_rows_are_marked_and_read_from_their_curves(built):
+    outputs, figs = built
     curves = figs["curves"]
     table = outputs["README.md"].split(README_BEGIN)[1].split(README_END)[0]
     row = next(line for line in table.splitlines() if line.startswith("| aerc-160-30 |") and "| window |" in line)
@@ -111,11 +117,11 @@ def test_speed_page_reads_the_bench_files_in_results_bench(tmp_path):
     assert "bench-b.json" not in page
 
 
-def test_docs_holds_pages_and_what_the_report_draws_not_its_inputs(checkout):
+def test_docs_holds_pages_and_what_the_report_draws_not_its_inputs(built):
     """docs/ holds no JSON but a command's report folder's own results.json beside its report.md: measured
     data lives under results/ (bench: results/bench/), and so do the fits the report computes
     (results/token-scaling.json); the report writes no JSON into docs/."""
-    outputs, _ = build(REPO)
+    outputs, _ = built
     assert not [rel for rel in outputs if rel.startswith("docs/") and rel.endswith(".json")]
     assert "results/token-scaling.json" in outputs and (REPO / "results" / "token-scaling.json").is_file()
     docs = REPO / "docs"
@@ -124,13 +130,13 @@ def test_docs_holds_pages_and_what_the_report_draws_not_its_inputs(checkout):
     assert not stray, f"data files in docs/ (move them under results/, e.g. results/bench/): {stray}"
 
 
-def test_the_report_says_the_paper_protocol_from_reslm_paper(checkout):
+def test_the_report_says_the_paper_protocol_from_reslm_paper(built):
     """The protocol's numbers are written once (reslm.paper.PROTOCOL): the pages say them in words built
     from it, and no module of reslm/report spells them out again."""
     assert (lr_words(1e-4), lr_words(3e-3), lr_words(0.01)) == ("1e-4", "3e-3", "1e-2")
     epochs, batch, lr = PROTOCOL["epochs_per_shard"], PROTOCOL["batch_size"], lr_words(PROTOCOL["lr"])
     assert PAPER_SAMPLING == f"{epochs} epochs on each full training shard, batch {batch}"
-    outputs, _ = build(REPO)
+    outputs, _ = built
     assert f"{PAPER_SAMPLING}, {PAPER_OPTIMISER};" in outputs["docs/results.md"]
     assert f"({PAPER_SAMPLING})" in outputs["docs/frontier.md"]
     copies = {p.name: w for p in sorted((REPO / "reslm" / "report").glob("*.py"))
@@ -149,12 +155,12 @@ def test_check_names_what_is_out_of_date(repo, capsys):
     assert "has no <!-- results:begin -->" in capsys.readouterr().err
 
 
-def test_frontier_page_ranks_runs_and_names_the_best_strict_one(checkout):
+def test_frontier_page_ranks_runs_and_names_the_best_strict_one(built):
     """docs/frontier.md: every whole-shard character run ranked by validation CE (runs with a split, within
     their split) and then by test CE, the strict-rules verdict per run (a transformer never qualifies), the
     best strict single run named, the Kneser-Ney reference from data."""
     from reslm.report.frontier import SPLIT_RANK
-    outputs, figs = build(REPO)
+    outputs, figs = built
     page = outputs["docs/frontier.md"]
     points = figs["frontier"]
     with_val = [p for p in points if p.get("val_loss") is not None]

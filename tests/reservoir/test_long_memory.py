@@ -13,7 +13,7 @@ from reslm.reservoir import (ESN, RESERVOIRS, Composite, CompositeConfig, Diagon
                              ES2NConfig, ESNConfig, LegendreConfig, LegendreMemory, child_seed)
 from reslm.reservoir.capacity import capacity_reach, memory_capacity
 from reslm.reservoir.composite import PART_KEY, split_parts
-from reslm.reservoir.legendre import legendre_system, stationary_variance
+from reslm.reservoir.legendre import discretise, legendre_system, stationary_variance
 from reslm.reservoir.nvar import nvar_size
 
 D = 5
@@ -121,6 +121,24 @@ def test_legendre_memory_holds_the_window_and_each_dimension_apart():
     u[0, :, 1] = 1.0                                                     # only the second dimension moves
     s = res(u)[0].view(1, 20, 3, 4)
     assert s[..., 0, :].abs().max() == 0 and s[..., 2, :].abs().max() == 0 and s[..., 1, :].abs().max() > 0.1
+
+
+@pytest.mark.parametrize("q, theta", [(8, 4.0), (64, 256.0), (256, 64.0)])
+def test_the_stationary_variance_stops_doubling_where_the_terms_underflow_with_the_same_bits(q, theta):
+    Abar, Bbar = discretise(*legendre_system(q, theta), theta)
+    P, Ak = torch.outer(Bbar, Bbar), Abar.clone()
+    for _ in range(40):   # every doubling, denormal products included
+        P, Ak = P + Ak @ P @ Ak.T, Ak @ Ak
+    assert torch.equal(stationary_variance(Abar, Bbar), torch.diagonal(P))
+
+
+def test_legendre_built_on_the_meta_device_has_the_real_ones_buffers():
+    cfg = LegendreConfig(size=3 * 16, input_dim=3, theta=40.0, chunk=8)
+    with torch.device("meta"):
+        shape = LegendreMemory(cfg)
+    real = LegendreMemory(cfg)
+    assert [(n, b.shape, b.dtype) for n, b in shape.named_buffers()] == \
+        [(n, b.shape, b.dtype) for n, b in real.named_buffers()] and shape.q == real.q == 16
 
 
 def test_legendre_normalize_is_a_fixed_diagonal_change_of_basis():

@@ -159,6 +159,18 @@ def test_deleting_the_lock_file_does_not_release_the_lock(tmp_path):
 
 # ------------------------------------------------------------------------------------------ metrics
 
+def test_rows_of_one_kind_are_read_without_the_others(tmp_path):
+    """read_metrics(folder, "eval"): the evaluation rows (or of several kinds), however the JSON is spaced; a row that only names
+    "eval" in a value of another kind is not one; the step rows are not parsed (a bad one goes unseen)."""
+    (tmp_path / R.METRICS).write_text('{"kind": "step", "step": 1, "eval_seconds": 2}\n{"kind":"eval","step":1}\n'
+                                      'not json at all\n{"kind": "weights", "note": "eval"}\n'
+                                      '{"step": 2, "kind": "eval"}\n')
+    assert R.read_metrics(tmp_path, "eval") == [dict(kind="eval", step=1), dict(step=2, kind="eval")]
+    assert [r["kind"] for r in R.read_metrics(tmp_path, "eval", "weights")] == ["eval", "weights", "eval"]
+    with pytest.raises(ReslmError, match="line 3 is not a JSON row"):
+        R.read_metrics(tmp_path)
+
+
 def test_torn_last_line_dropped_with_warning_and_log_continues(tmp_path, capsys):
     path = tmp_path / R.METRICS
     path.write_text('{"kind": "step", "step": 1}\n{"kind": "step", "step": 2}\n{"kind": "st')
