@@ -94,15 +94,20 @@ def half_of(label: str) -> str:
     return "A" if int(hashlib.sha256(label.encode()).hexdigest(), 16) % 2 == 0 else "B"
 
 
-def _halves(rows: list[dict]) -> list[str]:
-    """Spearman's rho on each half: A by validation CE (what a choice of quick recipe may read), B by test CE
-    (what a user is told); under HALVES_FROM configurations, nothing."""
-    if len(rows) < HALVES_FROM:
-        return []
+def halves(rows: list[dict]) -> tuple[list[dict], list[dict], float | None, float | None]:
+    """(half A's rows, half B's rows, A's rho by validation CE, B's rho by test CE) of quick_against_full's
+    rows: A's figure is what a choice of quick recipe may read, B's what a user is told."""
     a = [r for r in rows if half_of(r["label"]) == "A" and r["quick_val"] is not None]
     b = [r for r in rows if half_of(r["label"]) == "B"]
-    rho_a = spearman([r["quick_val"] for r in a], [r["full_val"] for r in a])
-    rho_b = spearman([r["quick"] for r in b], [r["full"] for r in b])
+    return (a, b, spearman([r["quick_val"] for r in a], [r["full_val"] for r in a]),
+            spearman([r["quick"] for r in b], [r["full"] for r in b]))
+
+
+def _halves(rows: list[dict]) -> list[str]:
+    """Spearman's rho on each half (halves); under HALVES_FROM configurations, nothing."""
+    if len(rows) < HALVES_FROM:
+        return []
+    a, b, rho_a, rho_b = halves(rows)
     shown = [f"{x:.2f}" if x is not None else "too few to say" for x in (rho_a, rho_b)]
     return ["", f"By halves, fixed by each label's sha256 (reslm.frontier.report.half_of): half A "
             f"({', '.join(r['label'] for r in a) or 'none'}) ranks by validation CE at rho = {shown[0]} over {len(a)}, "
@@ -111,4 +116,46 @@ def _halves(rows: list[dict]) -> list[str]:
             "held-out figure a user reads."]
 
 
-__all__ = ["HALVES_FROM", "against_full", "half_of", "hms", "quick_against_full", "spearman"]
+# the candidate quick recipes of the bench (issue 71): plans that train the same substrates at seed 0
+RECIPE_PLANS = ("substrate-ranks", "substrate-ranks-lr3e-3", "substrate-ranks-lr1.5e-3", "substrate-ranks-half")
+
+
+def recipe_choice(plans: list[Plan], tables: dict[str, list[Entry]], index: dict) -> tuple[list[dict], str | None]:
+    """(one row per candidate recipe plan, the chosen plan's name or None). The rule: among the plans whose
+    half A is complete (every configuration of the plan in half A done at both budgets), the highest half A
+    rho by validation CE, ties to the cheaper (mean training seconds here); half B's test rho is read only
+    for the one chosen, and only reported. None until every candidate's half A is complete."""
+    rows = []
+    for plan in plans:
+        got = quick_against_full(plan, tables[plan.name], index)
+        a, b, rho_a, rho_b = halves(got)
+        want_a = [c for c in plan.configs if half_of(c.label or "base") == "A" and c.full_config() is not None]
+        want_b = [c for c in plan.configs if half_of(c.label or "base") == "B" and c.full_config() is not None]
+        rows.append(dict(plan=plan.name, a=len(a), a_of=len(want_a), b=len(b), b_of=len(want_b), rho_a=rho_a,
+                         rho_b=rho_b, seconds=statistics.mean(r["seconds"] for r in got) if got else None))
+    ready = [r for r in rows if r["a"] == r["a_of"] and r["rho_a"] is not None]
+    if len(ready) < len(rows):
+        return rows, None
+    best = max(ready, key=lambda r: (round(r["rho_a"], 2), -(r["seconds"] or 0)))
+    return rows, best["plan"]
+
+
+def recipes_markdown(plans: list[Plan], tables: dict[str, list[Entry]], index: dict) -> str:
+    """The recipe_choice table and its verdict, as the docs show it."""
+    rows, chosen = recipe_choice(plans, tables, index)
+    L = ["*Generated from the plans' published runs by `reslm report`.*", "",
+         "| candidate quick recipe (plan) | half A done | rho, half A (validation CE) | half B done | "
+         "rho, half B (test CE) | training time per run here |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        rho_a = "-" if r["rho_a"] is None else f"{r['rho_a']:.2f}"
+        rho_b = "read for the chosen recipe only" if r["plan"] != chosen else \
+            (f"**{r['rho_b']:.2f}**" if r["rho_b"] is not None else "too few to say")
+        L.append(f"| [{r['plan']}](frontier-plans.md#{r['plan'].replace('.', '')}) | {r['a']} of {r['a_of']} | "
+                 f"{rho_a} | {r['b']} of {r['b_of']} | {rho_b} | {hms(r['seconds'])} |")
+    L += ["", f"Chosen: **{chosen}** (the highest half A rho; its half B figure is the one a user reads)."
+          if chosen else "Chosen: none yet (every candidate's half A must be complete first)."]
+    return "\n".join(L) + "\n"
+
+
+__all__ = ["HALVES_FROM", "RECIPE_PLANS", "against_full", "half_of", "halves", "hms", "quick_against_full",
+           "recipe_choice", "recipes_markdown", "spearman"]

@@ -11,7 +11,7 @@ from reslm.core.files import atomic_write, read_json
 from reslm.core.metrics import TEST_LOSS, VAL_LOSS
 from reslm.frontier import ledger
 from reslm.frontier.plan import BUNDLED, Plan, bundled_plans, load_plan
-from reslm.frontier.ranks import against_full
+from reslm.frontier.ranks import RECIPE_PLANS, against_full, recipes_markdown
 from reslm.frontier.ranks import hms as _hms
 from reslm.frontier.runner import Entry, estimate, index_results, pending, plan_table, selection, to_score
 from reslm.models.identity import delta, describe, recipe
@@ -22,7 +22,7 @@ from reslm.run.registry import EVAL_WINDOW
 from reslm.scoring.pieces import kept
 
 PLANS_PAGE = "docs/frontier-plans.md"
-PAGES_WITH_BLOCKS = ("docs/frontier-routes.md",)   # hand-written pages with generated plan tables
+PAGES_WITH_BLOCKS = ("docs/frontier-routes.md", "docs/frontier-tool.md")   # hand-written pages with generated plan tables
 # docs/GAP_FIG.png draws these plans side by side: the trained ceilings and the reservoir's routes
 GAP_PLANS = (("trained ceiling", ("gru-ceiling", "lstm-ceiling")),
              ("reservoir", ("esn-routes", "esn-substrates", "esn-timescales", "esn-readout-rank", "esn-memory", "esn-head-capacity")))
@@ -142,16 +142,25 @@ BLOCK = re.compile(r"(<!-- plan:(?P<name>[A-Za-z0-9._-]+):begin -->\n)(?P<body>.
 
 def fill_plan_blocks(text: str, results: Path, index: dict | None = None, plans: dict[str, Plan] | None = None) -> str:
     """Every `<!-- plan:NAME:begin -->` ... `<!-- plan:NAME:end -->` block of a page, filled with that
-    plan's table from results/ (plan_markdown without its heading), and a `<!-- routes:begin -->` ...
-    `<!-- routes:end -->` block with routes_markdown (`plans`: name -> Plan, those not given are loaded): a
-    page's prose stays its own, its figures are generated."""
+    plan's table from results/ (plan_markdown without its heading), a `<!-- routes:begin -->` ...
+    `<!-- routes:end -->` block with routes_markdown and a `<!-- recipes:begin -->` ... `<!-- recipes:end -->`
+    block with the bench's quick recipes (`plans`: name -> Plan, those not given are loaded): a page's prose
+    stays its own, its figures are generated."""
     index = index_results(results) if index is None else index
     text = BLOCK.sub(lambda m: m[1] + plan_markdown(load_plan(m["name"]), results, None, heading=False, index=index)
                      + m[4], text)
+    text = RECIPES_BLOCK.sub(lambda m: m[1] + _recipes(results, index, plans) + m[3], text)
     return ROUTES_BLOCK.sub(lambda m: m[1] + routes_markdown(results, index, plans) + m[3], text)
 
 
 ROUTES_BLOCK = re.compile(r"(<!-- routes:begin -->\n)(?P<body>.*?)(<!-- routes:end -->)", re.S)
+RECIPES_BLOCK = re.compile(r"(<!-- recipes:begin -->\n)(?P<body>.*?)(<!-- recipes:end -->)", re.S)
+
+
+def _recipes(results: Path, index: dict, plans: dict[str, Plan] | None) -> str:
+    """The bench's candidate quick recipes and the one chosen (reslm.frontier.ranks.recipes_markdown)."""
+    chosen = [(plans or {}).get(name) or load_plan(name) for name in RECIPE_PLANS]
+    return recipes_markdown(chosen, {p.name: plan_table(p, results, None, index) for p in chosen}, index)
 
 
 def routes_markdown(results: Path, index: dict | None = None, plans: dict[str, Plan] | None = None) -> str:

@@ -29,3 +29,34 @@ def test_half_a_is_ranked_by_validation_and_half_b_by_test():
 
 def test_too_few_configurations_give_no_halves():
     assert _halves(rows(HALVES_FROM - 1)) == []
+
+
+def test_the_quick_recipe_is_chosen_on_half_a_alone_and_ties_go_to_the_cheaper(monkeypatch):
+    from reslm.frontier import ranks
+    plans = [load_plan(name) for name in ranks.RECIPE_PLANS]
+    agree = {"substrate-ranks-lr3e-3": 1, "substrate-ranks-half": 1}    # the others rank half A backwards
+    seconds = {"substrate-ranks-lr3e-3": 800.0, "substrate-ranks-half": 400.0}
+    left_out = []
+
+    def against(plan, table, index):
+        out = []
+        for i, c in enumerate(plan.configs):
+            label = c.label or "base"
+            if (plan.name, label) in left_out:
+                continue
+            sign = agree.get(plan.name, -1) if half_of(label) == "A" else 1
+            out.append(dict(label=label, quick=float(-i), full=float(i), quick_val=float(sign * i), full_val=float(i),
+                            seconds=seconds.get(plan.name, 600.0)))
+        return out
+
+    monkeypatch.setattr(ranks, "quick_against_full", against)
+    tables = {p.name: [] for p in plans}
+    rows, chosen = ranks.recipe_choice(plans, tables, {})
+    assert chosen == "substrate-ranks-half"                                  # rho 1 twice: the cheaper one
+    assert [r["rho_a"] for r in rows] == [-1.0, 1.0, -1.0, 1.0]
+    text = ranks.recipes_markdown(plans, tables, {})
+    assert text.count("read for the chosen recipe only") == 3 and "**-1.00**" in text   # B read for the chosen alone
+    first_a = next(c.label for c in plans[0].configs if half_of(c.label or "base") == "A")
+    left_out.append((plans[0].name, first_a))                                # one half-A run missing: no choice
+    assert ranks.recipe_choice(plans, tables, {})[1] is None
+    assert "Chosen: none yet" in ranks.recipes_markdown(plans, tables, {})
