@@ -24,6 +24,7 @@ from reslm.cli.flags import check_paths
 from reslm.cli.parsers import build_parser
 from reslm.cli.train import check_preset, check_resume
 from reslm.core.device import use_threads
+from reslm.core import stop
 from reslm.core.errors import OutOfMemory, ReslmError, describe
 
 
@@ -55,8 +56,9 @@ def main(argv=None) -> int:
     except SystemExit as e:  # --help, or a bad flag (one line already printed)
         return int(e.code or 0)
     debug = args.debug or os.environ.get("RESLM_DEBUG", "") not in ("", "0")
-    # SIGTERM (`kill`, a batch scheduler's stop, the end of a session) stops a command as Ctrl-C does:
-    # a training run keeps its last checkpoint and a published folder is published again
+    # SIGTERM (`kill`, a batch scheduler's stop, the end of a session): a training stops at the end of its
+    # step as at its deadline (reslm.core.stop); anything else, or a second SIGTERM, stops as Ctrl-C does
+    # (a training keeps its last checkpoint and a published folder is published again)
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
         else None
     try:
@@ -76,10 +78,15 @@ def main(argv=None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        stop.clear()   # a stop asked of this command ends with it
     return 0
 
 
 def _interrupt(signum, frame):
+    if stop.request():
+        print("reslm: asked to stop (SIGTERM): stopping at the end of this step (SIGTERM again: at once)",
+              file=sys.stderr)
+        return
     raise KeyboardInterrupt
 
 

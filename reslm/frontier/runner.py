@@ -24,6 +24,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from reslm.core import stop
 from reslm.core.device import cpu_name
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
@@ -313,7 +314,8 @@ def run_one(plan: Plan, entry: Entry, results: Path, runs: Path, *, threads: int
             shutil.rmtree(run_dir / STATE_CACHE, ignore_errors=True)
         publish(run_dir, Path(results) / entry.name, check=score_check(run_dir))   # finished or not: reslm verify
         say(f"{entry.name}: published to {Path(results) / entry.name}"
-            + ("" if is_finished(run_dir) else " unfinished (the deadline); run the plan again to continue it"))
+            + ("" if is_finished(run_dir) else f" unfinished ({'asked to stop' if stop.requested() else 'the deadline'}"
+                                                "); run the plan again to continue it"))
         return "trained" if is_finished(run_dir) else "stopped"
     except RunInUse as e:
         return f"skipped: {e}"

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from reslm.core import stop
 from reslm.core.device import usable_cores
 from reslm.core.errors import OutOfMemory, ReslmError
 from reslm.core.shell import path_word, shell_line
@@ -74,9 +75,10 @@ def _rounds(plans: list[Plan], results: Path, runs: Path, only: tuple[str, ...],
     while True:
         tables = {p.name: plan_table(p, results, runs) for p in plans}
         todo = _queue(plans, tables, only, until, skipped, busy())
-        spent = until is not None and until - time.time() < 60
+        spent = (until is not None and until - time.time() < 60) or stop.requested()
         if todo and spent and not told:
-            say(f"the time budget is spent: {len(todo)} job(s) left for the next call")
+            why = "asked to stop (SIGTERM)" if stop.requested() else "the time budget is spent"
+            say(f"{why}: {len(todo)} job(s) left for the next call")
             told = True
         yield tables, todo, spent
 
@@ -106,29 +108,37 @@ def _run_in_processes(plans: list[Plan], results: Path, runs: Path, jobs: int, t
                       device: str | None, until: float | None, only: tuple[str, ...], data_root: Path | None,
                       say, poll: float) -> dict[str, list[Entry]]:
     """`run_plans` with up to `jobs` processes at once (a run out of memory again by itself, once the machine
-    is free), polled every `poll` seconds until none is left to start or wait on; each plan's final table."""
+    is free), polled every `poll` seconds until none is left to start or wait on; each plan's final table.
+    A SIGTERM is passed on to the jobs, which stop as at the deadline, and no job starts after it."""
     skipped: set[str] = set()            # run names this call leaves (given up on, or no time left)
     alone: list[str] = []                # trainings that ran out of memory: each goes again by itself
     tried: set[str] = set()              # trainings that have run alone
     running: dict[str, tuple[str, subprocess.Popen]] = {}   # run name -> (job, its process)
-    for tables, todo, spent in _rounds(plans, results, runs, only, until, skipped,
-                                       lambda: set(running) | set(alone), say):
-        # runs of these plans that other processes on this machine train take their share of the cores
-        others = {e.name for t in tables.values() for e in t if e.state == "running" and e.name not in running
-                  and e.holder and " on " not in e.holder.split(" (")[0]}
-        if (alone or tried & running.keys()) and not spent:   # until the machine is free, then the run by itself
-            if alone and not running and not others:
-                p, e = next((p, e) for p in plans for e in tables[p.name] if e.name == alone[0])
-                tried.add(alone.pop(0))
-                every = min(usable_cores(), threads * jobs) if threads else None   # the call's threads, all
-                running[e.name] = ("train", _start(p, e, "train", results, runs, every, data_root, device, until, say))
-        else:
-            for p, e, job in ([] if spent else todo[:max(0, jobs - len(running) - len(others))]):
-                running[e.name] = (job, _start(p, e, job, results, runs, threads, data_root, device, until, say))
-        if not running and not (others and (todo or alone) and not spent):
-            return tables
-        time.sleep(poll)
-        _reap(running, until, skipped, alone, tried, say)
+    passed_on = False                    # a stop asked of this call, passed on to its jobs
+    with stop.graceful():
+        for tables, todo, spent in _rounds(plans, results, runs, only, until, skipped,
+                                           lambda: set(running) | set(alone), say):
+            if stop.requested() and not passed_on:
+                for _, proc in running.values():
+                    proc.send_signal(signal.SIGTERM)
+                passed_on = True
+            # runs of these plans that other processes on this machine train take their share of the cores
+            others = {e.name for t in tables.values() for e in t if e.state == "running" and e.name not in running
+                      and e.holder and " on " not in e.holder.split(" (")[0]}
+            if (alone or tried & running.keys()) and not spent:   # until the machine is free, then the run by itself
+                if alone and not running and not others:
+                    p, e = next((p, e) for p in plans for e in tables[p.name] if e.name == alone[0])
+                    tried.add(alone.pop(0))
+                    every = min(usable_cores(), threads * jobs) if threads else None   # the call's threads, all
+                    running[e.name] = ("train", _start(p, e, "train", results, runs, every, data_root, device, until,
+                                                       say))
+            else:
+                for p, e, job in ([] if spent else todo[:max(0, jobs - len(running) - len(others))]):
+                    running[e.name] = (job, _start(p, e, job, results, runs, threads, data_root, device, until, say))
+            if not running and not (others and (todo or alone) and not spent):
+                return tables
+            time.sleep(poll)
+            _reap(running, until, skipped, alone, tried, say)
 
 
 SCORED = "scored on the paper's 32-character windows"

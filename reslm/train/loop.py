@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from reslm.core import claims
+from reslm.core import claims, stop
 from reslm.core import distributed as dist_
 from reslm.core.device import (device_name, grad_scaler, pick_device, resolve_precision, setup_cuda,
                                synchronize, use_threads)
@@ -170,19 +170,23 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
                        desc=f"{cfg.get('preset') or cfg['family']}", unit="step")
     model.train()
     t.meter.start_clock()
-    while t.step < end:
-        lr = _train_step(t)
-        bar.update(1)
-        if t.step % tc.log_every == 0:
-            _log_step(t, lr, bar)
-        if t.step in evals:
-            _evaluation_point(t)
-        elif main and (time.perf_counter() - t.meter.t_saved >= checkpoint_seconds or past(until)):
-            _checkpoint(t, segment=t.meter.state(time.perf_counter()))
-            t.meter.t_saved = time.perf_counter()
-        if past(until):
-            say(f"stopped at step {t.step}/{source.total}: the deadline; --resume continues", enabled=progress and main)
-            break
+    # SIGTERM stops a one-process run at the end of its step, as the deadline does (ranks would part ways)
+    with stop.graceful() if world == 1 else contextlib.nullcontext():
+        while t.step < end:
+            lr = _train_step(t)
+            bar.update(1)
+            if t.step % tc.log_every == 0:
+                _log_step(t, lr, bar)
+            if t.step in evals:
+                _evaluation_point(t)
+            elif main and (time.perf_counter() - t.meter.t_saved >= checkpoint_seconds or past(until)
+                           or stop.requested()):
+                _checkpoint(t, segment=t.meter.state(time.perf_counter()))
+                t.meter.t_saved = time.perf_counter()
+            if past(until) or stop.requested():
+                say(f"stopped at step {t.step}/{source.total}: {'the deadline' if past(until) else 'asked to stop'}; "
+                    "--resume continues", enabled=progress and main)
+                break
     bar.close()
     summary = summarize(run_dir, model, cfg, source, eval_kind=getattr(t.evaluate, "eval_kind", None)) if main else None
     if world > 1:

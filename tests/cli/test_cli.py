@@ -9,7 +9,8 @@ import pytest
 
 import reslm.train
 from reslm.cli import main
-from reslm.run import read_metrics
+from reslm.core import stop
+from reslm.run import load_checkpoint, read_metrics
 
 FAST = ["--epochs-per-shard", "1", "--batch-size", "64", "--lr", "3e-3", "--no-progress"]
 
@@ -230,9 +231,10 @@ def test_train_help_shows_the_familys_defaults(capsys):
     assert "--family F --help" in capsys.readouterr().out
 
 
-def test_sigterm_stops_training_like_an_interrupt(chars, tmp_path):
-    """`kill PID` (SIGTERM) stops `reslm train` as Ctrl-C does: exit 130, the last checkpoint kept, and
-    the command's handler removed afterwards."""
+def test_sigterm_stops_training_at_the_end_of_its_step_as_its_deadline_does(chars, tmp_path):
+    """`kill PID` (SIGTERM) stops `reslm train` at the end of the step it is in, as a deadline does: exit 0,
+    a checkpoint and the summary of that step (--resume continues); the command's handler removed and
+    the stop forgotten afterwards."""
     import signal
     import reslm.train.loop as loop
     from reslm.cli import main
@@ -252,5 +254,7 @@ def test_sigterm_stops_training_like_an_interrupt(chars, tmp_path):
                      "--epochs-per-shard", "1", "--epoch-samples", "128", "--device", "cpu", "--no-progress"])
     finally:
         loop.train_step = real
-    assert code == 130 and len(calls) == 3
-    assert signal.getsignal(signal.SIGTERM) == before
+    assert code == 0 and len(calls) == 3
+    assert load_checkpoint(tmp_path / "r")["step"] == 3   # the step it was in, finished
+    assert not json.loads((tmp_path / "r" / "summary.json").read_text())["finished"]
+    assert signal.getsignal(signal.SIGTERM) == before and not stop.requested()

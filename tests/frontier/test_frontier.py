@@ -607,3 +607,47 @@ def test_the_gap_figure_draws_each_configuration_and_each_screen_against_its_bas
     made = freport.write_gap_figure(tmp_path, {plan.name: plan})
     assert made["csv"].is_file() and made["curves_csv"].is_file()
     assert made["png"] is None or made["png"].is_file()
+
+
+def test_sigterm_stops_a_run_continued_in_place_as_the_deadline_does_and_starts_no_other(tmp_path, chars,
+                                                                                        monkeypatch):
+    """A published unfinished run continued in place, then SIGTERM (reslm.core.stop): it stops at the end of
+    that step with its checkpoint and summary, is published again with its check (`reslm verify` accepts
+    it), and the call starts no other run; a second SIGTERM interrupts at once. A later call finishes both."""
+    import signal as signals
+
+    from reslm.cli import _interrupt
+    from reslm.core import stop
+    from reslm.train import loop
+    monkeypatch.setenv("RESLM_DATA", str(chars.path.parent))
+    path = write_plan(tmp_path, BASE.replace("seeds = [0, 1]", "seeds = [0, 1]\nselect = \"none\""))
+    results, runs, root = tmp_path / "results", tmp_path / "runs", chars.path.parent
+    plan = load_plan(path)
+    first = plan_table(plan, results, runs)[0]
+    assert frunner.run_one(plan, first, results, runs, until=0.0, data_root=root, progress=False,
+                           say=lambda m: None) == "stopped"
+    real_step, steps = loop._train_step, []
+
+    def step_then_sigterm(t):
+        steps.append(t.step)
+        lr = real_step(t)
+        if len(steps) == 3:
+            _interrupt(signals.SIGTERM, None)   # the handler main() installs: taken, so it returns
+            with pytest.raises(KeyboardInterrupt):
+                _interrupt(signals.SIGTERM, None)   # a second one: at once
+        return lr
+
+    monkeypatch.setattr(loop, "_train_step", step_then_sigterm)
+    try:
+        table = run(path, results, runs, root)
+    finally:
+        assert stop.requested()
+        stop.clear()
+    assert [e.state for e in table] == ["unfinished", "pending"] and not (runs / table[1].name).exists()
+    folder = results / first.name
+    manifest = json.loads((folder / "manifest.json").read_text())
+    summary = json.loads((folder / "summary.json").read_text())
+    assert manifest["step"] == summary["steps"] == steps[0] + 3 and manifest["check"]
+    assert main(["verify", str(folder)]) == 0
+    monkeypatch.setattr(loop, "_train_step", real_step)
+    assert [e.state for e in run(path, results, runs, root)] == ["done", "done"]
