@@ -159,8 +159,8 @@ RECIPES_BLOCK = re.compile(r"(<!-- recipes:begin -->\n)(?P<body>.*?)(<!-- recipe
 
 def _recipes(results: Path, index: dict, plans: dict[str, Plan] | None) -> str:
     """The bench's candidate quick recipes and the one chosen (reslm.frontier.ranks.recipes_markdown)."""
-    chosen = [(plans or {}).get(name) or load_plan(name) for name in RECIPE_PLANS]
-    return recipes_markdown(chosen, {p.name: plan_table(p, results, None, index) for p in chosen}, index)
+    candidates = [(plans or {}).get(name) or load_plan(name) for name in RECIPE_PLANS]
+    return recipes_markdown(candidates, {p.name: plan_table(p, results, None, index) for p in candidates}, index)
 
 
 def routes_markdown(results: Path, index: dict | None = None, plans: dict[str, Plan] | None = None) -> str:
