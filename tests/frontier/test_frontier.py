@@ -66,6 +66,18 @@ def run(plan, results, runs, root, **kw):
     return run_plan(load_plan(plan), results, runs, data_root=root, progress=False, say=lambda m: None, **kw)
 
 
+def stopped_at_once(tmp_path, chars, seeds="[0]"):
+    """A tiny plan (rule none, `seeds`) whose first run was stopped at its deadline before its first step
+    and published unfinished: (plan path, results, runs, data root, plan, that run's entry before)."""
+    path = write_plan(tmp_path, BASE.replace("seeds = [0, 1]", f"seeds = {seeds}\nselect = \"none\""))
+    results, runs, root = tmp_path / "results", tmp_path / "runs", chars.path.parent
+    plan = load_plan(path)
+    entry = plan_table(plan, results, runs)[0]
+    assert frunner.run_one(plan, entry, results, runs, until=0.0, data_root=root, progress=False,
+                           say=lambda m: None) == "stopped"
+    return path, results, runs, root, plan, entry
+
+
 @pytest.fixture(scope="module")
 def screened_once(tmp_path_factory, chars):
     """The tiny plan run to its end once for the module: (folder holding it, the run's table)."""
@@ -468,12 +480,7 @@ def test_a_published_run_continues_from_the_data_root_and_a_failed_start_leaves_
         tmp_path, chars, monkeypatch):
     monkeypatch.delenv("RESLM_DATA", raising=False)   # the data is only where --root says
     monkeypatch.chdir(tmp_path)
-    path = write_plan(tmp_path, BASE.replace("seeds = [0, 1]", "seeds = [0]\nselect = \"none\""))
-    results, runs, root = tmp_path / "results", tmp_path / "runs", chars.path.parent
-    plan = load_plan(path)
-    entry = plan_table(plan, results, runs)[0]
-    assert frunner.run_one(plan, entry, results, runs, until=0.0, data_root=root, progress=False,
-                           say=lambda m: None) == "stopped"
+    path, results, runs, root, plan, _ = stopped_at_once(tmp_path, chars)
     folder = plan_table(plan, results, runs)[0].folder
     files = lambda: {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file() and f.name != LOCK}  # noqa: E731
     published = files()
@@ -620,12 +627,7 @@ def test_sigterm_stops_a_run_continued_in_place_as_the_deadline_does_and_starts_
     from reslm.core import stop
     from reslm.train import loop
     monkeypatch.setenv("RESLM_DATA", str(chars.path.parent))
-    path = write_plan(tmp_path, BASE.replace("seeds = [0, 1]", "seeds = [0, 1]\nselect = \"none\""))
-    results, runs, root = tmp_path / "results", tmp_path / "runs", chars.path.parent
-    plan = load_plan(path)
-    first = plan_table(plan, results, runs)[0]
-    assert frunner.run_one(plan, first, results, runs, until=0.0, data_root=root, progress=False,
-                           say=lambda m: None) == "stopped"
+    path, results, runs, root, plan, first = stopped_at_once(tmp_path, chars, seeds="[0, 1]")
     real_step, steps = loop._train_step, []
 
     def step_then_sigterm(t):
