@@ -60,6 +60,12 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def vector_floats() -> int:
+    """Floats in one of the widest vector registers that `-march=native` targets here: 16 where the CPU
+    has AVX-512 (avx512f), else 8 (AVX2; narrower CPUs split such vectors)."""
+    return 16 if "avx512f" in _cpu_flags().split() else 8
+
+
 def why_not(source: Path) -> str | None:
     """Why the last `build` of `source` returned None (None if it did not)."""
     return _why.get(str(source))

@@ -85,8 +85,21 @@ def _macros(cfg) -> tuple[tuple[str, int], ...]:
     return (("D", cfg.embed_dim), ("T", cfg.context), ("H", cfg.n_heads), ("F", cfg.ff_dim), ("L", cfg.n_layers))
 
 
+def unsupported(cfg) -> str | None:
+    """Why the kernel's layout does not fit these sizes on this CPU (None: it does): it keeps a row's
+    channels in vectors of `native.vector_floats()` floats, each head's channels side by side in one."""
+    d, h, n = cfg.embed_dim, cfg.n_heads, native.vector_floats()
+    if d % n or d % h or n % (d // h):
+        return (f"the fused step needs embed_dim a multiple of {n} and embed_dim/n_heads dividing {n} on this CPU "
+                f"(got {d} and {h} heads)")
+    return None
+
+
 def library(cfg) -> ctypes.CDLL | None:
-    """The kernel compiled for this configuration's sizes (cached), or None where it cannot be built."""
+    """The kernel compiled for this configuration's sizes (cached), or None where it cannot be built
+    or its layout does not fit them (`unsupported`)."""
+    if unsupported(cfg):
+        return None
     lib = native.build(SOURCE, _macros(cfg))
     if lib is not None and not getattr(lib, "_reslm_typed", False):
         p, i64, i32, dbl = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
@@ -102,6 +115,8 @@ def status(cfg) -> tuple[bool, str]:
     """(whether the fused step can run for this configuration here, why not / what runs)."""
     if cfg.context_mode != "window":
         return False, "the fused step is for window mode"
+    if unsupported(cfg):
+        return False, unsupported(cfg)
     if library(cfg) is None:
         return False, native.why_not(SOURCE) or "the kernel did not build"
     return True, f"fused window step ({native.compiler()}, -march=native)"
@@ -167,7 +182,8 @@ def fused_forward(model, x: torch.Tensor, targets: torch.Tensor | None = None, s
     the logits equal the plain path's up to float rounding."""
     lib = library(model.config)
     if lib is None:
-        raise ReslmError(f"the fused window step is not available here: {native.why_not(SOURCE)}")
+        why = unsupported(model.config) or native.why_not(SOURCE)
+        raise ReslmError(f"the fused window step is not available here: {why}")
     p = float(model.config.dropout)
     train = bool(model.training and p > 0)
     if seeds is None:

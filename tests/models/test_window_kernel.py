@@ -19,7 +19,7 @@ SIZES = [(64, 4, 4, 32), (32, 16, 3, 32), (24, 8, 1, 16), (16, 1, 2, 8)]   # ff,
 def _model(ff, h, L, T, **kw):
     model = CharTransformer(TransformerConfig(ff_dim=ff, n_heads=h, n_layers=L, context=T, seed=1, **kw))
     if wk.library(model.config) is None:
-        pytest.skip(f"no fused kernel here: {wk.native.why_not(wk.SOURCE)}")
+        pytest.skip(f"no fused kernel here: {wk.unsupported(model.config) or wk.native.why_not(wk.SOURCE)}")
     return model
 
 
@@ -125,6 +125,10 @@ def test_choose_window_step_says_what_runs_and_refuses_fused_where_it_cannot_run
         choose_window_step(causal, "fused", "auto", CPU, "fp32", announce=False)
     with pytest.raises(ReslmError, match="character transformer"):
         choose_window_step(build_model("rc", size=16), "fused", "auto", CPU, "fp32", announce=False)
+    wide = build_model("tf", embed_dim=24, ff_dim=16, n_heads=2, n_layers=1, context=8)   # 12 lanes per head
+    assert choose_window_step(wide, "auto", "auto", CPU, "fp32", announce=False) == "plain"
+    with pytest.raises(ReslmError, match="embed_dim a multiple of"):
+        choose_window_step(wide, "fused", "auto", CPU, "fp32", announce=False)
 
 
 def test_a_run_trained_on_the_plain_step_continues_on_the_fused_one(chars, tmp_path):
