@@ -105,7 +105,8 @@ def library(cfg) -> ctypes.CDLL | None:
         p, i64, i32, dbl = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
         lib.reslm_window_forward.argtypes = [i64, p, p, p, dbl, i32, i32, p, p]
         lib.reslm_window_backward.argtypes = [i64, p, p, p, p, dbl, i32, i32, p, p]
-        lib.reslm_window_forward.restype = lib.reslm_window_backward.restype = i32
+        lib.reslm_window_train.argtypes = [i64, p, p, p, p, i32, p, p, dbl, i32, i32, p, p, p, p, p]
+        lib.reslm_window_forward.restype = lib.reslm_window_backward.restype = lib.reslm_window_train.restype = i32
         lib.reslm_params_per_layer.restype = i32
         lib._reslm_typed = True
     return lib
@@ -176,10 +177,43 @@ class _WindowStack(torch.autograd.Function):
         return dx0, grads.sum(0), None, None, None, None, None
 
 
+class _WindowLoss(torch.autograd.Function):
+    """x0 (B, T, d), packed layer parameters, the head's weight (V, d) and bias (V), targets (B) -> (the
+    mean cross-entropy, the logits (B, V)), with every gradient of the loss computed in the same pass
+    (backward only scales them). A backward through the logits is refused (ReslmError)."""
+
+    @staticmethod
+    def forward(ctx, x0, packed, hw, hb, targets, lib, seeds, p, train, threads):
+        x0, packed, hw, hb = x0.contiguous(), packed.contiguous(), hw.contiguous(), hb.contiguous()
+        B, V = x0.shape[0], hw.shape[0]
+        targets = targets.reshape(-1).to(torch.int64).contiguous()
+        if targets.numel() != B or (B and not 0 <= int(targets.min()) <= int(targets.max()) < V):
+            raise ReslmError(f"the fused training step needs one target in [0, {V}) per window")
+        logits, losses, dx0 = torch.empty(B, V), torch.empty(B), torch.empty_like(x0)
+        grads, ghead = torch.zeros(threads, packed.numel()), torch.zeros(threads, hw.numel() + V)
+        if lib.reslm_window_train(B, _ptr(x0), _ptr(packed), _ptr(hw), _ptr(hb), V, _ptr(targets), _ptr(seeds.contiguous()),
+                                  p, int(train), threads, _ptr(logits), _ptr(losses), _ptr(dx0), _ptr(grads), _ptr(ghead)):
+            raise OutOfMemory("the fused window step could not allocate its workspace")
+        gh = ghead.sum(0)
+        ctx.save_for_backward(dx0, grads.sum(0), gh[:hw.numel()].view_as(hw), gh[hw.numel():])
+        ctx.set_materialize_grads(False)
+        return losses.mean(), logits
+
+    @staticmethod
+    def backward(ctx, g, g_logits):
+        if g_logits is not None or g is None:
+            raise ReslmError("the fused training step computes the gradient of its loss only; for a gradient through "
+                             "the logits set model.window_step = 'plain' or call with targets=None")
+        dx0, gp, ghw, ghb = ctx.saved_tensors
+        return dx0 * g, gp * g, ghw * g, ghb * g, None, None, None, None, None, None
+
+
 def fused_forward(model, x: torch.Tensor, targets: torch.Tensor | None = None, seeds: torch.Tensor | None = None):
     """model.forward_features(x, targets) through the kernel: (logits (B, 1, V), loss). In training with
     dropout the masks come from `seeds` (default: `draw_seeds`, from torch's generator); in eval mode
-    the logits equal the plain path's up to float rounding."""
+    the logits equal the plain path's up to float rounding. In training mode with targets and a gradient
+    wanted, the kernel computes the loss and its every gradient in one pass (each layer once, not
+    again in the backward); a backward through the logits it returns then is refused."""
     lib = library(model.config)
     if lib is None:
         why = unsupported(model.config) or native.why_not(SOURCE)
@@ -190,6 +224,10 @@ def fused_forward(model, x: torch.Tensor, targets: torch.Tensor | None = None, s
         seeds = draw_seeds(len(model.layers)) if train else torch.zeros(len(model.layers) * DROPOUT_SITES, 2,
                                                                         dtype=torch.int32)
     x0 = model.embed(x) + model.pe[:x.shape[1]]
+    if model.training and targets is not None and torch.is_grad_enabled():
+        loss, logits = _WindowLoss.apply(x0, _packed(model), model.head.weight, model.head.bias, targets, lib, seeds, p,
+                                         train, torch.get_num_threads())
+        return logits[:, None, :], loss
     h = _WindowStack.apply(x0, _packed(model), lib, seeds, p, train, torch.get_num_threads())
     logits = model.head(h[:, None, :])
     return logits, next_token_loss(logits, targets)

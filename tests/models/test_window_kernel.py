@@ -8,6 +8,7 @@ import torch
 
 from reslm.core.errors import ReslmError
 from reslm.models import build_model
+from reslm.models.base import next_token_loss
 from reslm.models import window_kernel as wk
 from reslm.models.transformer import CharTransformer, TransformerConfig
 from reslm.train.compiled import choose_window_step
@@ -36,10 +37,13 @@ def test_eval_logits_equal_the_plain_path(ff, h, L, T):
     assert abs(loss_f.item() - loss_p.item()) < 1e-5
 
 
+@pytest.mark.parametrize("one_pass", [True, False], ids=["loss-in-kernel", "through-logits"])
 @pytest.mark.parametrize("ff,h,L,T", SIZES)
-def test_gradients_equal_the_plain_path_given_the_same_masks(ff, h, L, T):
+def test_gradients_equal_the_plain_path_given_the_same_masks(ff, h, L, T, one_pass):
     """The plain path given the kernel's masks (HashedDropout with the same seed pairs): the same loss and
-    the same gradient of every parameter, the embedding's included."""
+    the same gradient of every parameter, the embedding's and the head's included; both when the
+    kernel computes the loss and its gradients in one pass (targets given) and when the gradient comes
+    back through its output (the layers recomputed in the backward)."""
     model = _model(ff, h, L, T, dropout=0.3).train()
     g = torch.Generator().manual_seed(2)
     x, y = torch.randint(0, 59, (29, T), generator=g), torch.randint(0, 59, (29,), generator=g)
@@ -49,7 +53,14 @@ def test_gradients_equal_the_plain_path_given_the_same_masks(ff, h, L, T):
     loss_p.backward()
     plain = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    loss_f = wk.fused_forward(model, x, y, seeds)[1]
+    if one_pass:
+        logits, loss_f = wk.fused_forward(model, x, y, seeds)
+        assert logits.shape == (29, 1, 59)
+        assert abs(next_token_loss(logits, y).item() - loss_f.item()) < 1e-5
+        with pytest.raises(ReslmError, match="gradient of its loss only"):
+            (loss_f + logits.sum()).backward(retain_graph=True)
+    else:
+        loss_f = next_token_loss(wk.fused_forward(model, x, None, seeds)[0], y)
     loss_f.backward()
     assert abs(loss_f.item() - loss_p.item()) < 1e-5
     for name, p in model.named_parameters():

@@ -231,15 +231,18 @@ typedef struct {
 typedef struct {
     float qkv[T * D3];                /* (T, 3D): scaled queries, keys, values */
     float P[T * NP * D], inv[T * D];  /* (R, NP, D): unnormalised attention weights, packed; 1/sums */
-    float M[T * NP * D], dP[T * NP * D];   /* their dropout factors; the backward's */
+    float M[T * NP * D];              /* their dropout factors */
     float o[T * D], a[T * D], m1[T * D];
     float xh1[T * D], rs1[T], x1[T * D];
     float f[T * FP], g[T * FP];
     float f2[T * D], m3[T * D];
     float xh2[T * D], rs2[T];
-    /* backward scratch */
-    float dqkv[T * D3], dO[T * D], da[T * D], dx1[T * D], df2[T * D], dg[T * FP];
 } Work;
+
+/* one window's backward scratch of one layer */
+typedef struct {
+    float dqkv[T * D3], dO[T * D], da[T * D], dx1[T * D], df2[T * D], dg[T * FP], dP[T * NP * D];
+} Back;
 
 /* e^x for x <= 0, to about one unit in the last place (Cephes' expf: x = n ln2 + r, a degree-5
  * polynomial for e^r, times 2^n); x below -87 gives about 1e-38 instead of a subnormal */
@@ -362,40 +365,40 @@ static void layer_fwd(const float *p, const Trans *t, const float *x, float *y, 
     }
 }
 
-/* the attention's backward: w->dO (R, D) -> w->dqkv (T, 3D) (queries scaled back) */
-static void attention_bwd(Work *w, const int R, const int q0, const float scale) {
-    memset(w->dqkv, 0, sizeof(w->dqkv));
+/* the attention's backward: k->dO (R, D) -> k->dqkv (T, 3D) (queries scaled back) */
+static void attention_bwd(const Work *w, Back *k, const int R, const int q0, const float scale) {
+    memset(k->dqkv, 0, sizeof(k->dqkv));
     for (int i = 0; i < R; i++) {
         const float *E = w->P + i * NP * D, *M = w->M + i * NP * D, *q = w->qkv + (q0 + i) * D3;
         for (int u = 0; u < V; u++) {
-            const vf inv = ld(w->inv + i * D + VL * u), g = ld(w->dO + i * D + VL * u), qu = ld(q + VL * u);
+            const vf inv = ld(w->inv + i * D + VL * u), g = ld(k->dO + i * D + VL * u), qu = ld(q + VL * u);
             vf dot = (vf){0}, dq = (vf){0};
             for (int n = 0; n < NP; n++) {
                 const vf pj = ld(E + n * D + VL * u) * inv, mj = ld(M + n * D + VL * u);
-                const vf dpd = pack(w->dO + i * D + VL * u, w->qkv + 2 * D + VL * u, D3, n * HD) * mj;
-                st(w->dP + n * D + VL * u, dpd);
+                const vf dpd = pack(k->dO + i * D + VL * u, w->qkv + 2 * D + VL * u, D3, n * HD) * mj;
+                st(k->dP + n * D + VL * u, dpd);
                 dot += dpd * pj;
                 const vf pd = pj * mj;
 #pragma GCC unroll 16
                 for (int r = 0; r < HD; r++)
                     if (n * HD + r < T) {
-                        float *dv = w->dqkv + (n * HD + r) * D3 + 2 * D + VL * u;
+                        float *dv = k->dqkv + (n * HD + r) * D3 + 2 * D + VL * u;
                         st(dv, ld(dv) + __builtin_shuffle(pd, dup(r)) * g);
                     }
             }
             dot = seg(dot);
             for (int n = 0; n < NP; n++) {
-                const vf ds = ld(E + n * D + VL * u) * inv * (ld(w->dP + n * D + VL * u) - dot);
+                const vf ds = ld(E + n * D + VL * u) * inv * (ld(k->dP + n * D + VL * u) - dot);
 #pragma GCC unroll 16
                 for (int r = 0; r < HD; r++)
                     if (n * HD + r < T) {
                         const vf d = __builtin_shuffle(ds, dup(r));
                         dq += d * ld(w->qkv + (n * HD + r) * D3 + D + VL * u);
-                        float *dk = w->dqkv + (n * HD + r) * D3 + D + VL * u;
+                        float *dk = k->dqkv + (n * HD + r) * D3 + D + VL * u;
                         st(dk, ld(dk) + d * qu);
                     }
             }
-            st(w->dqkv + (q0 + i) * D3 + VL * u, dq * scale);
+            st(k->dqkv + (q0 + i) * D3 + VL * u, dq * scale);
         }
     }
 }
@@ -403,14 +406,14 @@ static void attention_bwd(Work *w, const int R, const int q0, const float scale)
 /* One layer's backward for window b, after layer_fwd on the same x: dy (R, D) -> dx (T, D) (written),
  * parameter gradients accumulated into gp (same packing as p) and gw2T (F, D): W2's, transposed. */
 static void layer_bwd(const float *p, const Trans *t, const float *x, const float *dy, float *dx, float *gp,
-                      float *gw2T, Work *w, int last, const Site *sites) {
+                      float *gw2T, const Work *w, Back *k, int last, const Site *sites) {
     const int R = last ? 1 : T, q0 = last ? T - 1 : 0;
     const vf keep = sites[2].keep;
     const float scale = 1.0f / sqrtf((float)HD);
     memset(dx, 0, sizeof(float) * T * D);
     /* LN2, feed-forward */
     for (int i = 0; i < R; i++) {
-        float *dx1 = w->dx1 + i * D, *df2 = w->df2 + i * D;
+        float *dx1 = k->dx1 + i * D, *df2 = k->df2 + i * D;
         layernorm_back(dy + i * D, w->xh2 + i * D, w->rs2[i], p + O_G2, gp + O_G2, gp + O_BE2, dx1);
         for (int u = 0; u < V; u++) {
             const vf d = ld(w->m3 + i * D + VL * u) * ld(dx1 + VL * u);
@@ -418,43 +421,43 @@ static void layer_bwd(const float *p, const Trans *t, const float *x, const floa
             st(gp + O_B2 + VL * u, ld(gp + O_B2 + VL * u) + d);
         }
     }
-    mm(R, D, FP, w->df2, D, 1, t->w2, FP, NULL, 0, w->dg, FP);               /* dg = df2 W2 */
-    mm(F, R, D, w->g, 1, FP, w->df2, D, gw2T, D, gw2T, D);                   /* gW2^T += g^T df2 */
+    mm(R, D, FP, k->df2, D, 1, t->w2, FP, NULL, 0, k->dg, FP);               /* dg = df2 W2 */
+    mm(F, R, D, w->g, 1, FP, k->df2, D, gw2T, D, gw2T, D);                   /* gW2^T += g^T df2 */
     {
         vf gb[FP / VL];
         for (int n = 0; n < FP / VL; n++) gb[n] = (vf){0};
         for (int i = 0; i < R; i++)
             for (int n = 0; n < FP; n += VL) {
-                const vf gz = ld(w->g + i * FP + n), df = ld(w->dg + i * FP + n);
+                const vf gz = ld(w->g + i * FP + n), df = ld(k->dg + i * FP + n);
                 const vf d = (vf)((vi)(df * keep) & (gz > 0));   /* where the unit was kept and active */
-                st(w->dg + i * FP + n, d);
+                st(k->dg + i * FP + n, d);
                 gb[n / VL] += d;
             }
         float gbs[FP];
         for (int n = 0; n < FP; n += VL) st(gbs + n, gb[n / VL]);
-        for (int k = 0; k < F; k++) gp[O_B1 + k] += gbs[k];
+        for (int c = 0; c < F; c++) gp[O_B1 + c] += gbs[c];
     }
-    mm(F, R, D, w->dg, 1, FP, w->x1, D, gp + O_W1, D, gp + O_W1, D);        /* gW1 += df^T x1 */
-    mm(R, FP, D, w->dg, FP, 1, t->w1, D, w->dx1, D, w->dx1, D);              /* dx1 += df W1 */
+    mm(F, R, D, k->dg, 1, FP, w->x1, D, gp + O_W1, D, gp + O_W1, D);        /* gW1 += df^T x1 */
+    mm(R, FP, D, k->dg, FP, 1, t->w1, D, k->dx1, D, k->dx1, D);              /* dx1 += df W1 */
     /* LN1, out-projection */
     for (int i = 0; i < R; i++) {
         float dr1[D];
-        layernorm_back(w->dx1 + i * D, w->xh1 + i * D, w->rs1[i], p + O_G1, gp + O_G1, gp + O_BE1, dr1);
+        layernorm_back(k->dx1 + i * D, w->xh1 + i * D, w->rs1[i], p + O_G1, gp + O_G1, gp + O_BE1, dr1);
         for (int u = 0; u < V; u++) {
             st(dx + (q0 + i) * D + VL * u, ld(dr1 + VL * u));
             const vf d = ld(w->m1 + i * D + VL * u) * ld(dr1 + VL * u);
-            st(w->da + i * D + VL * u, d);
+            st(k->da + i * D + VL * u, d);
             st(gp + O_BO + VL * u, ld(gp + O_BO + VL * u) + d);
         }
     }
-    mm(R, D, D, w->da, D, 1, p + O_WO, D, NULL, 0, w->dO, D);                /* dO = da Wo */
-    mm(D, R, D, w->da, 1, D, w->o, D, gp + O_WO, D, gp + O_WO, D);          /* gWo += da^T o */
-    attention_bwd(w, R, q0, scale);
+    mm(R, D, D, k->da, D, 1, p + O_WO, D, NULL, 0, k->dO, D);                /* dO = da Wo */
+    mm(D, R, D, k->da, 1, D, w->o, D, gp + O_WO, D, gp + O_WO, D);          /* gWo += da^T o */
+    attention_bwd(w, k, R, q0, scale);
     /* in-projection: queries of the R rows, keys and values of every position */
     for (int j = 0; j < T; j++)
-        for (int o = 0; o < D3; o += VL) st(gp + O_BQKV + o, ld(gp + O_BQKV + o) + ld(w->dqkv + j * D3 + o));
-    mm(D3, T, D, w->dqkv, 1, D3, x, D, gp + O_WQKV, D, gp + O_WQKV, D);     /* gWqkv += dqkv^T x */
-    mm(T, D3, D, w->dqkv, D3, 1, p + O_WQKV, D, dx, D, dx, D);              /* dx += dqkv Wqkv */
+        for (int o = 0; o < D3; o += VL) st(gp + O_BQKV + o, ld(gp + O_BQKV + o) + ld(k->dqkv + j * D3 + o));
+    mm(D3, T, D, k->dqkv, 1, D3, x, D, gp + O_WQKV, D, gp + O_WQKV, D);     /* gWqkv += dqkv^T x */
+    mm(T, D3, D, k->dqkv, D3, 1, p + O_WQKV, D, dx, D, dx, D);              /* dx += dqkv Wqkv */
 }
 
 static Trans *transpose_all(const float *params) {
@@ -498,9 +501,9 @@ static void forward_window(const float *params, const Trans *tr, const Site *sit
 }
 
 /* One window backward from its saved layer inputs (L, T, D): dy (D) -> dx0 (T, D), gradients into gp
- * and gw2T (L, F, D). */
-static void backward_window(const float *params, const Trans *tr, const Site *sites, Work *w, float *buf, int64_t b,
-                            const float *saved, const float *dy, float *dx0, float *gp, float *gw2T) {
+ * and gw2T (L, F, D); each layer recomputed from its input first. */
+static void backward_window(const float *params, const Trans *tr, const Site *sites, Work *w, Back *k, float *buf,
+                            int64_t b, const float *saved, const float *dy, float *dx0, float *gp, float *gw2T) {
     float *g = buf, *dxl = buf + T * D, *yl = buf + 2 * T * D;
     memcpy(g, dy, sizeof(float) * D);
     for (int l = L - 1; l >= 0; l--) {
@@ -508,10 +511,56 @@ static void backward_window(const float *params, const Trans *tr, const Site *si
         const float *xl = saved + (int64_t)l * T * D;
         const float *pl = params + (int64_t)l * PL;
         layer_fwd(pl, tr + l, xl, yl, w, last, b, sites + 4 * l);
-        layer_bwd(pl, tr + l, xl, g, l == 0 ? dx0 : dxl, gp + (int64_t)l * PL, gw2T + (int64_t)l * F * D, w, last,
+        layer_bwd(pl, tr + l, xl, g, l == 0 ? dx0 : dxl, gp + (int64_t)l * PL, gw2T + (int64_t)l * F * D, w, k, last,
                   sites + 4 * l);
         if (l > 0) memcpy(g, dxl, sizeof(float) * T * D);
     }
+}
+
+/* One window's training pass: forward through every layer (each layer's intermediates kept in w[l]),
+ * the head (logits = hw y + hb, hw (V, D)) and the cross-entropy against `target` times `scale`
+ * (1/B: the batch mean), then the backward from it, no layer recomputed. Returns the window's loss;
+ * its logits into logits (V); gradients into dx0 (T, D), gp, gw2T (L, F, D) and gh (hw's (V, D), then
+ * hb's (V)). */
+static float train_window(const float *params, const Trans *tr, const Site *sites, Work *w, Back *k, float *xs,
+                          float *lg, int64_t b, const float *x0, const float *hw, const float *hb, int nv,
+                          int64_t target, float scale, float *logits, float *dx0, float *gp, float *gw2T, float *gh) {
+    float y[D], g[D], *dxl = xs + (int64_t)L * T * D;
+    for (int l = 0; l < L; l++)
+        layer_fwd(params + (int64_t)l * PL, tr + l, l ? xs + (int64_t)l * T * D : x0,
+                  l == L - 1 ? y : xs + (int64_t)(l + 1) * T * D, w + l, l == L - 1, b, sites + 4 * l);
+    float mx = -INFINITY, sum = 0.f;
+    for (int v = 0; v < nv; v++) {
+        float z = hb[v];
+        for (int c = 0; c < D; c++) z += hw[(int64_t)v * D + c] * y[c];
+        lg[v] = z;
+        mx = z > mx ? z : mx;
+    }
+    for (int v = 0; v < nv; v++) sum += expf(lg[v] - mx);
+    memcpy(logits, lg, sizeof(float) * (size_t)nv);
+    const float loss = mx + logf(sum) - lg[target];
+    for (int c = 0; c < D; c++) g[c] = 0.f;
+    for (int v = 0; v < nv; v++) {
+        const float d = scale * (expf(lg[v] - mx) / sum - (v == target ? 1.0f : 0.0f));
+        float *ghw = gh + (int64_t)v * D;
+        for (int c = 0; c < D; c++) { ghw[c] += d * y[c]; g[c] += d * hw[(int64_t)v * D + c]; }
+        gh[(int64_t)nv * D + v] += d;
+    }
+    for (int l = L - 1; l >= 0; l--) {
+        const float *xl = l ? xs + (int64_t)l * T * D : x0;
+        float *dx = l ? dxl : dx0;
+        layer_bwd(params + (int64_t)l * PL, tr + l, xl, l == L - 1 ? g : xs + (int64_t)(l + 1) * T * D, dx,
+                  gp + (int64_t)l * PL, gw2T + (int64_t)l * F * D, w + l, k, l == L - 1, sites + 4 * l);
+        if (l) memcpy(xs + (int64_t)l * T * D, dx, sizeof(float) * T * D);   /* layer l's input, now its gradient */
+    }
+    return loss;
+}
+
+/* W2's gradients, summed transposed (L, F, D), into the packed ones */
+static void add_w2(float *gp, const float *gw2T) {
+    for (int l = 0; l < L; l++)
+        for (int f = 0; f < F; f++)
+            for (int c = 0; c < D; c++) gp[(int64_t)l * PL + O_W2 + c * F + f] += gw2T[((int64_t)l * F + f) * D + c];
 }
 
 /* B windows in parallel, each thread with its own workspace: the forward (dy NULL) or the backward.
@@ -520,16 +569,16 @@ static int windows(int64_t B, const float *params, const uint32_t *seeds, double
                    const float *x0, float *saved, float *y, const float *dy, float *dx0, float *grads) {
     Trans *tr = transpose_all(params);
     if (!tr) return 1;
-
     Site sites[4 * L];
     sites_of(sites, seeds, threshold(p), train ? (float)(1.0 / (1.0 - p)) : 1.0f, train);
     int fail = 0;
 #pragma omp parallel num_threads(threads)
     {
         Work *w = (Work *)malloc(sizeof(Work));
+        Back *k = dy ? (Back *)malloc(sizeof(Back)) : NULL;
         float *buf = (float *)malloc(sizeof(float) * 3 * T * D);
         float *gw2T = dy ? (float *)calloc((size_t)L * F * D, sizeof(float)) : NULL;
-        if (!w || !buf || (dy && !gw2T)) {
+        if (!w || !buf || (dy && (!gw2T || !k))) {
 #pragma omp atomic write
             fail = 1;
         } else if (dy == NULL) {
@@ -541,13 +590,12 @@ static int windows(int64_t B, const float *params, const uint32_t *seeds, double
             float *gp = grads + (int64_t)omp_get_thread_num() * L * PL;
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++)
-                backward_window(params, tr, sites, w, buf, b, saved + b * L * T * D, dy + b * D, dx0 + b * T * D, gp,
-                                gw2T);
-            for (int l = 0; l < L; l++)
-                for (int k = 0; k < F; k++)
-                    for (int c = 0; c < D; c++) gp[(int64_t)l * PL + O_W2 + c * F + k] += gw2T[((int64_t)l * F + k) * D + c];
+                backward_window(params, tr, sites, w, k, buf, b, saved + b * L * T * D, dy + b * D, dx0 + b * T * D,
+                                gp, gw2T);
+            add_w2(gp, gw2T);
         }
         free(w);
+        free(k);
         free(buf);
         free(gw2T);
     }
@@ -569,4 +617,47 @@ int reslm_window_forward(int64_t B, const float *x0, const float *params, const 
 int reslm_window_backward(int64_t B, const float *saved, const float *dy, const float *params,
                           const uint32_t *seeds, double p, int train, int threads, float *dx0, float *grads) {
     return windows(B, params, seeds, p, train, threads, NULL, (float *)saved, NULL, dy, dx0, grads);
+}
+
+/* The loss of B windows and its gradients in one pass (no layer computed twice): x0 (B, T, D), the
+ * head hw (V, D) and hb (V), targets (B); logits (B, V) and losses (B): each window's logits and
+ * cross-entropy; the gradients of their mean: dx0 (B, T, D), grads (threads, L * PL) and ghead
+ * (threads, V * D + V), zeroed by the caller, one row per thread. Returns 0, or 1 when memory could
+ * not be allocated. */
+int reslm_window_train(int64_t B, const float *x0, const float *params, const float *hw, const float *hb, int nv,
+                       const int64_t *targets, const uint32_t *seeds, double p, int train, int threads, float *logits,
+                       float *losses, float *dx0, float *grads, float *ghead) {
+    Trans *tr = transpose_all(params);
+    if (!tr) return 1;
+    Site sites[4 * L];
+    sites_of(sites, seeds, threshold(p), train ? (float)(1.0 / (1.0 - p)) : 1.0f, train);
+    const float scale = 1.0f / (float)B;
+    int fail = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        Work *w = (Work *)malloc(sizeof(Work) * L);
+        Back *k = (Back *)malloc(sizeof(Back));
+        float *xs = (float *)malloc(sizeof(float) * (L + 1) * T * D);
+        float *lg = (float *)malloc(sizeof(float) * (size_t)nv);
+        float *gw2T = (float *)calloc((size_t)L * F * D, sizeof(float));
+        if (!w || !k || !xs || !lg || !gw2T) {
+#pragma omp atomic write
+            fail = 1;
+        } else {
+            const int th = omp_get_thread_num();
+            float *gp = grads + (int64_t)th * L * PL, *gh = ghead + (int64_t)th * (nv * D + nv);
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; b++)
+                losses[b] = train_window(params, tr, sites, w, k, xs, lg, b, x0 + b * T * D, hw, hb, nv, targets[b],
+                                         scale, logits + b * nv, dx0 + b * T * D, gp, gw2T, gh);
+            add_w2(gp, gw2T);
+        }
+        free(w);
+        free(k);
+        free(xs);
+        free(lg);
+        free(gw2T);
+    }
+    free(tr);
+    return fail;
 }
