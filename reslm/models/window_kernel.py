@@ -4,13 +4,14 @@ In window mode (the paper's protocol: one target per 32-character window) every 
 all layers on its own, and the plain torch step spends most of its time on memory passes over
 (B, h, T, T) attention tensors, dropout masks and reshapes around matrices of inner dimension 16
 (docs/transformer-speed.md). kernels/window_transformer.c computes the same layers one window at a
-time, with the window's whole layer in the cache, in parallel over the batch (OpenMP, torch's thread
-count): the forward keeps each layer's input only, the backward recomputes each layer from it and
-differentiates it.
+time, with the window's layers in the cache, in parallel over the batch (OpenMP, torch's thread
+count). In training (`_WindowLoss`) each window makes one pass: forward through the layers keeping
+their intermediates, the head and the cross-entropy, then the backward; elsewhere (`_WindowStack`)
+the forward keeps each layer's input only and the backward recomputes each layer from it.
 
 Same model, same parameters, same checkpoints: the layers' weights are packed into one vector per
-step (a differentiable `torch.cat`, so autograd hands each parameter its gradient), the embedding,
-the positional encoding, the head and the loss stay in torch. What differs from the plain path is
+step (a differentiable `torch.cat`, so autograd hands each parameter its gradient); the embedding
+and the positional encoding stay in torch, the head and the loss too outside training. What differs from the plain path is
 where dropout's randomness comes from: a mask element is a 32-bit hash of its index in the plain
 path's tensor of that site under a seed pair per (layer, site) drawn from torch's generator each step
 (`draw_seeds`; torch.manual_seed still decides every mask), so the backward regenerates masks instead
@@ -18,8 +19,8 @@ of storing them. `HashedDropout` gives the plain path the very same masks (tests
 through it), and `hashed_drop_mask` is the reference of the hash.
 
 The fused step applies to a float32 CPU forward of full windows (T = context) in window mode, in
-training and evaluation; anything else (CUDA, bf16 autocast, the causal mode, a shorter window, no C
-compiler) runs the plain path. `status(cfg)` says which and why.
+training and evaluation; anything else (CUDA, bf16 autocast, the causal mode, a shorter window, sizes
+the kernel does not lay out (`unsupported`), no C compiler) runs the plain path. `status(cfg)` says which and why.
 """
 from __future__ import annotations
 
