@@ -202,6 +202,18 @@ static void layernorm(const float *r, const float *g, const float *be, float *xh
     for (int c = 0; c < D; c++) { xh[c] = (r[c] - mean) * s; y[c] = xh[c] * g[c] + be[c]; }
 }
 
+/* one row: y = LN(res + m * a), m the dropout factors of the row's D elements from flat index idx on */
+static void residual_ln(const float *res, const float *a, const Site *s, uint32_t idx, float *m, const float *g,
+                        const float *be, float *xh, float *rs, float *y) {
+    float r[D];
+    for (int u = 0; u < V; u++) {
+        const vf mu = drop(s, IOTA + (idx + (uint32_t)(VL * u)));
+        st(m + VL * u, mu);
+        st(r + VL * u, ld(res + VL * u) + mu * ld(a + VL * u));
+    }
+    layernorm(r, g, be, xh, rs, y);
+}
+
 /* d(LN)/d(input) for one row; accumulates the scale and shift gradients */
 static void layernorm_back(const float *dy, const float *xh, float rs, const float *g, float *dg, float *dbe, float *dr) {
     float dxh[D], m1 = 0.f, m2 = 0.f;
@@ -336,15 +348,9 @@ static void layer_fwd(const float *p, const Trans *t, const float *x, float *y, 
     attention_fwd(w, R, q0, b, sites);
     /* out-projection, residual, LN1 */
     mm(R, D, D, w->o, D, 1, t->woT, D, p + O_BO, 0, w->a, D);
-    for (int i = 0; i < R; i++) {
-        float r[D];
-        for (int u = 0; u < V; u++) {
-            const vf m = drop(sites + 1, IOTA + (uint32_t)(b * R * D + i * D + VL * u));
-            st(w->m1 + i * D + VL * u, m);
-            st(r + VL * u, ld(x + (q0 + i) * D + VL * u) + m * ld(w->a + i * D + VL * u));
-        }
-        layernorm(r, p + O_G1, p + O_BE1, w->xh1 + i * D, w->rs1 + i, w->x1 + i * D);
-    }
+    for (int i = 0; i < R; i++)
+        residual_ln(x + (q0 + i) * D, w->a + i * D, sites + 1, (uint32_t)(b * R * D + i * D), w->m1 + i * D, p + O_G1,
+                    p + O_BE1, w->xh1 + i * D, w->rs1 + i, w->x1 + i * D);
     /* feed-forward, residual, LN2 */
     mm(R, D, FP, w->x1, D, 1, t->w1T, FP, t->b1, 0, w->f, FP);
     for (int i = 0; i < R; i++)
@@ -354,15 +360,9 @@ static void layer_fwd(const float *p, const Trans *t, const float *x, float *y, 
             st(w->g + i * FP + n, (vf)((vi)(f * m) & (f > 0)));
         }
     mm(R, FP, D, w->g, FP, 1, t->w2T, D, p + O_B2, 0, w->f2, D);
-    for (int i = 0; i < R; i++) {
-        float r[D];
-        for (int u = 0; u < V; u++) {
-            const vf m = drop(sites + 3, IOTA + (uint32_t)(b * R * D + i * D + VL * u));
-            st(w->m3 + i * D + VL * u, m);
-            st(r + VL * u, ld(w->x1 + i * D + VL * u) + m * ld(w->f2 + i * D + VL * u));
-        }
-        layernorm(r, p + O_G2, p + O_BE2, w->xh2 + i * D, w->rs2 + i, y + i * D);
-    }
+    for (int i = 0; i < R; i++)
+        residual_ln(w->x1 + i * D, w->f2 + i * D, sites + 3, (uint32_t)(b * R * D + i * D), w->m3 + i * D, p + O_G2,
+                    p + O_BE2, w->xh2 + i * D, w->rs2 + i, y + i * D);
 }
 
 /* the attention's backward: k->dO (R, D) -> k->dqkv (T, 3D) (queries scaled back) */
