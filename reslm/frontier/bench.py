@@ -7,9 +7,10 @@ than the recipe's gets the widest head that fits). Its test CE is printed beside
 frontier and the tuned trained ceiling, all read the same way: the test text scored with the state
 carried through it. A model card (card.md) records what ran, where, and every figure.
 
-Budgets: "full" is the recipe as published; "quick" keeps every setting but trains one shard-epoch per
-shard over one cycle (a tenth of the full recipe's steps). How well quick ranks configurations against
-full is measured in docs/frontier-plans.md (plan quick-ranks).
+Budgets: "full" is the recipe as published; "quick" trains one shard-epoch per shard over one cycle (a
+tenth of the full recipe's steps) with the schedule of the QUICK_PLAN, one of the candidate quick recipes
+(reslm.frontier.ranks.RECIPE_PLANS); how well each ranks substrates against full is measured in
+docs/frontier-plans.md and docs/frontier-tool.md ("Which quick recipe").
 """
 from __future__ import annotations
 
@@ -47,8 +48,20 @@ from reslm.train import ensure_run, train
 RECIPE_PLAN = "esn-lr"          # the plan whose chosen configuration is the recipe
 CEILING_PLANS = ("gru-ceiling", "ceilings-tails")   # the trained ceilings: the first with a choice wins
 BUDGETS = ("quick", "full")
-QUICK = dict(epochs_per_shard=1, cycles=1, test_every="final")   # test_every: a record field (the same runs)
-QUICK_TEXT = "one shard-epoch per shard, one cycle (a tenth of the steps: minutes per seed on 2 cores)"
+QUICK_PLAN = "substrate-ranks"   # the candidate quick recipe the bench runs (ranks.recipe_choice chooses)
+
+
+def quick_fields(plan_name: str = QUICK_PLAN) -> dict:
+    """The quick budget's training fields: those a candidate quick-recipe plan's base trains with where its
+    `full` gives the full budget back (the budget and the schedule the quick recipe replaces), and the test
+    shard scored once, at the end (test_every: a record field, the same runs)."""
+    base = load_plan(plan_name).base
+    return {**{k: base.train[k] for k in base.full}, "test_every": "final"}
+
+
+QUICK = quick_fields()
+QUICK_TEXT = ("one shard-epoch per shard, one cycle (a tenth of the steps: minutes per seed on 2 cores)"
+              + "".join(f", {k} {v}" for k, v in QUICK.items() if k not in ("epochs_per_shard", "cycles", "test_every")))
 CARD = "card.md"
 OUT = Path("runs/frontier-bench")   # where the bench's runs and card go unless told
 
@@ -441,5 +454,5 @@ def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, su
     return "\n".join(L) + "\n"
 
 
-__all__ = ["BUDGETS", "CARD", "QUICK", "RECIPE_PLAN", "bench", "bench_config", "parse_set", "recipe_config",
+__all__ = ["BUDGETS", "CARD", "QUICK", "QUICK_PLAN", "RECIPE_PLAN", "bench", "bench_config", "parse_set", "recipe_config",
            "source_name", "used_values"]

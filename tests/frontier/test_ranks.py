@@ -1,7 +1,14 @@
 """Quick against full by halves (issue 71): a configuration's half is fixed by its label, and each half's rho is
 read from its own metric (A: validation, B: test)."""
+from pathlib import Path
+
+import pytest
+
+from reslm.frontier import bench as fbench
 from reslm.frontier.plan import load_plan
-from reslm.frontier.ranks import HALVES_FROM, _halves, half_of, spearman
+from reslm.frontier.ranks import HALVES_FROM, RECIPE_PLANS, _halves, half_of, spearman
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def test_the_half_is_the_labels_and_splits_the_substrate_plan_in_two():
@@ -60,3 +67,13 @@ def test_the_quick_recipe_is_chosen_on_half_a_alone_and_ties_go_to_the_cheaper(m
     left_out.append((plans[0].name, first_a))                                # one half-A run missing: no choice
     assert ranks.recipe_choice(plans, tables, {})[1] is None
     assert "Chosen: none yet" in ranks.recipes_markdown(plans, tables, {})
+
+
+@pytest.mark.parametrize("plan", RECIPE_PLANS)
+def test_each_candidate_quick_recipe_trains_what_the_bench_would_run_with_it(plan):
+    """A candidate plan's base is the bench's recipe (esn-lr's choice, published) with that plan's quick
+    fields: what the plan measures of quick against full is what the bench's quick budget would do."""
+    recipe, base = fbench.recipe_config("esn-lr", RESULTS), load_plan(plan).base
+    assert (base.preset, base.model) == (recipe.preset, recipe.model)
+    assert base.train == {**recipe.train, **fbench.quick_fields(plan)}
+    assert fbench.QUICK == fbench.quick_fields(fbench.QUICK_PLAN) and fbench.QUICK_PLAN in RECIPE_PLANS
