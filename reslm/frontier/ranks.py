@@ -116,8 +116,10 @@ def _halves(rows: list[dict]) -> list[str]:
             "held-out figure a user reads."]
 
 
-# the candidate quick recipes of the bench (issue 71): plans that train the same substrates at seed 0
-RECIPE_PLANS = ("substrate-ranks", "substrate-ranks-lr3e-3", "substrate-ranks-lr1.5e-3", "substrate-ranks-half")
+# the candidate quick recipes of the bench (issue 71): plans that train the same substrates at seed 0.
+# substrate-ranks-lr1.5e-3 (no EMA) is shipped but not a candidate: left out, before any of its runs had
+# trained, for the core time it would have taken
+RECIPE_PLANS = ("substrate-ranks", "substrate-ranks-lr3e-3", "substrate-ranks-half")
 
 
 def recipe_choice(plans: list[Plan], tables: dict[str, list[Entry]], index: dict) -> tuple[list[dict], str | None]:
