@@ -60,8 +60,8 @@ def quick_fields(plan_name: str = QUICK_PLAN) -> dict:
 
 
 QUICK = quick_fields()
-QUICK_TEXT = ("one shard-epoch per shard, one cycle (a tenth of the steps: minutes per seed on 2 cores)"
-              + "".join(f", {k} {v}" for k, v in QUICK.items() if k not in ("epochs_per_shard", "cycles", "test_every")))
+QUICK_TEXT = "one shard-epoch per shard, one cycle (a tenth of the steps: minutes per seed on 2 cores)" + "".join(
+    f", {k} {v}" for k, v in QUICK.items() if k not in ("epochs_per_shard", "cycles", "test_every"))
 CARD = "card.md"
 OUT = Path("runs/frontier-bench")   # where the bench's runs and card go unless told
 
@@ -454,5 +454,5 @@ def _card(reservoir, cfg: Config, base: Config, notes, sources, budget, runs, su
     return "\n".join(L) + "\n"
 
 
-__all__ = ["BUDGETS", "CARD", "QUICK", "QUICK_PLAN", "RECIPE_PLAN", "bench", "bench_config", "parse_set", "recipe_config",
-           "source_name", "used_values"]
+__all__ = ["BUDGETS", "CARD", "QUICK", "QUICK_PLAN", "RECIPE_PLAN", "bench", "bench_config", "parse_set",
+           "quick_fields", "recipe_config", "source_name", "used_values"]
