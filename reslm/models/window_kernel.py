@@ -121,7 +121,7 @@ def status(cfg) -> tuple[bool, str]:
         return False, unsupported(cfg)
     if library(cfg) is None:
         return False, native.why_not(SOURCE) or "the kernel did not build"
-    return True, f"fused window step ({native.compiler()}, -march=native)"
+    return True, f"fused window step ({native.compiler()}, -march={native.march()})"
 
 
 def applies(model, x: torch.Tensor) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from reslm.core import native
 from reslm.core.errors import ReslmError
 from reslm.core.progress import say
 from reslm.models import window_kernel
@@ -83,6 +84,6 @@ def choose_window_step(model, window_step: str, compile_: str, device: torch.dev
     model.window_step = "auto" if chosen == "fused" else "plain"
     if model.config.context_mode == "window":
         say(f"reslm: window step {chosen}" + (f" ({why})" if why and window_step != "plain" else
-                                              " (C kernel, -march=native)" if chosen == "fused" else ""),
+                                              f" (C kernel, -march={native.march()})" if chosen == "fused" else ""),
             enabled=announce)
     return chosen

@@ -47,3 +47,16 @@ def test_no_compiler_or_a_compiler_error_gives_none_and_says_why(tmp_path, cache
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     assert native.compiler() is None
     assert native.build(src, ()) is None and native.why_not(src).startswith("no C compiler")
+
+
+def test_the_target_is_native_unless_reslm_march_names_another(monkeypatch):
+    from reslm.core.errors import ReslmError
+    monkeypatch.delenv("RESLM_MARCH", raising=False)
+    assert native.march() == "native"
+    monkeypatch.setenv("RESLM_MARCH", "haswell")
+    assert native.march() == "haswell"
+    if native.compiler() is not None:
+        assert native.vector_floats() == 8                     # haswell: AVX2, no AVX-512
+    monkeypatch.setenv("RESLM_MARCH", "haswell; rm -rf ~")
+    with pytest.raises(ReslmError, match="RESLM_MARCH must be a compiler -march name"):
+        native.march()

@@ -161,3 +161,25 @@ def test_a_run_trained_on_the_plain_step_continues_on_the_fused_one(chars, tmp_p
     steps = [r["step"] for r in read_metrics(run) if r["kind"] == "step"]
     assert tt.is_finished(run) and steps == sorted(steps) and steps[-1] > 4
     assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.fixture
+def avx2(tmp_path, monkeypatch):
+    """The kernel built for an AVX2 target (RESLM_MARCH=haswell: 8-float vectors) on an AVX-512 CPU, in a
+    cache of the test's own; where this CPU builds the 8-float layout itself, the tests above cover it."""
+    if wk.native.vector_floats() != 16:
+        pytest.skip("this CPU builds the 8-float layout natively")
+    monkeypatch.setenv("RESLM_MARCH", "haswell")
+    monkeypatch.setenv("RESLM_CACHE", str(tmp_path / "cache"))
+    wk.native.build.cache_clear()
+    assert wk.native.vector_floats() == 8
+    yield
+    wk.native.build.cache_clear()
+
+
+@pytest.mark.parametrize("ff,h,L,T", SIZES[:3])
+def test_the_avx2_layout_computes_the_same_model(avx2, ff, h, L, T):
+    """The kernel as an AVX2 CPU builds it: the same eval logits and, given the masks, the same gradients."""
+    test_eval_logits_equal_the_plain_path(ff, h, L, T)
+    test_gradients_equal_the_plain_path_given_the_same_masks(ff, h, L, T, one_pass=True)
+    assert "-march=haswell" in wk.status(_model(ff, h, L, T).config)[1]
