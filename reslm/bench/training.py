@@ -226,7 +226,7 @@ def window_step_row(cfg, family: str, plan: BenchPlan, device) -> dict:
     flops = training_flops_per_sample(cfg)
     plain = d["plain_fp32"]["samples_per_s"]
     row = dict(family=family, flops_per_sample=sig(flops), gemm_gflops=gemm, detail=d,
-               fused=("the fused C kernel (reslm.models.window_kernel)" if "fused_fp32" in d else
+               fused=(f"the {window_kernel.status(cfg)[1]}, reslm.models.window_kernel" if "fused_fp32" in d else
                       f"not available here: {window_kernel.status(cfg)[1]}"),
                bf16=("the plain path under bf16 autocast (the fused kernel computes in fp32)"
                      if "plain_bf16" in d else f"skipped: {bf16_status(device)[1]}"))
