@@ -151,7 +151,8 @@ def recipes_markdown(plans: list[Plan], tables: dict[str, list[Entry]], index: d
     for r in rows:
         rho_a = "-" if r["rho_a"] is None else f"{r['rho_a']:.2f}"
         rho_b = "read for the chosen recipe only" if r["plan"] != chosen else \
-            (f"**{r['rho_b']:.2f}**" if r["rho_b"] is not None else "too few to say")
+            (f"**{r['rho_b']:.2f}**" + (" (partial: not the figure yet)" if r["b"] < r["b_of"] else "")
+             if r["rho_b"] is not None else "too few to say")
         L.append(f"| [{r['plan']}](frontier-plans.md#{r['plan'].replace('.', '')}) | {r['a']} of {r['a_of']} | "
                  f"{rho_a} | {r['b']} of {r['b_of']} | {rho_b} | {hms(r['seconds'])} |")
     L += ["", f"Chosen: **{chosen}** (the highest half A rho; its half B figure is the one a user reads)."
