@@ -34,6 +34,7 @@ from reslm.data.datasets import find_dataset
 from reslm.frontier.imports import _import, source_name
 from reslm.frontier.plan import Config, load_plan
 from reslm.frontier.profile import PLOT, bench_memory, memory_lines, plot_bench_memory
+from reslm.frontier.ranks import QUICK_PLAN, quick_fields
 from reslm.frontier.runner import plan_table, selection
 from reslm.frontier.schedule import MEMORY
 from reslm.models import family
@@ -48,17 +49,6 @@ from reslm.train import ensure_run, train
 RECIPE_PLAN = "esn-lr"          # the plan whose chosen configuration is the recipe
 CEILING_PLANS = ("gru-ceiling", "ceilings-tails")   # the trained ceilings: the first with a choice wins
 BUDGETS = ("quick", "full")
-QUICK_PLAN = "substrate-ranks"   # the candidate quick recipe the bench runs (ranks.recipe_choice chooses)
-
-
-def quick_fields(plan_name: str = QUICK_PLAN) -> dict:
-    """The quick budget's training fields: those a candidate quick-recipe plan's base trains with where its
-    `full` gives the full budget back (the budget and the schedule the quick recipe replaces), and the test
-    shard scored once, at the end (test_every: a record field, the same runs)."""
-    base = load_plan(plan_name).base
-    return {**{k: base.train[k] for k in base.full}, "test_every": "final"}
-
-
 QUICK = quick_fields()
 QUICK_TEXT = "one shard-epoch per shard, one cycle (a tenth of the steps: minutes per seed on 2 cores)" + "".join(
     f", {k} {v}" for k, v in QUICK.items() if k not in ("epochs_per_shard", "cycles", "test_every"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import statistics
 
-from reslm.frontier.plan import Plan
+from reslm.frontier.plan import Plan, load_plan
 from reslm.frontier.runner import Entry, figures
 
 
@@ -122,6 +122,17 @@ def _halves(rows: list[dict]) -> list[str]:
 RECIPE_PLANS = ("substrate-ranks", "substrate-ranks-lr3e-3", "substrate-ranks-half")
 
 
+QUICK_PLAN = "substrate-ranks"   # the candidate quick recipe the bench runs (recipe_choice chooses)
+
+
+def quick_fields(plan_name: str = QUICK_PLAN) -> dict:
+    """The quick budget's training fields: those a candidate quick-recipe plan's base trains with where its
+    `full` gives the full budget back (the budget and the schedule the quick recipe replaces), and the test
+    shard scored once, at the end (test_every: a record field, the same runs)."""
+    base = load_plan(plan_name).base
+    return {**{k: base.train[k] for k in base.full}, "test_every": "final"}
+
+
 def recipe_choice(plans: list[Plan], tables: dict[str, list[Entry]], index: dict) -> tuple[list[dict], str | None]:
     """(one row per candidate recipe plan, the chosen plan's name or None). The rule: among the plans whose
     half A is complete (every configuration of the plan in half A done at both budgets), the highest half A
@@ -160,5 +171,5 @@ def recipes_markdown(plans: list[Plan], tables: dict[str, list[Entry]], index: d
     return "\n".join(L) + "\n"
 
 
-__all__ = ["HALVES_FROM", "RECIPE_PLANS", "against_full", "half_of", "halves", "hms", "quick_against_full",
-           "recipe_choice", "recipes_markdown", "spearman"]
+__all__ = ["HALVES_FROM", "QUICK_PLAN", "RECIPE_PLANS", "against_full", "half_of", "halves", "hms", "quick_against_full",
+           "quick_fields", "recipe_choice", "recipes_markdown", "spearman"]
