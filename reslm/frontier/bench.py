@@ -8,9 +8,10 @@ frontier and the tuned trained ceiling, all read the same way: the test text sco
 carried through it. A model card (card.md) records what ran, where, and every figure.
 
 Budgets: "full" is the recipe as published; "quick" trains one shard-epoch per shard over one cycle (a
-tenth of the full recipe's steps) with the schedule of the QUICK_PLAN, one of the candidate quick recipes
-(reslm.frontier.ranks.RECIPE_PLANS); how well each ranks substrates against full is measured in
-docs/frontier-plans.md and docs/frontier-tool.md ("Which quick recipe").
+tenth of the full recipe's steps) with the learning rate, schedule and EMA of QUICK_PLAN, the candidate quick
+recipe (reslm.frontier.ranks.RECIPE_PLANS) chosen by how well it ranks substrates against full on half of
+them (docs/frontier-plans.md, docs/frontier-tool.md "Which quick recipe"); the esn-quick plan is the ESN
+trained so, the reference printed beside a quick bench.
 """
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ def _halves(rows: list[dict]) -> list[str]:
 RECIPE_PLANS = ("substrate-ranks", "substrate-ranks-lr3e-3", "substrate-ranks-half")
 
 
-QUICK_PLAN = "substrate-ranks"   # the candidate quick recipe the bench runs (recipe_choice chooses)
+QUICK_PLAN = "substrate-ranks-lr3e-3"   # the candidate quick recipe the bench runs: recipe_choice's choice
 
 
 def quick_fields(plan_name: str = QUICK_PLAN) -> dict:
@@ -167,7 +167,9 @@ def recipes_markdown(plans: list[Plan], tables: dict[str, list[Entry]], index: d
         L.append(f"| [{r['plan']}](frontier-plans.md#{r['plan'].replace('.', '')}) | {r['a']} of {r['a_of']} | "
                  f"{rho_a} | {r['b']} of {r['b_of']} | {rho_b} | {hms(r['seconds'])} |")
     L += ["", f"Chosen: **{chosen}** (the highest half A rho; its half B figure is the one a user reads)."
-          if chosen else "Chosen: none yet (every candidate's half A must be complete first)."]
+          if chosen else "Chosen: none yet (every candidate's half A must be complete first).",
+          "", f"The bench's quick budget runs: **{QUICK_PLAN}** (QUICK_PLAN in reslm/frontier/ranks.py)"
+          + ("." if chosen in (None, QUICK_PLAN) else f", not yet the chosen {chosen}.")]
     return "\n".join(L) + "\n"
 
 

@@ -63,6 +63,7 @@ def test_the_quick_recipe_is_chosen_on_half_a_alone_and_ties_go_to_the_cheaper(m
     assert [r["rho_a"] for r in rows] == [-1.0, 1.0, 1.0]
     text = ranks.recipes_markdown(plans, tables, {})
     assert text.count("read for the chosen recipe only") == 2 and "**-1.00**" in text   # B read for the chosen alone
+    assert f"runs: **{ranks.QUICK_PLAN}**" in text and "not yet the chosen substrate-ranks-half" in text
     first_a = next(c.label for c in plans[0].configs if half_of(c.label or "base") == "A")
     left_out.append((plans[0].name, first_a))                                # one half-A run missing: no choice
     assert ranks.recipe_choice(plans, tables, {})[1] is None
@@ -77,3 +78,11 @@ def test_each_candidate_quick_recipe_trains_what_the_bench_would_run_with_it(pla
     assert (base.preset, base.model) == (recipe.preset, recipe.model)
     assert base.train == {**recipe.train, **fbench.quick_fields(plan)}
     assert fbench.QUICK == fbench.quick_fields(fbench.QUICK_PLAN) and fbench.QUICK_PLAN in RECIPE_PLANS
+
+
+def test_the_quick_esn_reference_is_the_chosen_recipes_base():
+    """esn-quick, the ESN a quick bench is printed beside, trains exactly the QUICK_PLAN's base (its seed 0
+    is that plan's base run), at three seeds."""
+    ref, base = load_plan("esn-quick"), load_plan(fbench.QUICK_PLAN).base
+    assert ref.base.name(0) == base.name(0) and ref.base.run_config(1) == base.run_config(1)
+    assert ref.rule.select == "none" and ref.rule.seeds == (0, 1, 2)
