@@ -81,8 +81,18 @@ def against_full(plan: Plan, table: list[Entry], index: dict) -> list[str]:
                  f"[{r['full']:.4f}](../results/{r['folders'][0].name}) | {b:g} | {hms(r['seconds'])} | "
                  f"{hms(r['full_seconds'])} |")
     L += ["", f"Spearman's rank correlation over {len(rows)} configurations: "
-          + (f"**rho = {rho:.2f}**." if rho is not None else "too few to say (under 3).")]
+          + (f"**rho = {rho:.2f}**." if rho is not None else "too few to say (under 3).") + inversions(rows, rq, rf)]
     return L + _halves(rows)
+
+
+def inversions(rows: list[dict], rq: list[float], rf: list[float], most: int = 3) -> str:
+    """The configurations whose rank moves most between the two budgets (at most `most`, largest first), as
+    a sentence ("" when every rank holds)."""
+    moved = sorted((r for r in zip(rows, rq, rf) if r[1] != r[2]), key=lambda r: (-abs(r[1] - r[2]), r[0]["label"]))
+    if not moved:
+        return " Every configuration keeps its rank."
+    told = [f"{r['label']} ({a:g} here, {b:g} at full)" for r, a, b in moved[:most]]
+    return f" Largest rank moves: {', '.join(told)}."
 
 
 HALVES_FROM = 6   # configurations with both budgets before the halves are reported
@@ -173,5 +183,5 @@ def recipes_markdown(plans: list[Plan], tables: dict[str, list[Entry]], index: d
     return "\n".join(L) + "\n"
 
 
-__all__ = ["HALVES_FROM", "QUICK_PLAN", "RECIPE_PLANS", "against_full", "half_of", "halves", "hms", "quick_against_full",
+__all__ = ["HALVES_FROM", "QUICK_PLAN", "RECIPE_PLANS", "against_full", "half_of", "halves", "hms", "inversions", "quick_against_full",
            "quick_fields", "recipe_choice", "recipes_markdown", "spearman"]

@@ -34,6 +34,14 @@ def test_half_a_is_ranked_by_validation_and_half_b_by_test():
     assert all(x["label"] in text for x in r)
 
 
+def test_the_largest_rank_moves_are_named_largest_first():
+    from reslm.frontier.ranks import inversions
+    r = [dict(label=x) for x in "abcd"]
+    assert inversions(r, [1, 2, 3, 4], [1, 2, 3, 4]) == " Every configuration keeps its rank."
+    text = inversions(r, [1, 2, 3, 4], [4, 2, 1, 3], most=2)
+    assert text == " Largest rank moves: a (1 here, 4 at full), c (3 here, 1 at full)."
+
+
 def test_too_few_configurations_give_no_halves():
     assert _halves(rows(HALVES_FROM - 1)) == []
 
