@@ -183,5 +183,5 @@ def recipes_markdown(plans: list[Plan], tables: dict[str, list[Entry]], index: d
     return "\n".join(L) + "\n"
 
 
-__all__ = ["HALVES_FROM", "QUICK_PLAN", "RECIPE_PLANS", "against_full", "half_of", "halves", "hms", "inversions", "quick_against_full",
-           "quick_fields", "recipe_choice", "recipes_markdown", "spearman"]
+__all__ = ["HALVES_FROM", "QUICK_PLAN", "RECIPE_PLANS", "against_full", "half_of", "halves", "hms", "inversions",
+           "quick_against_full", "quick_fields", "recipe_choice", "recipes_markdown", "spearman"]
