@@ -63,8 +63,9 @@ def status_lines(plan: Plan, table: list[Entry]) -> list[str]:
     out.append(f"{sum(e.state == 'done' for e in table)} done, {sum(e.state == 'running' for e in table)} running, "
                f"{len(todo)} to run now, {sum(e.state == 'waiting' for e in table)} waiting on the screen; "
                + (f"about {_hms(left)}{' or more' if unknown else ''} of one run's threads left (estimated from each "
-                  "run's own pace so far, else from the plan's finished runs, on this CPU where any)" if left or not unknown else "time left unknown (no run of the plan has "
-                  "finished yet)"))
+                  "run's pace over its last shard-epochs on this CPU, else its pace so far, else from the plan's "
+                  "finished runs, on this CPU where any)" if left or not unknown
+                  else "time left unknown (no run of the plan has finished yet)"))
     out += ["  " + line for line in _verdict(plan, sel)]
     if unscored := to_score(plan, table):
         out.append(f"  to score on the paper's 32-character windows: {', '.join(map(_scoring, unscored))} (the next "

@@ -63,6 +63,8 @@ class Entry:
     eval_seconds: float | None = None   # its evaluations' time (runs made before it was logged: None)
     cpu: str | None = None              # where train_seconds was measured (cpu_name), where recorded
     progress: float = 0.0               # shard-epochs done / shard-epochs in all
+    epochs_left: int | None = None      # shard-epochs still to train
+    recent: float | None = None         # seconds per shard-epoch (training and evaluation) of its last ones
     holder: str | None = None
 
     @property
@@ -87,7 +89,8 @@ def index_results(results: Path) -> dict[tuple[str, int], Path]:
 def figures(folder: Path) -> dict:
     """A run's figures from its summary: validation and test CE of the weights it keeps (both metrics
     where the summary has them), training time and the CPU it was measured on (a published run's
-    provenance; a run training here: this machine's), and progress (evaluations / shard-epochs in all)."""
+    provenance; a run training here: this machine's), progress (evaluations / shard-epochs in all), the
+    shard-epochs left and its recent pace (the median time of its last RECENT shard-epochs)."""
     summary = read_json(folder / SUMMARY) or {}
     cfg = read_config(folder)
     tc = cfg["train"]
@@ -102,7 +105,17 @@ def figures(folder: Path) -> dict:
                 train_seconds=summary.get("train_seconds") or (evals[-1].get("wall") if evals else None),
                 eval_seconds=sum(timed) if timed else None,
                 cpu=(read_json(folder / PROVENANCE) or {}).get("cpu") if is_published(folder) else cpu_name(),
-                progress=min(1.0, len(evals) / total))
+                progress=min(1.0, len(evals) / total), epochs_left=max(0, total - len(evals)),
+                recent=_recent([r["seconds"] + r.get("eval_seconds", 0.0) for r in evals if "seconds" in r]))
+
+
+RECENT = 3   # shard-epochs a begun run's recent pace is read from
+
+
+def _recent(epoch_seconds: list[float]) -> float | None:
+    """The median time of the last RECENT shard-epochs (None before there are that many): the pace of the
+    code and machine a run trains on now, which its lifetime pace mixes with earlier ones'."""
+    return statistics.median(epoch_seconds[-RECENT:]) if len(epoch_seconds) >= RECENT else None
 
 
 def _finished(folder: Path) -> bool:
@@ -236,15 +249,18 @@ def _length(e: Entry) -> int:
 
 def estimate(e: Entry, table: list[Entry], cpu: str | None = None) -> float | None:
     """Seconds left for a run on `cpu` (default: this machine's), its training and its evaluations (where
-    a run logged their time; runs made before that count their training only): from its own pace when
-    it has begun, else from the plan's finished runs, scaled by its number of shard-epochs. Of those,
+    a run logged their time; runs made before that count their training only): from its own recent pace
+    (its last RECENT shard-epochs) when it has that many on `cpu`, else its pace so far when it has begun,
+    else from the plan's finished runs, scaled by its number of shard-epochs. Of those,
     the first group that has any: its configuration on `cpu`, any configuration on `cpu`, its
     configuration anywhere, any: one CPU's pace says little of another's."""
     if e.state == "done":
         return 0.0
+    cpu = cpu or cpu_name()
+    if e.recent is not None and e.epochs_left is not None and e.cpu == cpu:
+        return e.recent * e.epochs_left
     if e.progress > 0 and e.train_seconds:
         return _seconds(e) * (1 - e.progress) / e.progress
-    cpu = cpu or cpu_name()
     done = [d for d in table if d.state == "done" and d.train_seconds]
     groups = ([d for d in done if d.config == e.config and d.cpu == cpu], [d for d in done if d.cpu == cpu],
               [d for d in done if d.config == e.config], done)

@@ -172,6 +172,15 @@ def test_time_left_is_paced_by_runs_on_this_cpu_before_runs_on_others(where):
     here.eval_seconds, begun.eval_seconds = 200.0, 30.0
     assert frunner.estimate(todo, [far, here], cpu="slow (AVX2)") == 500.0
     assert frunner.estimate(begun, [far, here], cpu="slow (AVX2)") == 240.0
+    # its last shard-epochs on this CPU pace it once it has them (a faster step, not its lifetime's pace)
+    begun.recent, begun.epochs_left, begun.cpu = 20.0, 6, "slow (AVX2)"
+    assert frunner.estimate(begun, [far, here], cpu="slow (AVX2)") == 120.0
+    assert frunner.estimate(begun, [far, here], cpu="fast (AVX512)") == 240.0    # paced on another CPU
+
+
+def test_a_runs_recent_pace_is_the_median_of_its_last_shard_epochs():
+    assert frunner._recent([100.0, 50.0]) is None
+    assert frunner._recent([900.0, 100.0, 50.0, 60.0]) == 60.0
 
 
 def test_a_finished_run_logs_the_time_of_its_evaluations(screened):
