@@ -81,13 +81,14 @@ def against_full(plan: Plan, table: list[Entry], index: dict) -> list[str]:
                  f"[{r['full']:.4f}](../results/{r['folders'][0].name}) | {b:g} | {hms(r['seconds'])} | "
                  f"{hms(r['full_seconds'])} |")
     L += ["", f"Spearman's rank correlation over {len(rows)} configurations: "
-          + (f"**rho = {rho:.2f}**." if rho is not None else "too few to say (under 3).") + inversions(rows, rq, rf)]
+          + (f"**rho = {rho:.2f}**." if rho is not None else "too few to say (under 3).")
+          + inversions(rows, rq, rf)]
     return L + _halves(rows)
 
 
 def inversions(rows: list[dict], rq: list[float], rf: list[float], most: int = 3) -> str:
     """The configurations whose rank moves most between the two budgets (at most `most`, largest first), as
-    a sentence ("" when every rank holds)."""
+    a sentence."""
     moved = sorted((r for r in zip(rows, rq, rf) if r[1] != r[2]), key=lambda r: (-abs(r[1] - r[2]), r[0]["label"]))
     if not moved:
         return " Every configuration keeps its rank."
