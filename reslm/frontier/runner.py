@@ -62,6 +62,7 @@ class Entry:
     train_seconds: float | None = None
     eval_seconds: float | None = None   # its evaluations' time (runs made before it was logged: None)
     cpu: str | None = None              # where train_seconds was measured (cpu_name), where recorded
+    last_cpu: str | None = None         # where it trained last (a run continued on several machines)
     progress: float = 0.0               # shard-epochs done / shard-epochs in all
     epochs_left: int | None = None      # shard-epochs still to train
     recent: float | None = None         # seconds per shard-epoch (training and evaluation) of its last ones
@@ -100,11 +101,14 @@ def figures(folder: Path) -> dict:
     total = max(1, len(cfg["data"].get("train_shards", [0] * 5)) * tc.get("epochs_per_shard", 1) * tc.get("cycles", 1))
     test = summary.get(kept_of(TEST_LOSS), summary.get(final_of(TEST_LOSS)))
     window, stream = both_metrics(folder, summary)
+    prov = (read_json(folder / PROVENANCE) or {}) if is_published(folder) else None
     return dict(val=summary.get(kept_of(VAL_LOSS), summary.get(final_of(VAL_LOSS))), test=test,
                 test_window=window, test_stream=stream,
                 train_seconds=summary.get("train_seconds") or (evals[-1].get("wall") if evals else None),
                 eval_seconds=sum(timed) if timed else None,
-                cpu=(read_json(folder / PROVENANCE) or {}).get("cpu") if is_published(folder) else cpu_name(),
+                cpu=prov.get("cpu") if prov is not None else cpu_name(),
+                last_cpu=((prov.get("publishes") or [{}])[-1].get("cpu") or prov.get("cpu")) if prov is not None
+                else cpu_name(),
                 progress=min(1.0, len(evals) / total), epochs_left=max(0, total - len(evals)),
                 recent=_recent([r["seconds"] + r.get("eval_seconds", 0.0) for r in evals if "seconds" in r]))
 
@@ -257,7 +261,7 @@ def estimate(e: Entry, table: list[Entry], cpu: str | None = None) -> float | No
     if e.state == "done":
         return 0.0
     cpu = cpu or cpu_name()
-    if e.recent is not None and e.epochs_left is not None and e.cpu == cpu:
+    if e.recent is not None and e.epochs_left is not None and e.last_cpu == cpu:
         return e.recent * e.epochs_left
     if e.progress > 0 and e.train_seconds:
         return _seconds(e) * (1 - e.progress) / e.progress

@@ -173,7 +173,7 @@ def test_time_left_is_paced_by_runs_on_this_cpu_before_runs_on_others(where):
     assert frunner.estimate(todo, [far, here], cpu="slow (AVX2)") == 500.0
     assert frunner.estimate(begun, [far, here], cpu="slow (AVX2)") == 240.0
     # its last shard-epochs on this CPU pace it once it has them (a faster step, not its lifetime's pace)
-    begun.recent, begun.epochs_left, begun.cpu = 20.0, 6, "slow (AVX2)"
+    begun.recent, begun.epochs_left, begun.last_cpu = 20.0, 6, "slow (AVX2)"
     assert frunner.estimate(begun, [far, here], cpu="slow (AVX2)") == 120.0
     assert frunner.estimate(begun, [far, here], cpu="fast (AVX512)") == 240.0    # paced on another CPU
 
