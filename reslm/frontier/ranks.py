@@ -56,14 +56,15 @@ def quick_against_full(plan: Plan, table: list[Entry], index: dict) -> list[dict
         folders = [index.get((full.fingerprint, e.seed)) for e in done]
         if any(f is None for f in folders):
             continue
-        vals = [e.val for e in done] + [figures(f)["val"] for f in folders]
+        figs = [figures(f) for f in folders]   # each full run's summary, metrics and provenance, read once
+        vals = [e.val for e in done] + [g["val"] for g in figs]
         rows.append(dict(label=c.label or "base", seeds=[e.seed for e in done],
                          quick=statistics.mean(e.test for e in done),
-                         full=statistics.mean(figures(f)["test"] for f in folders), folders=folders,
+                         full=statistics.mean(g["test"] for g in figs), folders=folders,
                          quick_val=None if None in vals else statistics.mean(e.val for e in done),
-                         full_val=None if None in vals else statistics.mean(figures(f)["val"] for f in folders),
+                         full_val=None if None in vals else statistics.mean(g["val"] for g in figs),
                          seconds=statistics.mean(e.train_seconds or 0 for e in done),
-                         full_seconds=statistics.mean(figures(f)["train_seconds"] or 0 for f in folders)))
+                         full_seconds=statistics.mean(g["train_seconds"] or 0 for g in figs)))
     return rows
 
 
