@@ -88,11 +88,11 @@ class ChunkFeatures:
         return self.inputs.index_select(0, index)  # (B, context)
 
 
-def eval_batch_size(model, batch_size: int, device) -> int:
-    """Samples per evaluation forward: `batch_size`, capped on CPU at the model's `cpu_eval_batch`
-    where it has one (a model that runs every window through all its layers: smaller pieces keep its
-    activations in cache). The loss is the same up to float rounding."""
-    cap = getattr(model, "cpu_eval_batch", 0)
+def eval_batch_size(model, batch_size: int, device, precision: str = "fp32") -> int:
+    """Samples per evaluation forward at `precision`: `batch_size`, capped on CPU at the model's
+    `eval_batch_cap(precision)` where it has one (a model that runs every window through all its layers:
+    smaller pieces keep its activations in cache). The loss is the same up to float rounding."""
+    cap = model.eval_batch_cap(precision) if hasattr(model, "eval_batch_cap") else 0
     return min(batch_size, cap) if cap and torch.device(device).type == "cpu" else batch_size
 
 

@@ -253,6 +253,10 @@ def format_summary(r: dict) -> str:
                              f"x{v['vs_plain_fp32']:.2f} the plain fp32 step")
         if "fused_fp32" not in row:
             lines.append(f"window step {name}: fused {row['fused']}")
+        if row.get("eval"):
+            lines.append(f"evaluation {name} fp32: " + ", ".join(
+                f"{k.split('_')[0]} in forwards of {v['windows_per_forward']} {v['windows_per_s']:,.0f} windows/s "
+                f"(x{v['vs_plain']:.2f})" for k, v in row["eval"].items()))
     for name, v in r.get("substrate_chars_per_s", {}).items():
         lines.append(f"substrate {name} (N={v['size']}): {v['chars_per_s']:,.0f} chars/s stream"
                      + (f", x{v['vs_esn']:.1f} the esn's" if v.get("vs_esn") else ""))

@@ -20,6 +20,7 @@ from reslm.bench.plan import AUTHORS_QUOTED, MODES, BenchPlan, _spec
 from reslm.bench.reference import ReferenceTransformer, authors_logits, authors_window_states
 from reslm.bench.timing import repeat, sig, stats, timing_model
 from reslm.core.device import bf16_status, grad_scaler
+from reslm.features import estimate_loss, eval_batch_size
 from reslm.models import MODELS, make_config, window_kernel
 from reslm.models.base import TensorFeatures
 from reslm.models.reservoir_lm import ReservoirLM
@@ -196,13 +197,26 @@ def _gemm(shape: tuple, dtype: torch.dtype, device) -> tuple:
     return run, 2.0 * rows * n * n * count
 
 
+def evaluator(model, batches: list[tuple], pieces: int):
+    """run(k): k evaluations (`estimate_loss`, eval mode, no gradient) of a batch of `batches`, in
+    forwards of `pieces` windows each: what a run's test-shard evaluation does per batch."""
+    def run(k: int, _b=None):
+        for i in range(k):
+            x, y = batches[i % len(batches)]
+            estimate_loss(model, [(x[j:j + pieces], y[j:j + pieces]) for j in range(0, len(y), pieces)])
+    return run
+
+
 def window_step_row(cfg, family: str, plan: BenchPlan, device) -> dict:
     """window_step[label]: the transformer's window training step (reslm train's, train_step + Adam, batch
     plan.batch, dropout on) on the fused kernel and on the plain torch path, in fp32 and (where bf16 is
     fast here) under bf16 autocast, with fp32 and bf16 GEMMs in the same repetitions. The fused kernel
-    computes in fp32 only: under bf16 autocast the plain path runs, so there is no fused bf16 figure."""
+    computes in fp32 only: under bf16 autocast the plain path runs, so there is no fused bf16 figure.
+    In the same repetitions, the evaluation forward in fp32 (`eval`: windows/s of the test-shard
+    evaluation): fused in the forwards `eval_batch_size` gives it, fused in pieces of the plain path's
+    cap, and plain in its pieces."""
     batches = random_windows(cfg.vocab_size, plan.batch, cfg.context, device, seed=5)
-    trainers, gemm_flops = {}, {}
+    trainers, gemm_flops, evals = {}, {}, {}
     for name, step, precision in (("fused_fp32", "auto", "fp32"), ("plain_fp32", "plain", "fp32"),
                                   ("plain_bf16", "plain", "bf16")):
         if precision == "bf16" and not bf16_status(device)[0]:
@@ -212,6 +226,12 @@ def window_step_row(cfg, family: str, plan: BenchPlan, device) -> dict:
         if name == "fused_fp32" and not (device.type == "cpu" and window_kernel.status(cfg)[0]):
             continue
         trainers[name] = trainer(model, model, batches, family=family, lr=plan.lr, precision=precision)
+        if precision == "fp32":
+            whole = eval_batch_size(model, plan.batch, device)
+            for pieces in dict.fromkeys((whole, min(plan.batch, model.cpu_eval_batch) if device.type == "cpu" else whole)):
+                key = f"{name.split('_')[0]}_in_{pieces}"   # fused_in_1024, fused_in_64, plain_in_64
+                evals[key] = trainers[f"eval_{key}"] = evaluator(
+                    model, batches, pieces)
     for dtype, key in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         if any(k.endswith(key) for k in trainers):
             trainers[f"gemm_{key}"], gemm_flops[key] = _gemm(plan.tf_gemm, dtype, device)
@@ -223,6 +243,7 @@ def window_step_row(cfg, family: str, plan: BenchPlan, device) -> dict:
     d = bench_training(trainers, dict.fromkeys(trainers, plan.tf_steps), batch=plan.batch, device=device,
                        warmup=warm, **plan.timing())
     gemm = {key: sig(gemm_flops[key] / d.pop(f"gemm_{key}")["best_s"] / 1e9) for key in gemm_flops}
+    evaluation = {name: d.pop(f"eval_{name}") for name in evals}
     flops = training_flops_per_sample(cfg)
     plain = d["plain_fp32"]["samples_per_s"]
     row = dict(family=family, flops_per_sample=sig(flops), gemm_gflops=gemm, detail=d,
@@ -233,6 +254,9 @@ def window_step_row(cfg, family: str, plan: BenchPlan, device) -> dict:
     for name, r in d.items():
         rate, key = r["samples_per_s"], name.split("_")[1]
         row[name] = dict(windows_per_s=rate, vs_gemm=sig(rate * flops / 1e9 / gemm[key]), vs_plain_fp32=sig(rate / plain))
+    plain_eval = next(r["samples_per_s"] for name, r in evaluation.items() if name.startswith("plain"))
+    row["eval"] = {name: dict(windows_per_s=r["samples_per_s"], windows_per_forward=int(name.rsplit("_", 1)[1]),
+                              vs_plain=sig(r["samples_per_s"] / plain_eval), detail=r) for name, r in evaluation.items()}
     return row
 
 
@@ -290,4 +314,6 @@ def window_step_rows(plan: BenchPlan, device: torch.device, say) -> dict:
         say(f"window step {label}: " + ", ".join(
             f"{k} {v['windows_per_s']} windows/s ({v['vs_gemm']} of GEMM, x{v['vs_plain_fp32']} plain fp32)"
             for k, v in r.items() if isinstance(v, dict) and "windows_per_s" in v))
+        say(f"evaluation {label}: " + ", ".join(f"{k} {v['windows_per_s']} windows/s (x{v['vs_plain']} plain)"
+                                                for k, v in r["eval"].items()))
     return rows

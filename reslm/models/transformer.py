@@ -253,7 +253,7 @@ class CharTransformer(nn.Module):
 
     family = "tf"
     compilable = True     # TrainConfig.compile "auto" compiles its training forward on CUDA (reslm.train.compiled)
-    cpu_eval_batch = 64   # windows per evaluation forward on CPU (reslm.features.eval_batch_size)
+    cpu_eval_batch = 64   # windows per evaluation forward of the plain path on CPU (`eval_batch_cap`)
     window_step = "auto"  # TrainConfig.window_step: "auto" takes the fused kernel where it applies, "plain" never
 
     def __init__(self, cfg: TransformerConfig | None = None):
@@ -300,6 +300,13 @@ class CharTransformer(nn.Module):
     def features(self, tokens: torch.Tensor, *, position=None, dtype=None, progress: bool = False) -> WindowFeatures:
         """Windows over the stream (built per batch); position/dtype/progress are for reservoir models."""
         return WindowFeatures(tokens, self.config.context)
+
+    def eval_batch_cap(self, precision: str) -> int:
+        """Windows per evaluation forward on CPU (reslm.features.eval_batch_size; 0: no cap):
+        cpu_eval_batch on the plain path, whose per-head score tensors then stay in cache; none where the
+        fused window step takes the forward (fp32 windows), which a bigger batch spares per-call work."""
+        fused = precision == "fp32" and self.window_step != "plain" and window_kernel.fits(self)
+        return 0 if fused else self.cpu_eval_batch
 
     def forward_features(self, x: torch.Tensor, targets: torch.Tensor | None = None):
         B, T = x.shape

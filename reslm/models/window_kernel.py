@@ -124,13 +124,18 @@ def status(cfg) -> tuple[bool, str]:
     return True, f"fused window step ({native.compiler()}, -march={native.march()})"
 
 
+def fits(model) -> bool:
+    """Whether `model` itself can take the fused step on a CPU: window mode, float32 parameters and a
+    kernel built for its sizes (what `applies` asks of the model, not of a batch)."""
+    return (model.config.context_mode == "window" and model.embed.weight.dtype == torch.float32
+            and library(model.config) is not None)
+
+
 def applies(model, x: torch.Tensor) -> bool:
     """Whether `model`'s forward on windows `x` can take the fused step: float32 on a CPU, no autocast,
     full windows in window mode, and a kernel built for its sizes."""
-    cfg = model.config
-    return (x.device.type == "cpu" and x.dim() == 2 and x.shape[1] == cfg.context and cfg.context_mode == "window"
-            and not torch.is_autocast_enabled("cpu") and model.embed.weight.dtype == torch.float32
-            and library(cfg) is not None)
+    return (x.device.type == "cpu" and x.dim() == 2 and x.shape[1] == model.config.context
+            and not torch.is_autocast_enabled("cpu") and fits(model))
 
 
 def _packed(model) -> torch.Tensor:

@@ -72,7 +72,7 @@ class TestShardLoss:
         n = final_samples(src.tc) if final else src.tc.eval_samples
         total, count = 0.0, 0
         for feats in self.features(model, n, final):
-            batch = eval_batch_size(model, src.tc.batch_size, feats.targets.device)
+            batch = eval_batch_size(model, src.tc.batch_size, feats.targets.device, precision)
             loss, k = estimate_loss(model, feature_batches(feats, batch), precision=precision)
             total, count = total + loss * k, count + k
         loss = total / max(count, 1)
@@ -108,8 +108,8 @@ class HeldoutLoss:
         self.source, self.feats, self.name, self.with_test = source, None, name, with_test
         self.eval_kind = source.eval_kind if with_test else name   # the summary's main figure
 
-    def _batches(self, model, feats, samples: int):
-        batch = eval_batch_size(model, self.source.tc.batch_size, feats.targets.device)
+    def _batches(self, model, feats, samples: int, precision: str):
+        batch = eval_batch_size(model, self.source.tc.batch_size, feats.targets.device, precision)
         if not samples or samples >= len(feats):
             return feature_batches(feats, batch)
         index = torch.linspace(0, len(feats) - 1, samples, device=feats.targets.device).long()
@@ -123,7 +123,7 @@ class HeldoutLoss:
         per = -(-samples // len(self.feats)) if samples else 0
         total, count = 0.0, 0
         for feats in self.feats:
-            loss, n = estimate_loss(model, self._batches(model, feats, per), precision=precision)
+            loss, n = estimate_loss(model, self._batches(model, feats, per, precision), precision=precision)
             total, count = total + loss * n, count + n
         loss = total / max(count, 1)
         row = self.source.evaluate(model, precision, final) if self.with_test and test else {}

@@ -351,4 +351,11 @@ def test_window_step_section_times_fused_and_plain_beside_gemms_of_their_dtype(r
     assert report["window_step_vs_plain_fp32"] == {"tf-16-2-1": row["fused_fp32"]["vs_plain_fp32"]}
     assert report["training"]["tf-16-2-1"]["window_step"] == "fused"
     assert "window step tf-16-2-1 fused fp32" in bench.format_summary(report)
+    # the evaluation forward, timed in the same repetitions: fused and plain, each in the forwards it runs
+    assert set(row["eval"]) == {f"fused_in_{TINY.batch}", f"plain_in_{TINY.batch}"}   # batch 16: under the cap
+    for key, v in row["eval"].items():
+        assert v["windows_per_s"] == pytest.approx(TINY.batch * TINY.tf_steps / v["detail"]["best_s"], rel=REL)
+        assert v["windows_per_forward"] == TINY.batch and v["detail"]["reps"] == row["detail"]["plain_fp32"]["reps"]
+    assert row["eval"][f"plain_in_{TINY.batch}"]["vs_plain"] == 1.0
+    assert "evaluation tf-16-2-1 fp32: fused in forwards of 16" in bench.format_summary(report)
     assert TINY.only("training").window_models == () and TINY.only("window").window_models == TINY.window_models

@@ -123,6 +123,20 @@ def test_the_plain_path_takes_what_the_kernel_does_not_cover():
     assert calls == [1]
 
 
+def test_evaluation_batches_are_capped_only_where_the_plain_path_runs():
+    from reslm.features import estimate_loss, eval_batch_size, feature_batches
+    from reslm.models.base import WindowFeatures
+    model = _model(32, 4, 2, 16)
+    assert eval_batch_size(model, 1024, "cpu") == 1024                       # the fused step: the whole batch
+    assert eval_batch_size(model, 1024, "cpu", "bf16") == model.cpu_eval_batch   # autocast: the plain path
+    feats = WindowFeatures(torch.randint(0, 59, (300,)), 16)
+    whole, n = estimate_loss(model, feature_batches(feats, 1024))
+    model.window_step = "plain"
+    assert eval_batch_size(model, 1024, "cpu") == model.cpu_eval_batch < 1024
+    plain, m = estimate_loss(model, feature_batches(feats, eval_batch_size(model, 1024, "cpu")))
+    assert n == m == 284 and plain == pytest.approx(whole, abs=1e-5)
+
+
 def test_choose_window_step_says_what_runs_and_refuses_fused_where_it_cannot_run():
     model = _model(32, 4, 2, 16)
     assert choose_window_step(model, "auto", "auto", CPU, "fp32", announce=False) == "fused"
