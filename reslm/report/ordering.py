@@ -4,8 +4,9 @@ Table 1 pairs an RC, an AERC and a transformer (TF) preset at each of five sizes
 155k trainable parameters). At each size the page sets the three side by side at the paper's protocol (the rows
 reslm.report.rows.preset_rows chooses for the README: one pass of the paper's recipe, in window context or in the
 stream context that stands for it), each with its test CE and bits/char, and their order where all three are
-final. A row still training gives its latest whole-test-shard figure and how far it has got, and its size's
-order stays open. The paper states numbers only for its largest models (reslm.paper.TEST_CE); its other sizes are
+final; below the table, each pair of families in the paper's order (TF < AERC < RC) counted over the sizes
+where both of its rows are final. A row still training gives its latest whole-test-shard figure and how far it
+has got, and its size's order stays open. The paper states numbers only for its largest models (reslm.paper.TEST_CE); its other sizes are
 curves in its Fig. 2, so the page compares numbers there only.
 """
 from __future__ import annotations
@@ -88,6 +89,21 @@ def ordering_md(rows: list[dict]) -> str:
     return "\n".join(L) + "\n"
 
 
+def _pairs(table: list[dict]) -> list[str]:
+    """Each pair of families in the paper's order at its largest size (TF < AERC < RC): at how many sizes
+    where both rows are final reslm has them in that order too."""
+    paper = sorted(TEST_CE, key=TEST_CE.get)
+    parts = []
+    for i, lo in enumerate(paper):
+        for hi in paper[i + 1:]:
+            both = [(s["states"][lo][1], s["states"][hi][1]) for s in table]
+            both = [(a["ce"], b["ce"]) for a, b in both if a["final"] and b["final"]]
+            if both:
+                parts.append(f"{FAMILIES[lo]} below {FAMILIES[hi]} at {sum(a < b for a, b in both)} of {len(both)}")
+    return [f"- Pair by pair, in the paper's order, over the sizes where both rows are final: {'; '.join(parts)}."
+            ] if parts else []
+
+
 def _verdict(table: list[dict]) -> list[str]:
     """Where reslm agrees with the paper and where it does not, from the table alone."""
     final = [s for s in table if s["order"] is not None]
@@ -97,6 +113,7 @@ def _verdict(table: list[dict]) -> list[str]:
          + (f"; the transformer is lowest at {len(best)} of them (size {', '.join(map(str, best))})" if best else
             ("; the transformer is lowest at none of them" if final else "")) + ". The paper: \"the Transformer "
          "achieves the best overall performance\"."]
+    L += _pairs(table)
     largest = table[-1]["states"] if table else {}
     paper = " < ".join(f"{FAMILIES[f]} {TEST_CE[f]:.2f}" for f in sorted(TEST_CE, key=TEST_CE.get))
     L.append(f"- The largest size, the one the paper gives numbers for: the paper's order is {paper} nats.")

@@ -411,3 +411,6 @@ def test_the_ordering_page_orders_a_size_only_when_its_three_rows_are_final():
     assert "rc-2600: 1.8426 against the paper's 1.81, +0.033 nats" in page
     assert "tf-256-16-16: still training (0 of 5 shards done, step 4,349; latest 2.2279); the paper: 1.67" in page
     assert "Sizes with all three rows final: 1 of 5; the transformer is lowest at none of them" in page
+    # each pair in the paper's order (TF < AERC < RC), over the sizes where both of its rows are final
+    assert ("Pair by pair, in the paper's order, over the sizes where both rows are final: TF below AERC at 0 of 1; "
+            "TF below RC at 1 of 1; AERC below RC at 2 of 2.") in page
