@@ -92,8 +92,10 @@ def eval_batch_size(model, batch_size: int, device, precision: str = "fp32") -> 
     """Samples per evaluation forward at `precision`: `batch_size`, capped on CPU at the model's
     `eval_batch_cap(precision)` where it has one (a model that runs every window through all its layers:
     smaller pieces keep its activations in cache). The loss is the same up to float rounding."""
-    cap = model.eval_batch_cap(precision) if hasattr(model, "eval_batch_cap") else 0
-    return min(batch_size, cap) if cap and torch.device(device).type == "cpu" else batch_size
+    if torch.device(device).type != "cpu" or not hasattr(model, "eval_batch_cap"):
+        return batch_size
+    cap = model.eval_batch_cap(precision)
+    return min(batch_size, cap) if cap else batch_size
 
 
 @torch.no_grad()
