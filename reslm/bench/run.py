@@ -210,6 +210,24 @@ def method(plan: BenchPlan) -> dict:
     )
 
 
+def _window_step_lines(name: str, row: dict) -> list[str]:
+    """format_summary's lines for one transformer of the window-step section: its steps, then its evaluation."""
+    lines = []
+    for key in ("fused_fp32", "plain_fp32", "plain_bf16"):
+        if key in row:
+            v = row[key]
+            lines.append(f"window step {name} {key.replace('_', ' ')}: {v['windows_per_s']:,.0f} windows/s, "
+                         f"{v['vs_gemm']:.3f} of the {key[-4:]} GEMM rate ({row['gemm_gflops'][key[-4:]]} GFLOP/s), "
+                         f"x{v['vs_plain_fp32']:.2f} the plain fp32 step")
+    if "fused_fp32" not in row:
+        lines.append(f"window step {name}: fused {row['fused']}")
+    if row.get("eval"):
+        lines.append(f"evaluation {name} fp32: " + ", ".join(
+            f"{k.split('_')[0]} in forwards of {v['windows_per_forward']} {v['windows_per_s']:,.0f} windows/s "
+            f"(x{v['vs_plain']:.2f})" for k, v in row["eval"].items()))
+    return lines
+
+
 def format_summary(r: dict) -> str:
     """The headline figures of a bench result as a short text table (the JSON has everything)."""
     lines = [f"device {r['device']} ({r['device_name']}), torch {r['torch']}, {r['threads']} threads, "
@@ -245,18 +263,7 @@ def format_summary(r: dict) -> str:
         if name in r.get("all_position_targets_per_s", {}) and name not in r.get("causal_speedup_vs_authors", {}):
             lines.append(f"train {name} stream: {r['all_position_targets_per_s'][name]:,.0f} targets/s")
     for name, row in r.get("window_step", {}).items():
-        for key in ("fused_fp32", "plain_fp32", "plain_bf16"):
-            if key in row:
-                v = row[key]
-                lines.append(f"window step {name} {key.replace('_', ' ')}: {v['windows_per_s']:,.0f} windows/s, "
-                             f"{v['vs_gemm']:.3f} of the {key[-4:]} GEMM rate ({row['gemm_gflops'][key[-4:]]} GFLOP/s), "
-                             f"x{v['vs_plain_fp32']:.2f} the plain fp32 step")
-        if "fused_fp32" not in row:
-            lines.append(f"window step {name}: fused {row['fused']}")
-        if row.get("eval"):
-            lines.append(f"evaluation {name} fp32: " + ", ".join(
-                f"{k.split('_')[0]} in forwards of {v['windows_per_forward']} {v['windows_per_s']:,.0f} windows/s "
-                f"(x{v['vs_plain']:.2f})" for k, v in row["eval"].items()))
+        lines += _window_step_lines(name, row)
     for name, v in r.get("substrate_chars_per_s", {}).items():
         lines.append(f"substrate {name} (N={v['size']}): {v['chars_per_s']:,.0f} chars/s stream"
                      + (f", x{v['vs_esn']:.1f} the esn's" if v.get("vs_esn") else ""))
