@@ -59,7 +59,8 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
     A training whose process ran out of memory (exit status 75, the memory its states need held by the runs
     beside it; or killed by the kernel's out-of-memory killer) goes again alone: no job starts until the
     others end, then it runs by itself, with the threads of all the call's jobs. Any other failure, or one
-    alone, leaves the run to a later call."""
+    alone, leaves the run to a later call. Once nothing is left to start, a training with fewer threads than
+    its share of the call's cores is stopped and goes again with it (`_widen`)."""
     until = None if minutes is None else time.time() + 60 * minutes
     _begin(plans, results, runs, only, say)
     if jobs <= 1:   # in this process, one at a time
@@ -114,6 +115,8 @@ def _run_in_processes(plans: list[Plan], results: Path, runs: Path, jobs: int, t
     alone: list[str] = []                # trainings that ran out of memory: each goes again by itself
     tried: set[str] = set()              # trainings that have run alone
     running: dict[str, tuple[str, subprocess.Popen]] = {}   # run name -> (job, its process)
+    given: dict[str, tuple] = {}         # run name -> (the threads its process was started with, when)
+    wider: dict[str, int] = {}           # trainings stopped to go again with more threads -> those threads
     passed_on = False                    # a stop asked of this call, passed on to its jobs
     with stop.graceful():
         for tables, todo, spent in _rounds(plans, results, runs, only, until, skipped,
@@ -133,8 +136,13 @@ def _run_in_processes(plans: list[Plan], results: Path, runs: Path, jobs: int, t
                     running[e.name] = ("train", _start(p, e, "train", results, runs, every, data_root, device, until,
                                                        say))
             else:
-                for p, e, job in ([] if spent else todo[:max(0, jobs - len(running) - len(others))]):
-                    running[e.name] = (job, _start(p, e, job, results, runs, threads, data_root, device, until, say))
+                free = max(0, jobs - len(running) - len(others))
+                for p, e, job in ([] if spent else todo[:free]):
+                    n = wider.pop(e.name, threads)
+                    running[e.name] = (job, _start(p, e, job, results, runs, n, data_root, device, until, say))
+                    given[e.name] = (n, time.time())
+                if threads and not spent and not others and len(todo) <= free:   # nothing left to start
+                    _widen(running, given, wider, min(usable_cores(), threads * jobs), tables, until, say)
             if not running and not (others and (todo or alone) and not spent):
                 return tables
             time.sleep(poll)
@@ -142,6 +150,33 @@ def _run_in_processes(plans: list[Plan], results: Path, runs: Path, jobs: int, t
 
 
 SCORED = "scored on the paper's 32-character windows"
+WIDEN_MINUTES = 10   # a training goes again with the cores that ended jobs left only with this much time ahead of it
+WIDEN_AFTER = 120    # and only once its process has run this many seconds (it takes a stop once it trains)
+
+
+def _widen(running: dict, given: dict, wider: dict, cores: int, tables: dict, until: float | None, say) -> None:
+    """The tail of a call, nothing left to start: a training that has fewer threads than its share of the
+    call's `cores` (split evenly over the jobs still going) is stopped (SIGTERM: it stops at the end of its
+    step and is published where it is) and put in `wider` to go again with its share, so that the cores of
+    the jobs that ended do not idle. Only a training with WIDEN_MINUTES or more ahead of it, by its estimate
+    and by the deadline, whose process has run WIDEN_AFTER seconds (so that it trains, and takes the stop at
+    the end of a step), is stopped for this."""
+    share = cores // max(1, len(running))
+    ahead = 60 * WIDEN_MINUTES
+    if until is not None and until - time.time() < ahead:
+        return
+    entries = {e.name: (e, table) for table in tables.values() for e in table}
+    for name, (job, proc) in running.items():
+        n, began = given.get(name, (None, 0.0))
+        if job != "train" or name in wider or (n or share) >= share or name not in entries \
+                or time.time() - began < WIDEN_AFTER:
+            continue
+        left = estimate(*entries[name])
+        if left is not None and left >= ahead:
+            proc.send_signal(signal.SIGTERM)
+            wider[name] = share
+            say(f"{name}: nothing left to start beside it; stopped to go again with {share} threads, the cores "
+                "of the jobs that ended")
 
 
 def _begin(plans: list[Plan], results: Path, runs: Path, only: tuple[str, ...], say) -> None:

@@ -445,6 +445,60 @@ def test_a_run_out_of_memory_waits_for_the_machine_then_runs_by_itself(tmp_path,
     assert all(big not in beside for _, beside in starts[again + 1:])   # and nothing started beside it
 
 
+@pytest.mark.parametrize("ahead", [3600.0, 60.0])
+def test_a_training_left_at_the_tail_goes_again_with_the_cores_the_ended_jobs_left(tmp_path, monkeypatch, ahead):
+    """With --jobs 2 --threads 1 and nothing left to start, once one job has ended the training still going
+    is stopped (SIGTERM) and goes again with both threads; one with under WIDEN_MINUTES ahead of it is left."""
+    one_candidate = CANDIDATES[:CANDIDATES.index("[[candidate]]", 5)]
+    plan = load_plan(write_plan(tmp_path, BASE.replace("seeds = [0, 1]", "seeds = [0]\nselect = \"none\"") + one_candidate))
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    short, long = (e.name for e in plan_table(plan, results, runs))
+    starts, finished, said = [], set(), []
+    monkeypatch.setattr(fschedule, "usable_cores", lambda: 2)
+    monkeypatch.setattr(fschedule, "estimate", lambda e, table: ahead)
+    monkeypatch.setattr(fschedule, "WIDEN_AFTER", 0)   # its process has trained long enough to take a stop
+
+    class Proc(_Proc):   # `short` ends after 2 polls; `long` after 50 unless stopped first (4: started again)
+        def __init__(self, name, again):
+            super().__init__()
+            self.name, self.stopped = name, False
+            self.polls = 2 if name == short else 4 if again else 50
+
+        def send_signal(self, sig):
+            assert sig == fschedule.signal.SIGTERM
+            self.stopped = True
+
+        def poll(self):
+            if self.returncode is None and self.stopped:
+                self.returncode = 0
+            elif self.returncode is None:
+                self.polls -= 1
+                if self.polls <= 0:
+                    self.returncode = 0
+                    finished.add(self.name)
+            return self.returncode
+
+    def start(p, e, job, results, runs, threads, *args):
+        again = any(n == e.name for n, _ in starts)
+        starts.append((e.name, threads))
+        return Proc(e.name, again)
+
+    def reap(running, until, skipped, alone, tried, say):
+        real_reap(running, until, skipped, alone, tried, say)
+        skipped.update(finished - set(running))   # ended at its end: not queued again
+
+    real_reap = fschedule._reap
+    monkeypatch.setattr(fschedule, "_start", start)
+    monkeypatch.setattr(fschedule, "_reap", reap)
+    fschedule.run_plans([plan], results, runs, jobs=2, threads=1, poll=0, say=said.append)
+    if ahead < 60 * fschedule.WIDEN_MINUTES:   # too little ahead of it: it goes on with its one thread
+        assert sorted(starts) == sorted([(short, 1), (long, 1)]) and not any("stopped to go again" in m for m in said)
+        return
+    assert sorted(starts[:2]) == sorted([(short, 1), (long, 1)]) and starts[2:] == [(long, 2)]
+    assert f"{long}: nothing left to start beside it; stopped to go again with 2 threads, the cores of the jobs " \
+           "that ended" in said
+
+
 def test_a_candidate_may_name_another_preset_of_the_family(tmp_path):
     plan = load_plan(write_plan(tmp_path, """
         [base]
