@@ -203,12 +203,16 @@ def _start(p: Plan, e: Entry, job: str, results: Path, runs: Path, threads: int 
     RUN ...` (score on the paper's metric, its report not printed)."""
     if job == "score":
         say(f"{e.name}: scoring it on the paper's 32-character windows in its own process "
-            f"({threads or 'default'} threads)")
+            f"({_threads(threads)})")
         return subprocess.Popen([sys.executable, "-m", "reslm.cli", *score_args(e.folder, threads, data_root, device)],
                                 stdout=subprocess.DEVNULL)
-    say(f"{e.name}: started in its own process ({threads or 'default'} threads)")
+    say(f"{e.name}: started in its own process ({_threads(threads)})")
     left = None if until is None else (until - time.time()) / 60
     return subprocess.Popen(_self_command(p, e.name, results, runs, threads, data_root, device, minutes=left))
+
+
+def _threads(n: int | None) -> str:
+    return "default threads" if not n else f"{n} thread{'s' if n != 1 else ''}"
 
 
 # a training process's exit statuses that say it ran out of memory: reslm's OutOfMemory (EX_TEMPFAIL), and
