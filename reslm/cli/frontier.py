@@ -198,8 +198,9 @@ def _add_run(acts) -> None:
     run.add_argument("--jobs", type=int_range(1, max(1, usable_cores())), default=1,
                      help="runs at once (default 1); more than one: each in its own process, and the plans' runs "
                      "that other processes on this machine train count among them; a run that runs out of memory "
-                     "beside others goes again alone, with all their threads; once nothing is left to start, a "
-                     "training with fewer threads than its share of the ended jobs' cores goes again with it")
+                     "beside others goes again alone, with all their threads; once nothing is left to start, "
+                     "the jobs going share the call's cores (--jobs x --threads): a training with fewer threads "
+                     "than its share goes again with it")
     run.add_argument("--only", action="append", metavar="NAME", help="only this run (repeatable; names from "
                      "`reslm frontier status`); a candidate's seed that waits on the screen trains ahead of it "
                      "when named, and the rule still chooses at the screen seed")

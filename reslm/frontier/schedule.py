@@ -59,8 +59,9 @@ def run_plans(plans: list[Plan], results: Path, runs: Path, *, jobs: int = 1, th
     A training whose process ran out of memory (exit status 75, the memory its states need held by the runs
     beside it; or killed by the kernel's out-of-memory killer) goes again alone: no job starts until the
     others end, then it runs by itself, with the threads of all the call's jobs. Any other failure, or one
-    alone, leaves the run to a later call. Once nothing is left to start, a training with fewer threads than
-    its share of the call's cores is stopped and goes again with it (`_widen`)."""
+    alone, leaves the run to a later call. Once nothing is left to start, the jobs going share the call's
+    cores (`jobs` x `threads`): a job started then starts with its share, and a training with fewer threads
+    than its share is stopped and goes again with it (`_widen`)."""
     until = None if minutes is None else time.time() + 60 * minutes
     _begin(plans, results, runs, only, say)
     if jobs <= 1:   # in this process, one at a time
@@ -137,12 +138,16 @@ def _run_in_processes(plans: list[Plan], results: Path, runs: Path, jobs: int, t
                                                        say))
             else:
                 free = max(0, jobs - len(running) - len(others))
-                for p, e, job in ([] if spent else todo[:free]):
+                now = [] if spent else todo[:free]
+                tail = bool(threads) and not spent and not others and len(todo) <= free   # none waits after these
+                every, going = (min(usable_cores(), threads * jobs) if threads else None), len(running) + len(now)
+                for p, e, job in now:   # at the tail a job starts with its share of the call's cores
                     n = wider.pop(e.name, threads)
+                    n = max(n, every // going) if tail else n
                     running[e.name] = (job, _start(p, e, job, results, runs, n, data_root, device, until, say))
                     given[e.name] = (n, time.time())
-                if threads and not spent and not others and len(todo) <= free:   # nothing left to start
-                    _widen(running, given, wider, min(usable_cores(), threads * jobs), tables, until, say)
+                if tail:
+                    _widen(running, given, wider, every, tables, until, say)
             if not running and not (others and (todo or alone) and not spent):
                 return tables
             time.sleep(poll)

@@ -499,6 +499,28 @@ def test_a_training_left_at_the_tail_goes_again_with_the_cores_the_ended_jobs_le
            "that ended" in said
 
 
+def test_a_run_that_starts_with_nothing_left_after_it_starts_with_the_calls_cores(tmp_path, monkeypatch):
+    """--jobs 2 --threads 1 with one run to train: it starts with both threads, not with one to be widened."""
+    plan = load_plan(write_plan(tmp_path, BASE.replace("seeds = [0, 1]", "seeds = [0]\nselect = \"none\"")))
+    starts, ended = [], set()
+    monkeypatch.setattr(fschedule, "usable_cores", lambda: 2)
+
+    def start(p, e, job, results, runs, threads, *args):
+        starts.append((e.name, threads))
+        ended.add(e.name)
+        return _Proc(0)
+
+    def reap(running, until, skipped, alone, tried, say):
+        real_reap(running, until, skipped, alone, tried, say)
+        skipped.update(ended)   # ended at its end: not queued again
+
+    real_reap = fschedule._reap
+    monkeypatch.setattr(fschedule, "_start", start)
+    monkeypatch.setattr(fschedule, "_reap", reap)
+    fschedule.run_plans([plan], tmp_path / "results", tmp_path / "runs", jobs=2, threads=1, poll=0, say=lambda m: None)
+    assert starts == [(plan.base.name(0), 2)]
+
+
 def test_a_candidate_may_name_another_preset_of_the_family(tmp_path):
     plan = load_plan(write_plan(tmp_path, """
         [base]
