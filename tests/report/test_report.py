@@ -414,3 +414,9 @@ def test_the_ordering_page_orders_a_size_only_when_its_three_rows_are_final():
     # each pair in the paper's order (TF < AERC < RC), over the sizes where both of its rows are final
     assert ("Pair by pair, in the paper's order, over the sizes where both rows are final: TF below AERC at 0 of 1; "
             "TF below RC at 1 of 1; AERC below RC at 2 of 2.") in page
+    assert "Closer than" not in page
+    # two final rows closer than TIE: marked ≈ and named, still counted by their CE
+    rows += [row("rc-1750", "rc", 1.8838), row("aerc-150-25", "aerc", 1.8151), row("tf-356-8-8", "tf", 1.8836)]
+    page = ordering_md(rows)
+    assert "| AERC < TF ≈ RC |" in page and "size 4, TF and RC (0.0002 apart)" in page
+    assert "TF below RC at 2 of 2" in page
