@@ -5,8 +5,9 @@ Table 1 pairs an RC, an AERC and a transformer (TF) preset at each of five sizes
 reslm.report.rows.preset_rows chooses for the README: one pass of the paper's recipe, in window context or in the
 stream context that stands for it), each with its test CE and bits/char, and their order where all three are
 final (≈ where two are closer than TIE, one seed's spread); below the table, the pairs that close, and each
-pair of families in the paper's order (TF < AERC < RC) counted over the sizes where both of its rows are final. A row still training gives its latest whole-test-shard figure and how far it
-has got, and its size's order stays open. The paper states numbers only for its largest models (reslm.paper.TEST_CE); its other sizes are
+pair of families in the paper's order (TF < AERC < RC) counted over the sizes where both of its rows are
+final. A row still training gives its latest whole-test-shard figure and how far it has got, and its size's
+order stays open. The paper states numbers only for its largest models (reslm.paper.TEST_CE); its other sizes are
 curves in its Fig. 2, so the page compares numbers there only.
 """
 from __future__ import annotations
