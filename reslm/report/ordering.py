@@ -67,10 +67,15 @@ def _order_words(size: dict) -> str:
     if size["order"] is None:
         open_ = [FAMILIES[f] for f, (_, s) in size["states"].items() if not s["final"]]
         return f"open ({', '.join(open_)} not final)"
-    ces = [size["states"][f][1]["ce"] for f in size["order"]]
-    parts = [FAMILIES[size["order"][0]]] + [f"{'≈' if b - a < TIE else '<'} {FAMILIES[f]}" for f, a, b in
-                                            zip(size["order"][1:], ces, ces[1:])]
+    parts = [FAMILIES[size["order"][0]]] + [f"{'≈' if gap < TIE else '<'} {FAMILIES[hi]}" for _, hi, gap in
+                                            _gaps(size)]
     return " ".join(parts)
+
+
+def _gaps(size: dict) -> list[tuple[str, str, float]]:
+    """A final size's neighbours in its order, lowest CE first: (family, next family, CE difference)."""
+    ces = [size["states"][f][1]["ce"] for f in size["order"]]
+    return [(lo, hi, b - a) for lo, hi, a, b in zip(size["order"], size["order"][1:], ces, ces[1:])]
 
 
 def _close(table: list[dict]) -> list[str]:
@@ -79,9 +84,8 @@ def _close(table: list[dict]) -> list[str]:
     for i, size in enumerate(table, 1):
         if size["order"] is None:
             continue
-        ces = [size["states"][f][1]["ce"] for f in size["order"]]
-        close += [f"size {i}, {FAMILIES[lo]} and {FAMILIES[hi]} ({b - a:.4f} apart)" for lo, hi, a, b in
-                  zip(size["order"], size["order"][1:], ces, ces[1:]) if b - a < TIE]
+        close += [f"size {i}, {FAMILIES[lo]} and {FAMILIES[hi]} ({gap:.4f} apart)" for lo, hi, gap in _gaps(size)
+                  if gap < TIE]
     return [f"- Closer than {TIE} nats, about one seed-to-seed standard deviation where reslm measured one (every "
             f"row here is one seed), so not resolved: {'; '.join(close)}. The table marks them ≈; the pair counts "
             "below still count them by their CE."] if close else []
