@@ -80,7 +80,7 @@ def _rounds(plans: list[Plan], results: Path, runs: Path, only: tuple[str, ...],
         spent = (until is not None and until - time.time() < 60) or stop.requested()
         if todo and spent and not told:
             why = "asked to stop (SIGTERM)" if stop.requested() else "the time budget is spent"
-            say(f"{why}: {len(todo)} job(s) left for the next call")
+            say(f"{why}: {len(todo)} job{'s' if len(todo) != 1 else ''} left for the next call")
             told = True
         yield tables, todo, spent
 

@@ -8,7 +8,8 @@ final (≈ where two are closer than TIE, one seed's spread); below the table, t
 pair of families in the paper's order (TF < AERC < RC) counted over the sizes where both of its rows are
 final. A row still training gives its latest whole-test-shard figure and how far it has got, and its size's
 order stays open. The paper states numbers only for its largest models (reslm.paper.TEST_CE); its other sizes are
-curves in its Fig. 2, so the page compares numbers there only.
+curves in its Fig. 2, so the page compares numbers there only. Last, how far each family's final rows still fell
+over the protocol's last shard (its test CE after shard 4 against after shard 5).
 """
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ def _state(r: dict | None) -> dict:
     """A row's figure for the page: its CE (the last test CE of the run; a finished run's final one), whether it
     is final, and for a run still training how far it has got."""
     if r is None:
-        return dict(ce=None, final=False, where="not run")
+        return dict(ce=None, final=False, where="not run", fell=None)
     done = [v for v in r["shards"] if v is not None]
     final = not r["partial"] and r.get("finished", True) and bool(done)
     ce = done[-1] if final else (r.get("loss") if r.get("loss") is not None else (done[-1] if done else None))
     where = "" if final else f"training: {len(done)} of {len(r['shards'])} shards done" + \
         (f", step {r['steps']:,}" if r.get("steps") else "")
-    return dict(ce=ce, final=final, where=where)
+    fell = done[-2] - done[-1] if final and len(done) == len(r["shards"]) > 1 else None   # over the last shard
+    return dict(ce=ce, final=final, where=where, fell=fell)
 
 
 def _cell(name: str, s: dict) -> str:
@@ -126,6 +128,19 @@ def _pairs(table: list[dict]) -> list[str]:
             ] if parts else []
 
 
+def _still_falling(table: list[dict]) -> list[str]:
+    """How much each family's final rows still gained over the protocol's last shard (its 5 epochs)."""
+    parts = []
+    for f, label in FAMILIES.items():
+        fell = sorted(s["states"][f][1]["fell"] for s in table if s["states"][f][1]["fell"] is not None)
+        if fell:
+            span = f"{fell[0]:.3f}" if len(fell) == 1 else f"{fell[0]:.3f} to {fell[-1]:.3f}"
+            parts.append(f"{label} by {span} nats ({len(fell)} of {len(table)} sizes)")
+    return [f"- Still falling at the end of the protocol: over its last shard (test CE after shard 4 against after "
+            f"shard 5) the final rows' test CE fell, {'; '.join(parts)}. The paper does not say how many passes "
+            "over the shards it ran; these rows are one pass."] if parts else []
+
+
 def _verdict(table: list[dict]) -> list[str]:
     """Where reslm agrees with the paper and where it does not, from the table alone."""
     final = [s for s in table if s["order"] is not None]
@@ -135,7 +150,7 @@ def _verdict(table: list[dict]) -> list[str]:
          + (f"; the transformer is lowest at {len(best)} of them (size {', '.join(map(str, best))})" if best else
             ("; the transformer is lowest at none of them" if final else "")) + ". The paper: \"the Transformer "
          "achieves the best overall performance\"."]
-    L += _close(table) + _pairs(table)
+    L += _close(table) + _pairs(table) + _still_falling(table)
     largest = table[-1]["states"] if table else {}
     paper = " < ".join(f"{FAMILIES[f]} {TEST_CE[f]:.2f}" for f in sorted(TEST_CE, key=TEST_CE.get))
     L.append(f"- The largest size, the one the paper gives numbers for: the paper's order is {paper} nats.")

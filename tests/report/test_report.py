@@ -405,7 +405,8 @@ def test_the_ordering_page_orders_a_size_only_when_its_three_rows_are_final():
             row("tf-256-16-16", "tf", 2.30, done=0, finished=False, loss=2.2279, steps=4349)]
     first, *_, last = sizes(rows)
     assert first["order"] == ["aerc", "tf", "rc"] and last["order"] is None
-    assert last["states"]["tf"][1] == dict(ce=2.2279, final=False, where="training: 0 of 5 shards done, step 4,349")
+    assert last["states"]["tf"][1] == dict(ce=2.2279, final=False, where="training: 0 of 5 shards done, step 4,349",
+                                           fell=None)
     page = ordering_md(rows)
     assert "| AERC < TF < RC |" in page and "open (TF not final)" in page and "open (RC, AERC, TF not final)" in page
     assert "rc-2600: 1.8426 against the paper's 1.81, +0.033 nats" in page
@@ -415,6 +416,10 @@ def test_the_ordering_page_orders_a_size_only_when_its_three_rows_are_final():
     assert ("Pair by pair, in the paper's order, over the sizes where both rows are final: TF below AERC at 0 of 1; "
             "TF below RC at 1 of 1; AERC below RC at 2 of 2.") in page
     assert "Closer than" not in page
+    # how far each family's final rows still fell over the last shard (after shard 4 against after shard 5)
+    assert ("over its last shard (test CE after shard 4 against after shard 5) the final rows' test CE fell, RC by "
+            "0.305 to 0.657 nats (2 of 5 sizes); AERC by 0.506 to 0.701 nats (2 of 5 sizes); TF by 0.468 nats "
+            "(1 of 5 sizes).") in page
     # two final rows closer than TIE: marked ≈ and named, still counted by their CE
     rows += [row("rc-1750", "rc", 1.8838), row("aerc-150-25", "aerc", 1.8151), row("tf-356-8-8", "tf", 1.8836)]
     page = ordering_md(rows)
