@@ -85,7 +85,7 @@ class TrainConfig:
     device: str = field(default="auto", metadata=_RESOURCE)  # auto | cpu | cuda | cuda:N
     precision: str = field(default="auto", metadata=_RESOURCE)  # auto | fp32 | bf16 | fp16
     threads: int = field(default=0, metadata=_RESOURCE)  # torch CPU threads, at most the machine's cores; 0 = torch's default
-    compile: str = field(default="auto", metadata=_RESOURCE)  # auto | on | off: torch.compile the training forward (auto: on CUDA, for the character transformer; reslm.train.compiled)
+    compile: str = field(default="auto", metadata=_RESOURCE)  # auto | on | off: torch.compile the training forward (only "on" compiles; reslm.train.compiled)
     window_step: str = field(default="auto", metadata=_RESOURCE)  # auto | fused | plain: the window transformer's step on a CPU in fp32 (auto: the fused C kernel where it builds, else plain; reslm.models.window_kernel)
     ema: float = 0.0                # decay of an EMA of the weights (reslm.train.ema) used for evaluation and the saved model; 0 = off
 

@@ -252,7 +252,6 @@ class CharTransformer(nn.Module):
     """Next-character transformer over a window of `context` ids (see the module docstring)."""
 
     family = "tf"
-    compilable = True     # TrainConfig.compile "auto" compiles its training forward on CUDA (reslm.train.compiled)
     cpu_eval_batch = 64   # windows per evaluation forward of the plain path on CPU (`eval_batch_cap`)
     window_step = "auto"  # TrainConfig.window_step: "auto" takes the fused kernel where it applies, "plain" never
 

@@ -2,13 +2,13 @@
 character transformer's window step on a CPU (TrainConfig.window_step: the fused C kernel of
 reslm.models.window_kernel, or the plain torch path).
 
-A small model's training step on a GPU is bound by kernel launches, not by arithmetic (a tf-64-4-4
-step is a few hundred kernels of a few microseconds each). `torch.compile(mode="reduce-overhead")`
-fuses the forward and backward into a few kernels and replays them as CUDA graphs, so a step costs a
-handful of launches. The optimizer step stays the run's own Adam (its state is what checkpoints hold).
+`torch.compile` fuses the forward and backward into fewer kernels (on CUDA in mode "reduce-overhead",
+which also replays them as CUDA graphs). The optimizer step stays the run's own Adam (its state is what
+checkpoints hold). It is asked for, never chosen by default: on the GPU where it was measured (the
+character transformer on an H200, docs/frontier-tool.md) the compiled step trained slower than the
+plain one and took a minute to compile.
 
-    compile "auto"  compiled on CUDA for a model that says it compiles (`compilable = True`: the
-                    character transformer); the plain forward everywhere else
+    compile "auto"  the plain forward (what `reslm train` chooses; kept as a name so that saved configs load)
             "on"    compiled on any device (CPU: inductor's default mode)
             "off"   the plain forward
 
@@ -29,9 +29,8 @@ from reslm.models import window_kernel
 
 
 def wants_compile(model, compile_: str, device: torch.device) -> bool:
-    """Whether the run's training forward is compiled (`compile_`: one of reslm.settings.COMPILES)."""
-    if compile_ == "auto":
-        return device.type == "cuda" and bool(getattr(model, "compilable", False))
+    """Whether the run's training forward is compiled (`compile_`: one of reslm.settings.COMPILES): only
+    when asked for ("on"), on any model and device."""
     return compile_ == "on"
 
 
