@@ -204,12 +204,13 @@ def speed_md(repo: Path) -> str:
 
 # --- docs/results.md and README ----------------------------------------------------------------------
 def _curves(rows: list[dict]) -> list[dict]:
-    """Fig. 2 input: the first-cycle curve of each paper-protocol run (all of a published run's)."""
+    """Fig. 2 input, as in the paper one curve per Table 1 preset: the README's row's (preset_rows, its one
+    pass), and the trained ceilings' (ceiling_rows), each with its context."""
     out = []
-    for r in rows:
+    for r in preset_rows(rows) + ceiling_rows(rows):
         epochs = r["epochs"] if r["weights"] else [e for e in r["epochs"] if e["cycle"] == r["cycle"] - 1]
-        if r["cycle"] == 1 or r["weights"]:
-            out.append(dict(family=r["family"], name=r["name"], trainable_params=r["trainable"], epochs=epochs))
+        out.append(dict(family=r["family"], name=r["name"], context=r["context"], trainable_params=r["trainable"],
+                        epochs=epochs))
     return out
 
 
@@ -231,8 +232,9 @@ def results_md(paper: list[dict], other: list[dict], fig: str | None) -> str:
          "first.", "", results_table(paper), ""]
     if fig:
         L += [f"![Fig. 2 at the paper's protocol]({fig}.png)", "",
-              f"*Train (top) and test (bottom) loss after every shard-epoch of the runs above, first cycle "
-              f"([data]({fig}.csv); `reslm.report.figures.plot_char_losses`).*", ""]
+              f"*Train (top) and test (bottom) loss after every shard-epoch of the README's rows (one run per "
+              f"Table 1 preset, and the trained ceilings), one pass ([data]({fig}.csv); "
+              f"`reslm.report.figures.plot_char_losses`).*", ""]
     if other:
         L += ["## Other published runs", "", other_table(other), ""]
     return "\n".join(L)

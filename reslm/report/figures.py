@@ -151,7 +151,7 @@ def fit_alpha_log10(x, y) -> float:
 
 # --------------------------------------------------------------------------- Fig. 2
 
-CHAR_LOSS_FIELDS = ("family", "name", "trainable_params", "index", "cycle", "shard", "epoch", "step",
+CHAR_LOSS_FIELDS = ("family", "name", "context", "trainable_params", "index", "cycle", "shard", "epoch", "step",
                     TRAIN_LOSS, TEST_LOSS)
 
 
@@ -174,14 +174,15 @@ def plot_char_losses(runs, out_dir, stem: str = "fig2_losses") -> dict:
     (index + 1). Thin light-grey dashed lines mark shard changes, thick dark-grey ones full passes.
 
     runs: [{"family", "name", "trainable_params", "epochs": [metrics.jsonl "epoch" rows],
-    "shards_per_cycle" (optional)}]."""
+    "context" and "shards_per_cycle" (optional)}]; a run's context, where given, is in its label."""
     runs = _need(runs, "runs")
     out_dir = Path(out_dir)
     rows = []
     for run in runs:
         for e in sorted(run["epochs"], key=lambda e: e["index"]):
-            rows.append({**{k: e.get(k) for k in CHAR_LOSS_FIELDS[3:]}, "family": run["family"],
-                         "name": run["name"], "trainable_params": run["trainable_params"]})
+            rows.append({**{k: e.get(k) for k in CHAR_LOSS_FIELDS[4:]}, "family": run["family"],
+                         "name": run["name"], "context": run.get("context"),
+                         "trainable_params": run["trainable_params"]})
     csv_path = _write_csv(out_dir / f"{stem}.csv", CHAR_LOSS_FIELDS, rows)
 
     plt = _pyplot()
@@ -205,7 +206,8 @@ def plot_char_losses(runs, out_dir, stem: str = "fig2_losses") -> dict:
                 for run, c in zip(members, colors):
                     eps = [e for e in sorted(run["epochs"], key=lambda e: e["index"]) if e.get(key) is not None]
                     ax.plot([e["index"] + 1 for e in eps], [e[key] for e in eps], "-", color=c, lw=1.5,
-                            label=f"{run['name']} ({_fmt_params(run['trainable_params'])})")
+                            label=f"{run['name']}{', ' + run['context'] if run.get('context') else ''} "
+                                  f"({_fmt_params(run['trainable_params'])})")
                 ax.grid(True, alpha=0.3)
                 if i == 0:
                     spc = longest.get("shards_per_cycle")

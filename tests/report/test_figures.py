@@ -84,10 +84,12 @@ def test_fit_alpha_rejects_bad_input(x, y):
 
 
 def test_char_losses(tmp_path):
-    res = plot_char_losses(_char_runs(), tmp_path)
+    runs = _char_runs()
+    runs[-1]["context"] = "window"   # where given, the context is in the CSV and the label
+    res = plot_char_losses(runs, tmp_path)
     rows = _check(res, figures.CHAR_LOSS_FIELDS, 4 * 8)
     assert res["png"].name == "fig2_losses.png" and res["note"] == ""
-    assert rows[0][:3] == ["rc", "rc-1", "1000"]
+    assert rows[0][:4] == ["rc", "rc-1", "", "1000"] and rows[-1][2] == "window"
 
 
 def test_boundaries():

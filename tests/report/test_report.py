@@ -54,6 +54,12 @@ def test_legacy_rows_are_marked_and_read_from_their_curves(built):
     row = next(line for line in table.splitlines() if line.startswith("| aerc-160-30 |") and "| window |" in line)
     assert "| 1.7992 | 1.73 | 2.596 | not published |" in row
     assert any(c["name"] == "tf-64-4-4" and len(c["epochs"]) >= 15 for c in curves)
+    # Fig. 2: one curve per README row (a Table 1 preset, or a ceiling), each with its context
+    assert len({c["name"] for c in curves}) == len(curves)
+    assert {c["name"] for c in curves} == {line.split(" | ")[0][2:] for line in table.splitlines()[2:]
+                                           if line.startswith("| ")} | {"rnn-gru-32-200", "rnn-lstm-32-173"}
+    aerc = next(c for c in curves if c["name"] == "aerc-160-30")
+    assert aerc["context"] == "window" and len(aerc["epochs"]) == 25   # the legacy run's first pass
     assert ("| aerc-75-13 | aerc | 15,464 | window | 2 | 1.9754 / 1.9838 / 1.9770 / 1.9617 / 1.9621 | 2.831 |"
             in outputs["docs/results.md"])
 
