@@ -28,7 +28,7 @@ from reslm.core.metrics import TEST_LOSS, TRAIN_LOSS, VAL_LOSS
 
 FAMILY_ORDER = ("tf", "rc", "aerc", "laerc", "gpt")
 FAMILY_LABELS = {"tf": "Transformer", "rc": "Reservoir", "aerc": "AERC", "laerc": "LAERC",
-                 "gpt": "Transformer (GPT)"}
+                 "gpt": "Transformer (GPT)", "rnn": "Trained RNN"}
 FAMILY_COLORS = {"tf": "tab:blue", "rc": "tab:green", "aerc": "tab:orange", "laerc": "tab:red",
                  "gpt": "tab:purple"}
 SIZE_COLORS = ("#1fbfb0", "#555555")  # smallest (turquoise) -> largest (grey)
