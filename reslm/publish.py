@@ -368,17 +368,26 @@ def _write(folder: Path, ck: dict, f: dict, *, in_place: bool) -> dict:
     return manifest
 
 
+def check_resumable(folder: Path) -> None:
+    """ReslmError unless the published `folder` holds a checkpoint to continue from (a finished run's
+    publish drops it): `reslm train --resume` asks before it changes anything in the folder."""
+    folder = Path(folder)
+    if (folder / CHECKPOINT).is_file():
+        return
+    if read_manifest(folder).get("finished"):
+        raise ReslmError(f"{folder} is a finished published run (no {CHECKPOINT}, no optimizer state): nothing "
+                         f"to resume; publish an unfinished run to continue it elsewhere")
+    raise ReslmError(f"{folder} is an unfinished published run whose {CHECKPOINT} is missing (its manifest "
+                     f"lists one): restore the folder (git checkout {folder}) to continue it")
+
+
 def unpack(folder: Path) -> None:
     """Give a published folder's checkpoint its weights back (weights.safetensors on the rebuilt
     buffers), so that train() continues it; a checkpoint that already has them is left as it is."""
     folder = Path(folder)
     ck = load_checkpoint(folder)
     if ck is None:
-        if read_manifest(folder).get("finished"):
-            raise ReslmError(f"{folder} is a finished published run (no {CHECKPOINT}, no optimizer state): nothing "
-                             f"to resume; publish an unfinished run to continue it elsewhere")
-        raise ReslmError(f"{folder} is an unfinished published run whose {CHECKPOINT} is missing (its manifest "
-                         f"lists one): restore the folder (git checkout {folder}) to continue it")
+        check_resumable(folder)
     if "model" in ck:
         return   # unpacked already: a run folder whose training was stopped before it was published again
     verify_published(folder, skip=(CONFIG,))   # never continue (and re-sign) an edited metrics.jsonl or summary

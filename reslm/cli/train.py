@@ -13,7 +13,7 @@ from reslm.cli.flags import RC_ONLY, SEED, add_flags, data_root, int_range, over
 from reslm.core.distributed import launched_main
 from reslm.core.errors import ReslmError
 from reslm.models import MODELS, PRESETS, preset
-from reslm.publish import unpacked
+from reslm.publish import check_resumable, unpacked
 from reslm.run import CONFIG, read_config
 from reslm.run.registry import is_published
 from reslm.train import CHECKPOINT_SECONDS, TrainConfig, data_fields, sampler_for, train
@@ -131,6 +131,8 @@ def cmd_train(args):
 def _train(args, out: Path, model_over: dict, train_over: dict):
     if not math.isfinite(args.checkpoint_minutes) or args.checkpoint_minutes < 0:
         raise ReslmError(f"--checkpoint-minutes must be a finite number >= 0, got {args.checkpoint_minutes}")
+    if args.resume and is_published(out):
+        check_resumable(out)   # before --cycles or --threads change its config
     fresh, notes = start_run(out, resume=args.resume, preset=args.preset, family=args.family, model_over=model_over,
                              train_over=train_over, data=args.data, data_root=data_root(args),
                              authors=getattr(args, "authors_variant", False))

@@ -85,6 +85,18 @@ def test_a_published_unfinished_run_without_its_checkpoint_says_so(runs, capsys,
     assert "unfinished published run" in line and "finished published run (no" not in line
 
 
+@pytest.mark.parametrize("flags", [["--cycles", "2"], ["--threads", "1"]])
+def test_resuming_a_finished_published_run_is_refused_before_its_config_changes(runs, capsys, tmp_path, flags):
+    base, chars = runs
+    dest = tmp_path / "results" / "done"
+    publish(base / "done", dest)
+    before = {f.name: f.read_bytes() for f in dest.iterdir()}   # (the lock file aside: it stays, ignored)
+    assert main(["train", "--out", str(dest), "--resume", *flags, "--root", str(chars.path.parent),
+                 "--no-progress"]) == 2
+    assert "finished published run (no" in one_error(capsys)
+    assert {f.name: f.read_bytes() for f in dest.iterdir() if f.name != ".lock"} == before
+
+
 @pytest.mark.parametrize("damage", ["json", "link"])
 def test_resume_with_more_cycles_names_a_damaged_config(runs, capsys, tmp_path, damage):
     base, _ = runs
