@@ -131,14 +131,14 @@ def cmd_train(args):
 def _train(args, out: Path, model_over: dict, train_over: dict):
     if not math.isfinite(args.checkpoint_minutes) or args.checkpoint_minutes < 0:
         raise ReslmError(f"--checkpoint-minutes must be a finite number >= 0, got {args.checkpoint_minutes}")
-    if args.resume and is_published(out):
+    published = is_published(out)   # results/NAME: continued, then published again in place
+    if args.resume and published:
         check_resumable(out)   # before --cycles or --threads change its config
     fresh, notes = start_run(out, resume=args.resume, preset=args.preset, family=args.family, model_over=model_over,
                              train_over=train_over, data=args.data, data_root=data_root(args),
                              authors=getattr(args, "authors_variant", False))
     for note in notes:
         print(f"reslm: {note}", file=sys.stderr)
-    published = is_published(out)
     with unpacked(out) if published else current_evals(out, fresh):   # results/NAME: published again after
         summary = train(out, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,
                         cache_states=args.cache_states, stop_at=args.stop_at)
