@@ -19,6 +19,7 @@ COMPILES = ("auto", "on", "off")           # whether the training forward is com
 WINDOW_STEPS = ("auto", "fused", "plain")  # the window transformer's CPU step (reslm.models.window_kernel)
 VAL_SPLITS = ("tails", "groups")           # how --val-fraction carves the validation split (val_split)
 TEST_EVERY = ("evaluation", "shard", "final")   # which evaluations of a run with a validation split score the test shard
+EVAL_AT = ("shard-epoch", "shard-after-cycle-1")  # when a character run evaluates (eval_at)
 # the largest count accepted for fields whose work grows with the value, so that a typo (1e20) is refused with its
 # limit instead of running for ever (the command line's flags and the frontier's plans alike)
 COUNT_LIMITS = {"max_steps": 10**9, "cycles": 10**4, "epochs_per_shard": 10**4}
@@ -67,6 +68,7 @@ class TrainConfig:
     heldout_eval: bool = False      # characters, adam/adamw: train without the held-out tails (holdout) and evaluate on them, never reading the test shard (`reslm search`'s objective)
     val_fraction: float = field(default=0.0, metadata=_CHARS)  # the validation split: the last fraction of each training shard, never trained on, its CE logged beside the test CE after every shard-epoch (select on it, not on test); 0 = off (the paper trains on whole shards)
     val_split: str = field(default="tails", metadata=_CHARS)  # what --val-fraction holds out: tails (the last fraction of each training shard) | groups (whole file groups at the end of the training text, about that fraction of it: no play has text both in training and in validation; both editions of a Shakespeare play are one group)
+    eval_at: str = field(default="shard-epoch", metadata={**_CHARS, **_RECORD})  # when a character run evaluates: after every shard-epoch | after every shard-epoch of the first cycle, then after each shard's last epoch (a long run's later cycles: a fifth of the evaluations)
     test_every: str = field(default="evaluation", metadata={**_CHARS, **_RECORD})  # with a validation split: the test CE at every evaluation | at each shard's last evaluation and the final one | at the final one only (and the kept weights'); shard and final: selection reads only validation, the test shard's cost at each other evaluation is saved
     keep_best_val: bool = field(default=False, metadata=_CHARS)  # with a validation split: the finished run's model is its best-on-validation evaluation's weights (the summary says which; the last weights stay in the checkpoint for --resume)
     ridge_alpha: float = 0.0        # ridge: penalty relative to the mean state power; 0 = the best of 1e-8..1 on the held-out slice
@@ -175,6 +177,11 @@ class TrainConfig:
         if self.test_every != "evaluation" and not self.val_fraction:
             raise ReslmError(f"test_every {self.test_every} leaves the test CE out of evaluations that validation alone "
                              "reads: it needs a validation split (val_fraction > 0)")
+        if self.eval_at not in EVAL_AT:
+            raise ReslmError(f"eval_at must be one of {', '.join(EVAL_AT)}, got {self.eval_at!r}")
+        if self.eval_at != "shard-epoch" and self.keep_best_val:
+            raise ReslmError(f"eval_at {self.eval_at} leaves out evaluations that keep_best_val chooses among: "
+                             "keep_best_val needs eval_at shard-epoch")
         if self.keep_best_val and not self.val_fraction:
             raise ReslmError("keep_best_val keeps the best-on-validation weights: it needs a validation split "
                              "(val_fraction > 0)")
@@ -213,6 +220,21 @@ def authors_train(steps: int) -> dict:
     """AUTHORS_TRAIN as the training overrides of a run of `steps` optimizer steps."""
     return dict(lr=AUTHORS_TRAIN["lr"], warmup_steps=round(AUTHORS_TRAIN["warmup_frac"] * steps),
                 hold_steps=round(AUTHORS_TRAIN["hold_frac"] * steps))
+
+
+def evaluated(train: dict, cycle: int, epoch: int) -> bool:
+    """Whether a character run whose training fields are `train` (a config.json's) evaluates after the
+    shard-epoch at `cycle`, `epoch` (0-based): every one under eval_at shard-epoch; under
+    shard-after-cycle-1 those of the first cycle and each shard's last."""
+    return (train.get("eval_at", "shard-epoch") == "shard-epoch" or cycle == 0
+            or epoch == train.get("epochs_per_shard", PROTOCOL["epochs_per_shard"]) - 1)
+
+
+def evaluations(train: dict, shards: int) -> int:
+    """How many evaluations a character run whose training fields are `train` makes over `shards`
+    training shards (the last shard-epoch's included)."""
+    return sum(evaluated(train, c, e) for c in range(train.get("cycles", 1)) for _ in range(shards)
+               for e in range(train.get("epochs_per_shard", PROTOCOL["epochs_per_shard"])))
 
 
 def data_fields(kind: str | None = None) -> tuple[str, ...]:

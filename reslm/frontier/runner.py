@@ -99,6 +99,7 @@ def figures(folder: Path) -> dict:
     evals = [r for r in rows if r["kind"] == "eval" and r.get("step", 0) > 0]
     timed = [r["eval_seconds"] for r in rows if "eval_seconds" in r]
     total = max(1, len(cfg["data"].get("train_shards", [0] * 5)) * tc.get("epochs_per_shard", 1) * tc.get("cycles", 1))
+    done = evals[-1].get("index", len(evals) - 1) + 1 if evals else 0    # shard-epochs done (eval_at: not each evaluated)
     test = summary.get(kept_of(TEST_LOSS), summary.get(final_of(TEST_LOSS)))
     window, stream = both_metrics(folder, summary)
     prov = (read_json(folder / PROVENANCE) or {}) if is_published(folder) else None
@@ -109,8 +110,21 @@ def figures(folder: Path) -> dict:
                 cpu=prov.get("cpu") if prov is not None else cpu_name(),
                 last_cpu=((prov.get("publishes") or [{}])[-1].get("cpu") or prov.get("cpu")) if prov is not None
                 else cpu_name(),
-                progress=min(1.0, len(evals) / total), epochs_left=max(0, total - len(evals)),
-                recent=_recent([r["seconds"] + r.get("eval_seconds", 0.0) for r in evals if "seconds" in r]))
+                progress=min(1.0, done / total), epochs_left=max(0, total - done), recent=_recent(_paces(evals)))
+
+
+def _paces(evals: list[dict]) -> list[float]:
+    """Each timed shard-epoch's seconds, its training and its share of the evaluation that ended it: an
+    evaluation's segment spans the shard-epochs since the one before (several under eval_at
+    shard-after-cycle-1), each counted at the segment's mean."""
+    out, before = [], -1
+    for r in evals:
+        index = r.get("index", before + 1)
+        if "seconds" in r:
+            span = max(1, index - before)
+            out += [(r["seconds"] + r.get("eval_seconds", 0.0)) / span] * span
+        before = index
+    return out
 
 
 RECENT = 3   # shard-epochs a begun run's recent pace is read from

@@ -47,6 +47,7 @@ from reslm.features import ChunkFeatures
 from reslm.reservoir.physical import noise_stream, train_key
 from reslm.reservoir.seeding import child_seed
 from reslm.run.state_cache import StateCache
+from reslm.settings import evaluated
 from reslm.train.evaluation import TestShardLoss, eval_slices, final_samples, window_loss
 from reslm.train.optim import SOLVERS
 
@@ -110,8 +111,9 @@ class CharShards:
         self.samples = [self._n_samples(s) for _, s, _ in self.plan]
         steps = [math.ceil(n / self.batch_samples) for n in self.samples]
         self.ends = list(np.cumsum(steps))                  # the step after which shard-epoch k ends
-        self.eval_points = [int(e) for e in self.ends]
-        self.total = self.eval_points[-1] if self.eval_points else 0
+        train = dict(eval_at=tc.eval_at, epochs_per_shard=tc.epochs_per_shard)
+        self.eval_points = [int(end) for end, (c, _, e) in zip(self.ends, self.plan) if evaluated(train, c, e)]
+        self.total = int(self.ends[-1]) if self.ends else 0
         if tc.optimizer in SOLVERS:
             self.eval_points, self.total = [1], 1
         self._feats, self._feats_shard, self._order_k, self._order = None, None, None, None
