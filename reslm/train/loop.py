@@ -140,6 +140,7 @@ class _Training:
     train_seconds: float = 0.0
     meter: Meter = field(default_factory=Meter)
     best: dict | None = None
+    window_step: str = "plain"   # the step the transformer's window mode takes (reslm.train.compiled)
 
 
 def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_seconds: float,
@@ -159,6 +160,7 @@ def _train(run_dir: Path, progress: bool, stop_at: int | None, checkpoint_second
     ck = load_checkpoint(run_dir, map_location=device)
     _resume(t, ck)
     _wrap_forward(t, world)
+    _say_if_step_changed(t, ck)
     end = source.total if stop_at is None else max(0, min(source.total, stop_at))
     evals = set(source.eval_points) | {end}
 
@@ -262,7 +264,8 @@ def _wrap_forward(t: _Training, world: int) -> None:
         t.ddp = torch.nn.parallel.DistributedDataParallel(
             t.model, device_ids=[t.device.index] if t.device.type == "cuda" else None,
             find_unused_parameters=bool(getattr(t.model, "has_unused_parameters", False)))
-    choose_window_step(t.model, t.tc.window_step, t.tc.compile, t.device, t.precision, announce=t.main)
+    t.window_step = choose_window_step(t.model, t.tc.window_step, t.tc.compile, t.device, t.precision,
+                                       announce=t.main)
     t.forward = t.ddp if t.ddp is not None else compiled_forward(t.model, t.tc.compile, t.device, announce=t.main)
 
 
@@ -368,7 +371,18 @@ def _checkpoint(t: _Training, weights: dict | None = None, **segment) -> None:
     save_checkpoint(t.run_dir, dict(**(weights or checkpoint_weights(t.model, t.ema)), optimizer=t.opt.state_dict(),
                                     scaler=t.scaler.state_dict(), step=t.step, train_seconds=t.train_seconds,
                                     metrics_rows=t.log.rows, sampler=_sampler_state(t.source), best=t.best,
-                                    device=device_name(t.device), **segment))
+                                    device=device_name(t.device), window_step=t.window_step, **segment))
+
+
+def _say_if_step_changed(t: _Training, ck: dict | None) -> None:
+    """A run resumed on another window step than its checkpoint was written on says, in one line, that it
+    goes on as another computation: the two steps draw dropout differently and round differently, so it
+    will not equal the uninterrupted run (the checkpoint itself fits either)."""
+    before = (ck or {}).get("window_step")
+    if t.main and before and before != t.window_step and t.step > 0:
+        say(f"reslm: warning: step {t.step:,} was reached on the {before} window step and the run goes on on the "
+            f"{t.window_step} one: from here it will not equal the uninterrupted run (--window-step {before} "
+            "continues it as it began, where that step can run)")
 
 
 def _resume(t: _Training, ck: dict | None) -> None:

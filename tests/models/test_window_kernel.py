@@ -197,3 +197,25 @@ def test_the_avx2_layout_computes_the_same_model(avx2, ff, h, L, T):
     test_eval_logits_equal_the_plain_path(ff, h, L, T)
     test_gradients_equal_the_plain_path_given_the_same_masks(ff, h, L, T, one_pass=True)
     assert "-march=haswell" in wk.status(_model(ff, h, L, T).config)[1]
+
+
+def test_a_run_resumed_on_another_window_step_says_it_will_not_equal_the_uninterrupted_run(chars, tmp_path,
+                                                                                            capsys):
+    """Issue 89: killed on the fused step and resumed where the plain one runs (no compiler, or asked), the
+    run says so in one line; resumed on the step it began with, it says nothing."""
+    import reslm.train as tt
+    from reslm.train.config import resume_run
+
+    if not wk.status(_model(16, 2, 1, 32).config)[0]:
+        pytest.skip("the fused step cannot run here")
+    train = dict(batch_size=64, epochs_per_shard=1, epoch_samples=128, lr=3e-3, log_every=1, device="cpu",
+                 precision="fp32", window_step="fused")
+    run = tt.create_run(tmp_path / "run", "tf", dict(ff_dim=16, n_heads=2, n_layers=1), train, chars)
+    tt.train(run, progress=False, stop_at=2)
+    capsys.readouterr()
+    tt.train(run, progress=False, stop_at=3)                       # the same step: no word
+    assert "will not equal" not in capsys.readouterr().err
+    resume_run(run, {"window_step": "plain"})
+    tt.train(run, progress=False, stop_at=4)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "will not equal" in line]
+    assert len(lines) == 1 and "fused window step" in lines[0] and "plain one" in lines[0]
