@@ -44,7 +44,7 @@ from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, 
 from reslm.report.names import REGISTRY, registry_md, registry_rows
 from reslm.report.ordering import ORDERING, ordering_md
 from reslm.report.rows import (LEGACY, NOT_PUBLISHED, PAPER_OPTIMISER, PAPER_SAMPLING, STREAM_TOLERANCE, _read_csv,
-                               ceiling_rows, legacy_rows, preset_rows, published_rows, replace_between)
+                               ceiling_rows, legacy_rows, multi_pass_rows, preset_rows, published_rows, replace_between)
 from reslm.report.tokens import plot_tokens, token_outputs
 from reslm.run.lock import writer_of
 from reslm.run.registry import is_published, verify_published
@@ -204,10 +204,12 @@ def speed_md(repo: Path) -> str:
 
 # --- docs/results.md and README ----------------------------------------------------------------------
 def _curves(rows: list[dict]) -> list[dict]:
-    """Fig. 2 input, as in the paper one curve per Table 1 preset: the README's row's (preset_rows, its one
-    pass), and the trained ceilings' (ceiling_rows), each with its context."""
+    """Fig. 2 input, as in the paper one curve per Table 1 preset over the accumulated shard-epochs: its run over
+    the most passes (multi_pass_rows, every cycle), else the README's row's (preset_rows, its one pass), and the
+    trained ceilings' (ceiling_rows), each with its context."""
     out = []
-    for r in preset_rows(rows) + ceiling_rows(rows):
+    longer = multi_pass_rows(rows)
+    for r in [longer.get(r["name"], r) for r in preset_rows(rows)] + ceiling_rows(rows):
         epochs = r["epochs"] if r["weights"] else [e for e in r["epochs"] if e["cycle"] == r["cycle"] - 1]
         out.append(dict(family=r["family"], name=r["name"], context=r["context"], trainable_params=r["trainable"],
                         epochs=epochs))

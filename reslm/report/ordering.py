@@ -16,7 +16,9 @@ from __future__ import annotations
 from reslm.core.metrics import LN2
 from reslm.models.registry import PRESETS
 from reslm.paper import LARGEST, TEST_CE
-from reslm.report.rows import PAPER_OPTIMISER, PAPER_SAMPLING, preset_rows
+import statistics
+
+from reslm.report.rows import PAPER_OPTIMISER, PAPER_SAMPLING, multi_pass_rows, pass_figures, preset_rows, seed_rows
 
 ORDERING = "docs/ordering.md"
 FAMILIES = {"rc": "RC", "aerc": "AERC", "tf": "TF"}
@@ -109,8 +111,119 @@ def ordering_md(rows: list[dict]) -> str:
         cells = [_cell(*size["states"][f]) for f in FAMILIES]
         span = sorted(size["trainable"].values())
         L.append(f"| {i}: {span[0]:,}-{span[-1]:,} | " + " | ".join(cells) + f" | {_order_words(size)} |")
-    L += ["", *_verdict(table)]
+    L += ["", *_spreads(rows), *_verdict(table), *_passes(rows)]
     return "\n".join(L) + "\n"
+
+
+def spreads(rows: list[dict]) -> dict[str, tuple[float, float, list[int]]]:
+    """Per preset with one-pass runs at two or more seeds (in the README row's context): (mean, sample
+    standard deviation, the seeds) of their final test CE."""
+    chosen = {r["name"]: r for r in preset_rows(rows)}
+    out = {}
+    for name, runs in seed_rows(rows).items():
+        runs = [r for r in runs if name in chosen and r["context"] == chosen[name]["context"]]
+        finals = [[v for v in r["shards"] if v is not None][-1] for r in runs]
+        if len(finals) >= 2:
+            out[name] = (statistics.mean(finals), statistics.stdev(finals), [r.get("seed", 0) for r in runs])
+    return out
+
+
+def _spreads(rows: list[dict]) -> list[str]:
+    got = spreads(rows)
+    if not got:
+        return []
+    parts = [f"{name} {m:.4f} ± {sd:.4f} nats ({m / LN2:.3f} ± {sd / LN2:.3f} bits/char) over seeds "
+             f"{', '.join(map(str, seeds))}" for name, (m, sd, seeds) in got.items()]
+    return [f"Seed spread, where measured (mean ± sample standard deviation of the final test CE of one-pass runs "
+            f"that differ only in their seed): {'; '.join(parts)}. Every other row is one seed.", ""]
+
+
+def _pass_cell(name: str, fig: tuple[float, bool] | None, run: dict | None) -> str:
+    if fig is None:
+        return f"{name}: ... ({'not run past one pass' if run is None else 'pass not begun'})"
+    ce, complete = fig
+    where = "" if complete else f", training (step {run['steps']:,})" if run and run.get("steps") else ", training"
+    return f"{name}: {ce:.4f} ({ce / LN2:.3f}){where}"
+
+
+def pass_table(rows: list[dict]) -> tuple[int, list[dict]]:
+    """The most passes any preset's run has begun, and per size {family: (preset, {pass: (CE, complete)}, run)}:
+    pass 1 the README's row (one pass), later passes its longest run's end-of-pass figures."""
+    chosen = {r["name"]: r for r in preset_rows(rows)}
+    longer = multi_pass_rows(rows)
+    out, most = [], 1
+    for names in table1():
+        st = {}
+        for f, n in names.items():
+            figs = dict(pass_figures(longer[n])) if n in longer else {}
+            s1 = _state(chosen.get(n))
+            if s1["ce"] is not None:
+                figs[1] = (s1["ce"], s1["final"])
+            st[f] = (n, figs, longer.get(n))
+            most = max(most, *figs) if figs else most
+        out.append(st)
+    return most, out
+
+
+def _order_at(st: dict, p: int) -> list[str] | None:
+    figs = {f: figs.get(p) for f, (_, figs, _) in st.items()}
+    if any(v is None or not v[1] for v in figs.values()):
+        return None
+    return sorted(figs, key=lambda f: figs[f][0])
+
+
+def _words(st: dict, order: list[str], p: int) -> str:
+    ces = [st[f][1][p][0] for f in order]
+    return FAMILIES[order[0]] + "".join(f" {'≈' if b - a < TIE else '<'} {FAMILIES[f]}"
+                                        for f, a, b in zip(order[1:], ces, ces[1:]))
+
+
+PAPER_ORDER = sorted(TEST_CE, key=TEST_CE.get)   # tf, aerc, rc
+
+
+def _size_sentence(i: int, st: dict, most: int) -> str:
+    """Where the paper's order holds at size i, from which pass on, and where not."""
+    orders = {p: _order_at(st, p) for p in range(1, most + 1)}
+    done = [p for p, o in orders.items() if o is not None]
+    holds = [p for p in done if orders[p] == PAPER_ORDER]
+    open_ = [p for p, o in orders.items() if o is None]
+    if not done:
+        return f"- Size {i}: no pass has all three rows final yet."
+    last = done[-1]
+    head = f"- Size {i}: after pass {last}, {_words(st, orders[last], last)}"
+    if holds and holds == done[done.index(holds[0]):]:
+        tail = (f"; the paper's order (TF < AERC < RC) holds from pass {holds[0]} on" if holds[0] > 1 else
+                "; the paper's order (TF < AERC < RC) holds at every pass measured")
+    elif holds:
+        tail = f"; the paper's order holds at pass{'es' if len(holds) > 1 else ''} {', '.join(map(str, holds))} only"
+    else:
+        tf_lowest = [p for p in done if orders[p][0] == "tf"]
+        tail = (f"; the paper's order holds at none of passes {done[0]}-{last}" if len(done) > 1 else
+                f"; the paper's order does not hold after pass {last}") + \
+            (f" (the transformer lowest at pass {', '.join(map(str, tf_lowest))})" if tf_lowest else "")
+    more = f"; pass {', '.join(map(str, open_))} not complete for every family" if open_ else ""
+    return head + tail + more + "."
+
+
+def _passes(rows: list[dict]) -> list[str]:
+    """The same five sizes after each pass the runs have reached: one table per pass, and a sentence per size."""
+    most, table = pass_table(rows)
+    if most < 2:
+        return []
+    L = ["", "## Past one pass", "",
+         "The same protocol over more passes (cycles) over the five training shards: the longest published run "
+         "of each preset at seed 0 (plans passes-tf, passes-rc, passes-aerc: three cycles, the whole test shard "
+         "after every shard-epoch of the first pass and after every shard of the later ones); pass 1 is the "
+         "table above. A cell still training shows its latest whole-test-shard figure.", ""]
+    for p in range(2, most + 1):
+        L += [f"After pass {p}:", "", "| size | RC | AERC | TF | order (lowest CE first) |", "|---|---|---|---|---|"]
+        for i, st in enumerate(table, 1):
+            order = _order_at(st, p)
+            cells = [_pass_cell(n, figs.get(p), run) for n, figs, run in (st[f] for f in FAMILIES)]
+            L.append(f"| {i} | " + " | ".join(cells) + f" | {_words(st, order, p) if order else 'open'} |")
+        L.append("")
+    L += [_size_sentence(i, st, most) for i, st in enumerate(table, 1)]
+    return L
 
 
 def _pairs(table: list[dict]) -> list[str]:

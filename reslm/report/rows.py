@@ -128,7 +128,9 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
                                               # the last test CE (test_every shard: not every evaluation's)
                                               "loss": next((r[TEST_LOSS] for r in reversed(rows) if TEST_LOSS in r),
                                                            None),
-                                              "steps": m.get("step")})
+                                              "steps": m.get("step"), "cycles": int(tc.get("cycles", 1)),
+                                              "seed": int(model.get("seed", 0) or 0),
+                                              "seed_only": _variant(cfg) == [f"seed={model.get('seed', 0)}"]})
     return paper, other
 
 
@@ -223,6 +225,50 @@ def preset_rows(rows: list[dict]) -> list[dict]:
         if r["name"] not in chosen or rank < chosen[r["name"]][0]:
             chosen[r["name"]] = (rank, i, r)
     return [r for _, _, r in sorted(chosen.values(), key=lambda c: c[1])]
+
+
+def _context_ok(r: dict, stream_ok: set[str]) -> bool:
+    return r["context"] == "window" or (r["context"] == "stream" and r["family"] in stream_ok)
+
+
+def pass_figures(r: dict) -> dict[int, tuple[float, bool]]:
+    """A row's test CE at the end of each pass (cycle, from 1) it has begun: {pass: (CE, complete)}, complete
+    when the pass's last shard-epoch was scored, else its latest whole-test-shard figure."""
+    last_epoch = max((e["epoch"] for e in r["epochs"]), default=0)
+    shards = max((e["shard"] for e in r["epochs"]), default=0)
+    out: dict[int, tuple[float, bool]] = {}
+    for e in sorted(r["epochs"], key=lambda e: e["index"]):
+        if e.get(TEST_LOSS) is not None:
+            out[e["cycle"] + 1] = (e[TEST_LOSS], e["epoch"] == last_epoch and e["shard"] == shards)
+    return out
+
+
+def multi_pass_rows(rows: list[dict]) -> dict[str, dict]:
+    """Per preset of the paper's character families, its run at the paper's protocol over the most passes
+    (more than one, seed 0, no variant; the context preset_rows allows): a finished one first, a window one
+    before a stream one."""
+    stream_ok = stream_stands_for_window(rows)
+    chosen: dict[str, tuple[tuple, dict]] = {}
+    for r in rows:
+        if (r.get("variant") or r.get("cycles", 1) < 2 or r["family"] not in LARGEST or r["weights"] is None
+                or not _context_ok(r, stream_ok)):
+            continue
+        rank = (-r["cycles"], not r.get("finished", True), r["context"] != "window")
+        if r["name"] not in chosen or rank < chosen[r["name"]][0]:
+            chosen[r["name"]] = (rank, r)
+    return {name: r for name, (_, r) in chosen.items()}
+
+
+def seed_rows(rows: list[dict]) -> dict[str, list[dict]]:
+    """Per preset, its finished one-pass runs at the paper's protocol that differ from the README's row only
+    in the seed (the seed-0 row first where there is one): the seed spread of its one-pass figure."""
+    stream_ok = stream_stands_for_window(rows)
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        if (r["family"] in LARGEST and r["cycle"] == 1 and r.get("cycles", 1) == 1 and not _unfinished(r)
+                and _context_ok(r, stream_ok) and (not r.get("variant") or r.get("seed_only"))):
+            out.setdefault(r["name"], []).append(r)
+    return {k: sorted(v, key=lambda r: r.get("seed", 0)) for k, v in out.items()}
 
 
 def ceiling_rows(rows: list[dict]) -> list[dict]:

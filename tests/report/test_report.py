@@ -431,3 +431,50 @@ def test_the_ordering_page_orders_a_size_only_when_its_three_rows_are_final():
     page = ordering_md(rows)
     assert "| AERC < TF ≈ RC |" in page and "size 4, TF and RC (0.0002 apart)" in page
     assert "TF below RC at 2 of 2" in page
+
+
+def test_the_ordering_page_gives_each_pass_and_the_seed_spread():
+    """Issue 88: past one pass, a table per pass from each preset's longest run (its end-of-pass figures; a pass
+    still training shows its latest), a sentence per size saying from which pass the paper's order holds, and
+    the seed spread of a preset measured at several seeds."""
+    from reslm.report.ordering import ordering_md, pass_table
+
+    def evals(ends: list[list[float]], shards=5, epochs=5):
+        """eval rows: for each pass, the test CE after each shard (its last epoch), in order."""
+        out, index = [], 0
+        for c, per_shard in enumerate(ends):
+            for s, ce in enumerate(per_shard):
+                out.append(dict(index=index, cycle=c, shard=s, epoch=epochs - 1, test_loss=ce))
+                index += epochs
+        return out
+
+    def row(name, family, last, *, cycles=1, passes=None, seed=0, weights="results/x", finished=True):
+        shards = [2.5] * 4 + [last]
+        r = dict(name=name, family=family, context="window", cycle=1, shards=shards, weights=weights,
+                 partial=False, finished=finished, variant=bool(seed), seed_only=bool(seed), seed=seed,
+                 trainable=1000, paper="Fig. 2 only", loss=None, steps=1000, cycles=cycles,
+                 epochs=evals([shards]))
+        if passes:
+            r.update(cycle=len(passes), epochs=evals(passes), shards=passes[-1] + [None] * (5 - len(passes[-1])),
+                     partial=len(passes[-1]) < 5)
+        return r
+
+    one = [row("rc-2600", "rc", 1.8426), row("aerc-160-30", "aerc", 1.7992), row("tf-256-16-16", "tf", 1.8425),
+           row("tf-64-4-4", "tf", 2.0320), row("tf-64-4-4", "tf", 2.0420, seed=1), row("tf-64-4-4", "tf", 2.0220, seed=2)]
+    assert "## Past one pass" not in ordering_md(one)
+    assert "tf-64-4-4 2.0320 ± 0.0100 nats (2.932 ± 0.014 bits/char) over seeds 0, 1, 2" in ordering_md(one)
+    longer = [row("rc-2600", "rc", 0, cycles=3, passes=[[1.9] * 4 + [1.8426], [1.82] * 5, [1.81] * 5],
+                  weights="results/rc3"),
+              row("aerc-160-30", "aerc", 0, cycles=3, passes=[[1.9] * 4 + [1.7992], [1.762] * 5, [1.7434] * 5],
+                  weights="results/a3"),
+              row("tf-256-16-16", "tf", 0, cycles=3, passes=[[1.9] * 4 + [1.8425], [1.74] * 5, [1.70, 1.69]],
+                  weights="results/t3", finished=False)]
+    most, table = pass_table(one + longer)
+    assert most == 3 and table[-1]["tf"][1] == {1: (1.8425, True), 2: (1.74, True), 3: (1.69, False)}
+    page = ordering_md(one + longer)
+    assert "| 5 | rc-2600: 1.8200 (2.626) | aerc-160-30: 1.7620 (2.542) | tf-256-16-16: 1.7400 (2.510) | " \
+           "TF < AERC < RC |" in page
+    assert "tf-256-16-16: 1.6900 (2.438), training (step 1,000)" in page
+    assert ("- Size 5: after pass 2, TF < AERC < RC; the paper's order (TF < AERC < RC) holds from pass 2 on; "
+            "pass 3 not complete for every family.") in page
+    assert "- Size 1: no pass has all three rows final yet." in page
