@@ -18,7 +18,7 @@ from pathlib import Path
 from reslm.core.errors import ReslmError
 from reslm.core.files import plain_name
 from reslm.data.bpe import TokenDataset, prepare_bpe
-from reslm.data.chars import CharDataset, prepare_shakespeare, resolve_dataset
+from reslm.data.chars import CharDataset, prepare_shakespeare, resolve_dataset, shakespeare_command
 from reslm.data.store import check_fingerprint, default_data_root
 from reslm.data.tokenizer import CharTokenizer
 
@@ -63,14 +63,15 @@ def open_dataset(data: dict, root: Path | None = None):
 
 # Datasets that `reslm demo` / `reslm reproduce` may build when missing: name -> BPE tokenizer spec
 # (None: the character corpus).
-BUILDABLE = {"shakespeare": None, "shakespeare-bpe4096": "bpe:4096", "shakespeare-gpt2": "gpt2"}
+BUILDABLE = {"shakespeare": None, "shakespeare-authors": None, "shakespeare-bpe4096": "bpe:4096",
+             "shakespeare-gpt2": "gpt2"}
 
 
 def prepare_command(name: str) -> str:
     """The `reslm data ...` command that builds dataset `name` of BUILDABLE."""
     tokenizer = BUILDABLE[name]
-    if tokenizer is None:
-        return f"reslm data shakespeare --name {name}" if name != "shakespeare" else "reslm data shakespeare"
+    if tokenizer is None:   # shakespeare-authors: the authors' 90/10 split (its name fixes it)
+        return shakespeare_command(name)
     return f"reslm data bpe --corpus shakespeare --tokenizer {tokenizer} --name {name}"
 
 
