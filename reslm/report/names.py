@@ -9,7 +9,7 @@ from pathlib import Path
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
 from reslm.models.identity import delta, describe, name_problem, run_name
-from reslm.run import CONFIG
+from reslm.run import CONFIG, growth
 from reslm.run.registry import published_folders
 
 REGISTRY = "docs/registry.md"
@@ -29,6 +29,30 @@ def registry_rows(repo: Path) -> list[dict]:
     return rows
 
 
+def history_section() -> list[str]:
+    """"Keeping the history small": what a commit under results/ may add, and how to check it (reslm.run.growth)."""
+    return ["## Keeping the history small", "",
+            "Every version of a file committed under `results/` stays in every clone for good, so what goes in is "
+            "kept small:", "",
+            "- A published run holds its trainable weights only (`weights.safetensors`: the reservoir and the "
+            "embedding are rebuilt from the seed and checked against their fingerprints), and an unfinished run "
+            "its checkpoint beside them (optimizer state, no weights), dropped when it finishes.",
+            "- An unfinished run is published and committed once per pause: when work on it stops for now (a "
+            "deadline, the end of a session), never after every shard-epoch. Each such commit adds the run's weights "
+            "and checkpoint again as new blobs (about 2 MB for tf-256-16-16) that no later commit takes out of "
+            "the history.",
+            f"- No commit adds more than {growth.LIMIT_MB:g} MB (10^6 bytes, uncompressed, files added or changed) "
+            f"under `results/`: commit each published run on its own (`git commit -m ... -- results/NAME`); one "
+            f"run stays under it (an unfinished rc-750 with its checkpoint: 3.1 MB). `reslm publish --check-growth` prints what each commit after the baseline in "
+            f"`{growth.BASELINE}` adds (`--since REV`, `--limit MB`) and exits 2 naming each commit over the limit "
+            "with its largest files; the test suite runs it over the repository's own history "
+            "(tests/run/test_registry_growth.py). The history before the baseline holds larger commits and cannot "
+            "be rewritten. A commit meant to be large (one large finished run, alone) is let through by moving the "
+            "baseline to it, in a commit that says why.",
+            "- To use the results without the history: `git clone --depth 1 URL` (`git fetch --unshallow` brings "
+            "the history later).", ""]
+
+
 def registry_md(rows: list[dict]) -> str:
     bad = [r for r in rows if r["problem"]]
     L = ["# The results registry: names and configurations", "",
@@ -45,7 +69,7 @@ def registry_md(rows: list[dict]) -> str:
     for r in rows:
         L.append(f"| [{r['folder']}](../results/{r['folder']}) | {r['derived'] or '-'} | "
                  f"{', '.join(r['changes']) or '-'} | {r['problem'] or 'ok'} |")
-    return "\n".join(L) + "\n"
+    return "\n".join(L + ["", *history_section()]).rstrip("\n") + "\n"
 
 
 __all__ = ["REGISTRY", "registry_md", "registry_rows"]
