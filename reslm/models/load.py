@@ -73,12 +73,27 @@ class NeedsImport(ReslmError):
     reservoir, the sha256 it records and the flag that reads it (--import FILE.py)."""
 
 
+def _not_these(name: str, file: str | None) -> str:
+    """The --import files this process ran, none of which is the one a run needs ("not --import a.py (sha256 ...)
+    nor b.py (sha256 ...)"): those that registered the run's reservoir name, or share its file's name, first;
+    "" when it ran none."""
+    ran = {}
+    for s in SOURCES.values():
+        ran.setdefault(s["sha256"], s)
+    alike = sorted(ran.values(), key=lambda s: not (s["name"] == name or Path(s["path"]).name == file))
+    shown = [f"{s['path']} (sha256 {s['sha256'][:12]})" for s in alike[:3]]
+    return "not --import " + " nor ".join(shown) + (f" nor {len(alike) - 3} other(s)" if len(alike) > 3 else "") \
+        if shown else ""
+
+
 def check_source(run_dir: Path, cfg: dict, how: str = "give --import FILE.py with that file") -> None:
     """Before a run's model is built: a run whose reservoir came from a user's file (its record,
     reslm.run.source, or a reservoir named NAME@SHA12) is read only once this process ran that file, an
     `--import FILE.py` whose whole sha256 is the one the run records (reslm.reservoir.registry.SOURCES).
-    NeedsImport otherwise, ending with `how` (the flag that reads it); a record that contradicts the run's
-    config is a ReslmError naming it. The run's copy of the file is hashed (read_source), never run."""
+    NeedsImport otherwise, naming the run, its reservoir and the sha256 it records, the --import files this
+    process ran instead (each with its sha256), and ending with `how` (the flag that reads it); a record that
+    contradicts the run's config is a ReslmError naming it. The run's copy of the file is hashed (read_source),
+    never run."""
     model = cfg.get("model")
     reservoir = model.get("reservoir") if isinstance(model, dict) else None
     record = read_source(run_dir)
@@ -93,9 +108,7 @@ def check_source(run_dir: Path, cfg: dict, how: str = "give --import FILE.py wit
     if reservoir in RESERVOIRS and ran is not None and ran["sha256"].startswith(sha):
         return
     file = f"your file {record['file']}" if record else "a file of yours"
-    others = [s for s in SOURCES.values() if s["name"] == name]
-    why = (f"not --import {others[-1]['path']} (sha256 {others[-1]['sha256'][:12]})" if others
-           else "run only when you name it")
+    why = _not_these(name, record["file"] if record else None) or "run only when you name it"
     raise NeedsImport(f"{run_dir}: its reservoir {reservoir} is from {file} (sha256 {sha[:12]}), {why}: {how}")
 
 

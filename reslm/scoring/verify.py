@@ -12,14 +12,23 @@ trust model), for each run:
                (recorded at publish, or by `--record`), against the CE recorded there
     full       (--full) the weights re-scored on the whole test shard, against the summary's figure
 
-A run is ok when every step agrees within TOLERANCE nats; the report says by how much it does not.
+A run is ok when every step agrees within TOLERANCE nats; the report says by how much it does not. A run whose
+reservoir came from a user's file (`reslm frontier bench --import`) is checked only where this process ran that
+file (--import FILE.py, its sha256 the run's): without it the run is NOT CHECKED, and its line gives the command
+that checks it (the file looked for by the name and sha256 the run records: `import_file`). The exit status
+(EXIT): 0 every run checked and equal, 1 a run differs or is unreadable (Differs), 3 none differs but some were
+not checked (NotChecked), 2 bad input (a path that is no published run, a bad flag, an --import file that
+cannot be run for another reason than a module this machine lacks).
 `record_check` (reslm.scoring.evaluate, where the check is scored) writes a check into a manifest that has none
 (trust on first use: git's history of results/ says when it was recorded); `reslm publish`
 (reslm.cli.publish.publish_checked) publishes a run with one.
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -31,8 +40,52 @@ from reslm.data.datasets import ensure_dataset
 from reslm.models.load import NeedsImport, check_source
 from reslm.run import METRICS, SUMMARY, read_config, read_metrics
 from reslm.run.registry import is_published, published_folders, verify_published
+from reslm.run.source import read_source
 
 TOLERANCE = 1e-4   # nats: float32 arithmetic on another CPU moves a score by far less; an edit by far more
+EXIT = dict(ok=0, differs=1, input=2, not_checked=3)   # `reslm verify`'s exit status
+NOT_CHECKED = "NOT CHECKED"
+
+
+class Differs(ReslmError):
+    """Some run verified differs from what it publishes, or could not be read (exit 1)."""
+
+    exit_status = EXIT["differs"]
+
+
+class NotChecked(ReslmError):
+    """No run verified differs, but some could not be checked without a file of the user's (exit 3)."""
+
+    exit_status = EXIT["not_checked"]
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def import_file(record: dict, near=()) -> str | None:
+    """A file on this machine that is the one a run's record names (reslm.run.source: its file's name and whole
+    sha256), as a path to give --import (relative to the working folder where it lies under it), looked for
+    beside each of the folders `near` (the --import files given), in the working folder, its examples/ and
+    the examples/ of the reslm checkout this is; None when none of them is it. Only hashed, never run."""
+    here = Path.cwd()
+    folders = [*map(Path, near), here, here / "examples", Path(__file__).resolve().parents[2] / "examples"]
+    for folder in dict.fromkeys(folders):
+        path = folder / record["file"]
+        if path.is_file() and _sha256(path) == record["sha256"]:
+            try:
+                return os.path.relpath(path) if path.resolve().is_relative_to(here.resolve()) else str(path)
+            except ValueError:
+                return str(path)
+    return None
+
+
+def check_command(folder: Path, file: str, again=()) -> str:
+    """The command that checks one run with its file: `reslm verify RUN [flags] --import FILE`."""
+    return shlex.join(["reslm", "verify", str(folder), *again, "--import", file])
 
 
 def targets(paths: list[Path]) -> list[Path]:
@@ -134,12 +187,16 @@ def _check_problems(folder: Path, check: dict | None, device: str) -> tuple[list
     return out, positions
 
 
-def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, device: str = "cpu") -> dict:
-    """Verify one published run; returns {run, ok, status, problems, notes, mode, positions, seconds}. status:
-    "ok", "DIFFERS" (a figure or file is not what it should be), "UNREADABLE" (a file verify cannot read, or
-    any other failure: one run's problem never stops the others) or "REFUSED" (its reservoir came from a
-    user's file this process did not run: --import FILE.py, reslm.models.load.check_source). notes: what
-    could not be compared, and why.
+def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, device: str = "cpu",
+               failed: dict | None = None, near=(), again=()) -> dict:
+    """Verify one published run; returns {run, ok, status, problems, notes, mode, positions, seconds, needs,
+    sha256 (of the user's file its reservoir came from, else None)}.
+    status: "ok", "DIFFERS" (a figure or file is not what it should be), "UNREADABLE" (a file verify cannot
+    read, or any other failure: one run's problem never stops the others) or NOT_CHECKED (its reservoir came
+    from a user's file this process did not run: --import FILE.py, reslm.models.load.check_source; its problem
+    ends with the command that checks it, `again` its flags, and `needs` is the file found for it (import_file,
+    looked for beside `near`), else None). `failed`: {sha256: {path, why}} of --import files that could not
+    run here (a module this machine lacks): a run of one says so. notes: what could not be compared, and why.
 
     `full` compares like with like: the whole test shard's CE with a figure of the whole shard (the summary's,
     or an eval.json scored on all of it). A summary figure of a run that evaluated N sampled positions
@@ -149,13 +206,16 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
     folder = Path(folder)
     problems: list[str] = []
     notes: list[str] = []
-    positions = None
+    positions = needs = record = None
     status = "DIFFERS"
     try:
         manifest = verify_published(folder)
         check = _check_of(folder, manifest)
         cfg = read_config(folder)
-        check_source(folder, cfg)   # before any work: the user's file named, or the run refused
+        record = read_source(folder)
+        needs = import_file(record, near) if record else None
+        how = f"check it with `{check_command(folder, needs or (record or {}).get('file') or 'FILE.py', again)}`"
+        check_source(folder, cfg, how=how)   # before any work: the user's file named, or the run not checked
         ensure_dataset(cfg)   # a fresh clone: the Shakespeare datasets are built, as eval does
         summary = read_json(folder / SUMMARY) or {}
         problems += _summary_problems(folder, summary) + _readme_problems(folder, readme)
@@ -163,8 +223,13 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
                             else _check_problems(folder, check, device))
         problems += found
     except NeedsImport as e:
-        problems.append(str(e).removeprefix(f"{folder}: "))
-        status = "REFUSED"
+        why = str(e).removeprefix(f"{folder}: ")
+        ran = (failed or {}).get(record["sha256"]) if record else None
+        if ran is not None:   # its file was given but could not run here
+            why = (f"its reservoir {record['reservoir']} is from {ran['path']} (sha256 {record['sha256'][:12]}), "
+                   f"which could not run here ({ran['why']}): {how}")
+        problems.append(why)
+        status = NOT_CHECKED
     except Unreadable as e:
         problems.append(str(e))
         status = "UNREADABLE"
@@ -175,7 +240,8 @@ def verify_run(folder: Path, *, full: bool = False, readme: str | None = None, d
         status = "UNREADABLE"
     return dict(run=str(folder), ok=not problems, status="ok" if not problems else status, problems=problems,
                 notes=notes, mode="full" if full else "check", positions=positions,
-                seconds=time.perf_counter() - t0)
+                seconds=time.perf_counter() - t0, needs=needs if status == NOT_CHECKED else None,
+                sha256=(record or {}).get("sha256"))
 
 
 def _full_problems(folder: Path, cfg: dict, summary: dict, check: dict | None, device: str,
@@ -207,4 +273,5 @@ def _full_problems(folder: Path, cfg: dict, summary: dict, check: dict | None, d
     return [], positions
 
 
-__all__ = ["TOLERANCE", "Unreadable", "record_check", "targets", "verify_run"]
+__all__ = ["EXIT", "NOT_CHECKED", "TOLERANCE", "Differs", "NotChecked", "Unreadable", "check_command", "import_file",
+           "record_check", "targets", "verify_run"]

@@ -97,18 +97,18 @@ def test_verify_reads_a_published_run_from_a_users_file_only_with_that_file(publ
     assert main(["verify", str(dest), "--import", str(user)]) == 0, capsys.readouterr()
     assert capsys.readouterr().out.startswith(f"ok       {dest}")
     fresh()
-    assert main(["verify", str(dest)]) == 2   # without it: REFUSED, naming what reads it
+    assert main(["verify", str(dest)]) == 3   # without it: NOT CHECKED, with the command that checks it
     out = capsys.readouterr()
-    line = next(line for line in out.out.splitlines() if line.startswith("REFUSED"))
-    assert str(dest) in line and reservoir in line and sha[:12] in line and "--import FILE.py" in line, line
-    assert "1 refused" in out.err and "Traceback" not in out.err
+    line = next(line for line in out.out.splitlines() if line.startswith("NOT CHECKED"))
+    assert str(dest) in line and reservoir in line and sha[:12] in line and "--import ring.py" in line, line
+    assert "1 not checked" in out.err and "Traceback" not in out.err
     edited = tmp_path / "edited" / "ring.py"   # the same name, another version: another sha256
     edited.parent.mkdir()
     edited.write_text(RING + "# edited\n")
     other = hashlib.sha256(edited.read_bytes()).hexdigest()
     fresh()
-    assert main(["verify", str(dest), "--import", str(edited)]) == 2
-    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("REFUSED"))
+    assert main(["verify", str(dest), "--import", str(edited)]) == 3
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("NOT CHECKED"))
     assert reservoir in line and f"not --import {edited} (sha256 {other[:12]})" in line, line
     assert (dest / SOURCE_COPY).read_bytes() == user.read_bytes()   # nothing in the folder changed
 
@@ -155,6 +155,6 @@ def test_a_copy_that_is_not_the_recorded_file_is_named_and_a_published_one_diffe
     out = capsys.readouterr()
     assert f"{run / SOURCE_COPY} is not the file that {SOURCE} records" in out.err and "Traceback" not in out.err
     fresh()
-    assert main(["verify", str(dest), "--import", str(user)]) == 2
+    assert main(["verify", str(dest), "--import", str(user)]) == 1
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("DIFFERS"))
     assert SOURCE_COPY in line and "does not match its sha256" in line, line

@@ -61,7 +61,7 @@ def test_a_hand_edited_summary_with_a_rehashed_manifest_fails(copy, capsys):
     (copy / "summary.json").write_text(json.dumps(summary))
     rehash(copy, "summary.json")
     rc, out, err = verify(capsys, copy)
-    assert rc == 2 and out.startswith("DIFFERS") and f"summary.json says {key}" in out and "-5.00e-02" in out
+    assert rc == 1 and out.startswith("DIFFERS") and f"summary.json says {key}" in out and "-5.00e-02" in out
     assert "do not re-score" in err
 
 
@@ -70,7 +70,7 @@ def test_scaled_weights_with_a_rehashed_manifest_fail(copy, capsys):
     save_file({k: v * 1.5 for k, v in weights.items()}, copy / WEIGHTS)
     rehash(copy, WEIGHTS)
     rc, out, _ = verify(capsys, copy)
-    assert rc == 2 and "not those the check was recorded for" in out and "recorded" in out
+    assert rc == 1 and "not those the check was recorded for" in out and "recorded" in out
 
 
 def test_an_edit_of_summary_and_metrics_together_is_caught_by_the_full_mode(copy, capsys):
@@ -84,7 +84,7 @@ def test_an_edit_of_summary_and_metrics_together_is_caught_by_the_full_mode(copy
         rehash(copy, name)
     assert verify(capsys, copy)[0] == 0          # the check's positions do not see it
     rc, out, _ = verify(capsys, copy, "--full")
-    assert rc == 2 and "re-scored on the whole test text" in out
+    assert rc == 1 and "re-scored on the whole test text" in out
 
 
 def test_record_writes_a_check_where_there_is_none(copy, capsys):
@@ -92,7 +92,7 @@ def test_record_writes_a_check_where_there_is_none(copy, capsys):
     del m["check"]
     (copy / MANIFEST).write_text(json.dumps(m))
     rc, out, _ = verify(capsys, copy)
-    assert rc == 2 and "no check recorded" in out
+    assert rc == 1 and "no check recorded" in out
     assert main(["verify", "--record", str(copy)]) == 0 and "recorded" in capsys.readouterr().out
     assert verify(capsys, copy.parent)[0] == 0   # a folder of runs: every run in it
 
@@ -101,7 +101,7 @@ def test_a_readme_row_that_no_evaluation_gives_is_named(copy, tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text(f"| rc-16 | 1 | stream | 1 | 9.8765 | 1.234 | - | [results/{copy.name}](results/{copy.name}) |\n")
     rc = main(["verify", str(copy), "--readme", str(readme)])
-    assert rc == 2 and "the README's row shows 9.8765" in capsys.readouterr().out
+    assert rc == 1 and "the README's row shows 9.8765" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_full_compares_a_sampled_figure_like_with_like(sampled, published, tmp_p
     m["check"]["loss"] += 0.05
     (copy / MANIFEST).write_text(json.dumps(m))
     rc, out, _ = verify(capsys, copy, "--full")
-    assert rc == 2 and out.startswith("DIFFERS") and "re-scored on the check's" in out
+    assert rc == 1 and out.startswith("DIFFERS") and "re-scored on the check's" in out
 
 
 def test_a_damaged_manifest_is_one_line_and_the_other_runs_are_verified(copy, tmp_path, capsys):
@@ -138,7 +138,7 @@ def test_a_damaged_manifest_is_one_line_and_the_other_runs_are_verified(copy, tm
     (copy / MANIFEST).write_text(json.dumps(m))
     rc, out, err = verify(capsys, copy.parent)
     lines = out.splitlines()
-    assert rc == 2 and len(lines) == 2, out
+    assert rc == 1 and len(lines) == 2, out
     bad = next(line for line in lines if str(copy) + ":" in line)
     assert bad.startswith("UNREADABLE") and f"{copy / MANIFEST}: its check has no 'loss'" in bad
     assert any(line.startswith("ok ") and str(other) in line for line in lines)
