@@ -23,6 +23,11 @@ Each encoder layer is torch's `nn.TransformerEncoderLayer` with its defaults (po
     x'  = LayerNorm1(x  + drop(Out(drop(a) V)))   dropout on the attention weights and on the block output
     x'' = LayerNorm2(x' + drop(W_2 drop(relu(W_1 x' + b_1)) + b_2))
 
+Initialisation (`layer_init`): "independent" (the default) draws every layer in turn from the seed's
+generator; "copies" draws the first layer and starts every other as a copy of it, as the authors' code
+does (`nn.TransformerEncoder(enc_layer, num_layers)` deep-copies one layer). Only the starting point
+differs: the layers train apart from there, with the same parameter count.
+
 Trainable parameters (both modes): 944 (embedding) + 1003 (head) + L * (1168 + 33 * ff_dim), e.g. 45 083 for
 (ff_dim, n_heads, n_layers) = (128, 8, 8). There is no final LayerNorm and the positional encoding is a
 buffer, not a parameter; the embedding is not scaled by sqrt(d) and there is no dropout on the input.
@@ -66,6 +71,7 @@ from reslm.models.base import WindowFeatures, check_positive, next_token_loss
 
 
 CONTEXT_MODES = ("window", "causal")
+LAYER_INITS = ("independent", "copies")   # how the layers' initial parameters are drawn (layer_init)
 
 
 @dataclass
@@ -79,6 +85,7 @@ class TransformerConfig:
     context: int = 32
     context_mode: str = "window"   # window (paper: one target per window) | causal (every position of a chunk)
     min_context: int = 1   # causal training scores only the positions with at least this many characters of context
+    layer_init: str = "independent"  # independent (each layer drawn in turn from the seed's generator) | copies (every layer starts as a copy of the first, as nn.TransformerEncoder's deepcopy of one layer does: the authors' code)
     seed: int = 0  # initial weights are a function of this seed only
 
     @property
@@ -109,6 +116,8 @@ class TransformerConfig:
             raise ReslmError(f"min_context must be from 1 to the context ({self.context}), got {self.min_context}")
         if self.min_context > 1 and self.context_mode != "causal":
             raise ReslmError("min_context applies to causal training: add --context-mode causal")
+        if self.layer_init not in LAYER_INITS:
+            raise ReslmError(f"layer_init must be one of {', '.join(LAYER_INITS)}, got {self.layer_init!r}")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ReslmError(f"dropout must be in [0, 1), got {self.dropout!r}")
         return self
@@ -272,7 +281,10 @@ class CharTransformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self):
-        """torch's default initialisation for every part, drawn from a generator seeded by cfg.seed."""
+        """torch's default initialisation for every part, drawn from a generator seeded by cfg.seed, in
+        order: the embedding, the layers, the head. layer_init "independent" draws each layer in turn;
+        "copies" draws the first and copies it into every other (nn.TransformerEncoder(layer, L) deep-copies
+        the one layer it is given, so the authors' layers all start equal), then the head."""
         g = torch.Generator().manual_seed(self.config.seed)
 
         def linear_(lin: nn.Linear):  # nn.Linear.reset_parameters, on CPU then copied
@@ -283,7 +295,8 @@ class CharTransformer(nn.Module):
             lin.bias.copy_(torch.empty(lin.bias.shape).uniform_(-bound, bound, generator=g))
 
         self.embed.weight.copy_(torch.empty(self.embed.weight.shape).normal_(generator=g))
-        for layer in self.layers:
+        copies = self.config.layer_init == "copies"
+        for layer in self.layers[:1] if copies else self.layers:
             att = layer.self_attn
             w = torch.empty(att.in_proj_weight.shape)
             att.in_proj_weight.copy_(nn.init.xavier_uniform_(w, generator=g))
@@ -294,6 +307,9 @@ class CharTransformer(nn.Module):
             linear_(layer.linear2)
             for norm in (layer.norm1, layer.norm2):
                 norm.reset_parameters()
+        if copies:
+            for layer in self.layers[1:]:
+                layer.load_state_dict(self.layers[0].state_dict())   # copied values, no shared storage
         linear_(self.head)
 
     def features(self, tokens: torch.Tensor, *, position=None, dtype=None, progress: bool = False) -> WindowFeatures:
