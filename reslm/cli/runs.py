@@ -32,7 +32,9 @@ EVAL_DESCRIPTION = (
     "for the whole command; a character run's written scoring keeps its sums after each piece of "
     "65,536 positions in RUN_DIR/eval*.partial.json, so the same command, stopped, continues "
     "from there (to the same figure) and removes it when done. A published run's dataset is prepared when it is missing and "
-    "buildable (the Shakespeare datasets). The constraint flags score the trained model under other "
+    "buildable (the Shakespeare datasets). --data NAME scores a character run on another dataset's "
+    "test shard instead (the same vocabulary; RUN_DIR/eval-on-NAME.json). "
+    "The constraint flags score the trained model under other "
     "constraints without retraining: one value each -> the full evaluation, written to "
     "RUN_DIR/eval-<settings>.json (eval.json is left as it is); a comma-separated list in "
     "any of them -> test CE for every combination from one reservoir pass, written to "
@@ -84,6 +86,12 @@ def add_eval(sub) -> None:
     ev.add_argument("--context-mode", choices=("window", "stream"), help="score a reservoir run (rc, aerc) in this "
                     "context mode, not the one it trained in: window = the paper's metric, each test character "
                     "from a zero state over its context (written to RUN_DIR/eval-window.json)")
+    ev.add_argument("--data", metavar="NAME", help="score a character run on the test shard of another prepared "
+                    "character dataset (a name under --root, or a path) with the run's very vocabulary, e.g. "
+                    "shakespeare-authors (built when missing, as the run's own Shakespeare data is); written to "
+                    "RUN_DIR/eval-on-NAME.json (eval-window-on-NAME.json with --context-mode window), which a "
+                    "published folder lists in its manifest with --write. The result says how many characters of "
+                    "that test shard the run's training shards hold, where the two datasets are one token stream")
     shared(ev, "--root")
     phys = ev.add_argument_group("physical constraints (rc/aerc; default: as trained; comma lists make a grid)")
     for _, flag, _, letter, help_ in PHYSICAL_FLAGS:
@@ -273,7 +281,11 @@ def cmd_eval(args):
     write = args.write if args.write is not None else not is_published(run)   # results/NAME: only read
     cfg, grid = read_config(run), any(len(v) > 1 for v in physical.values())
     ns = _ngrams(args.ngrams) if grid else check_ngrams(_ngrams(args.ngrams), args.length)   # before any data is built
-    ensure_dataset(cfg, data_root(args))   # a fresh clone: the Shakespeare data is built, as train does
+    if args.data is not None and physical:
+        raise ReslmError("--data scores the run as trained: the physical-constraint flags are another evaluation "
+                         "(give one or the other)")
+    if args.data is None:   # with --data, the run's own dataset is not read (evaluate_run builds the other one)
+        ensure_dataset(cfg, data_root(args))   # a fresh clone: the Shakespeare data is built, as train does
     if grid:   # test CE only, one reservoir pass
         r = physical_grid(run, physical, score=args.score, device=args.device, write=write, root=data_root(args))
         print(json.dumps(r, indent=2) if args.json else grid_text(r))
@@ -282,7 +294,7 @@ def cmd_eval(args):
     r = evaluate_run(run, length=args.length, ns=ns, score=args.score, temperature=args.temperature,
                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, device=args.device,
                      physical={k: v[0] for k, v in physical.items()}, write=write, context_mode=args.context_mode,
-                     root=data_root(args))
+                     root=data_root(args), data=args.data)
     print(json.dumps(r, indent=2) if args.json else eval_text(r))
     if not args.json:   # the JSON alone
         _written(run, write, run / eval_file_name(r))

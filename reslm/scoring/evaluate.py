@@ -27,6 +27,15 @@ never over the training-time eval.json; many settings at once: reslm.scoring.phy
 A model whose reservoir is not `drivable` (a recorded substrate, reservoir/recorded.py) is scored only:
 no sample, empty overlap / distinct, generation_length 0 and a `note` saying so.
 
+On another dataset (`data=NAME`, `reslm eval RUN --data NAME`): a character run scored on the test shard of
+another prepared character dataset with the run's very vocabulary (the same ids; another is refused), e.g. a
+run of `shakespeare-authors` (the authors' 90/10 split) on `shakespeare`'s test shard and the other way round.
+The result goes to eval-on-NAME.json (eval-window-on-NAME.json with --context-mode window), recorded in a
+published folder's manifest as eval-window.json is, and keeps `scored_on`: the dataset's name, fingerprint and
+test span, and how many characters of that span lie in the run's training shards: counted where the dataset's
+token stream is the run's (their tokens.bin hashes agree), so that a figure on text the run trained on is never
+read as a held-out one (`scored_on.note`). The run's own dataset is not opened.
+
 `eval_text` is the result as `reslm eval` prints it.
 """
 from __future__ import annotations
@@ -53,7 +62,8 @@ from reslm.reservoir.physical import TEST_KEY, PhysicalConfig, noise_stream
 from reslm.core.files import write_json
 from reslm.core.metrics import CHECK_LOSS, LN2, TEST_BITS, TEST_BPC, TEST_LOSS, TEST_STREAM_LOSS, bits
 from reslm.run import lock_run, read_config
-from reslm.data.datasets import check_dataset, data_kind, ensure_dataset, open_dataset
+from reslm.data.datasets import check_dataset, data_kind, ensure_dataset, find_dataset, open_dataset
+from reslm.data.store import TOKENS, check_name, sample_sha256
 from reslm.models.load import load_run
 from reslm.scoring.physical import run_physical
 from reslm.scoring.pieces import PIECE, Progress, progress_name, timed
@@ -114,10 +124,74 @@ def _defined(values: dict) -> dict:
 
 def eval_file_name(result: dict) -> str:
     """eval.json; eval-<settings>.json for an evaluation under overridden physical constraints;
-    eval-window.json for a stream-trained reservoir scored in window mode (`context_mode`)."""
+    eval-window.json for a stream-trained reservoir scored in window mode (`context_mode`); eval-on-NAME.json
+    (eval-window-on-NAME.json) for one on another dataset's test shard (`scored_on`)."""
     if result.get("physical_overrides"):
         return f"eval-{PhysicalConfig(**result['physical']).tag()}.json"
-    return f"eval-{result['context_mode']}.json" if result.get("context_mode") else EVAL_FILE
+    stem = f"eval-{result['context_mode']}" if result.get("context_mode") else EVAL_FILE.removesuffix(".json")
+    return f"{stem}-on-{result['scored_on']['name']}.json" if result.get("scored_on") else f"{stem}.json"
+
+
+def _other_dataset(cfg: dict, data: str, root: Path | None):
+    """The character dataset `data` (a name under `root` or a path; a buildable one is built when missing) that a
+    run is scored on instead of its own: a one-line ReslmError unless the run is a character run and the dataset
+    has the run's very vocabulary (the same characters, so the same ids)."""
+    if data_kind(cfg["data"]) != "chars":
+        raise ReslmError("--data scores a character run on another character dataset's test shard; this is a "
+                         "token run (its val split is its tokenizer's)")
+    ds = find_dataset(data, "chars", root, prepare=True)
+    check_name(ds.name)   # it names the result's file
+    vocab = cfg["data"].get("vocab")
+    if vocab != ds.vocab:
+        have, want = len(vocab or []), ds.vocab_size
+        diff = sorted(set(ds.vocab) ^ set(vocab or []))
+        why = (f"{want} characters against the run's {have}" if have != want else
+               "the same number of characters, in another order" if not diff else "other characters")
+        shown = "".join(diff[:10]).encode("unicode_escape").decode() if diff else ""
+        raise ReslmError(f"dataset {ds.name} has another vocabulary than the run's ({why}"
+                         + (f"; differing: {shown!r}" if shown else "")
+                         + "): a model scores only text of its own vocabulary")
+    return ds
+
+
+def _same_stream(saved: dict | None, ds) -> bool | None:
+    """Whether dataset `ds` holds the very token stream a run's saved fingerprint names (its tokens.bin
+    sha256; a fingerprint_version 1 run's sampled checksum), None where the run's fingerprint names none."""
+    entry = ((saved or {}).get("files") or {}).get(TOKENS)
+    if not isinstance(entry, dict):
+        return None
+    if "sha256" in entry:
+        return entry["sha256"] == ds.fingerprint()["files"][TOKENS]["sha256"]
+    if "sample_sha256" in entry:
+        return entry.get("bytes") == (ds.path / TOKENS).stat().st_size and \
+            entry["sample_sha256"] == sample_sha256(ds.path / TOKENS)
+    return None
+
+
+def scored_on(cfg: dict, ds) -> dict:
+    """What an evaluation on another dataset records of it (`scored_on`): its name, fingerprint and test span,
+    and, where its token stream is the run's, how many characters of that span the run's training shards hold
+    (None where the streams differ or cannot be compared), with a sentence saying what that means."""
+    a, b = ds.shards[ds.test_shard]
+    data = cfg["data"]
+    same = _same_stream(data.get("fingerprint"), ds)
+    trained = None
+    if same:
+        shards = [data["shards"][i] for i in data.get("train_shards", [])]
+        trained = sum(max(0, min(e, b) - max(s, a)) for s, e in shards)
+    run_data = data.get("name") or Path(str(data.get("path"))).name
+    if trained:
+        note = (f"not a held-out figure: the run's training shards (dataset {run_data}) hold {trained:,} of the "
+                f"{b - a:,} characters of {ds.name}'s test shard [{a:,}, {b:,}) (the same token stream)")
+    elif trained == 0:
+        note = (f"held out: none of the {b - a:,} characters of {ds.name}'s test shard [{a:,}, {b:,}) is in the "
+                f"run's training shards (dataset {run_data}, the same token stream)")
+    else:
+        note = (f"{ds.name} is not the token stream of the run's dataset {run_data}"
+                + (" (their tokens differ)" if same is False else " (the run's fingerprint names none)")
+                + ": how much of its test shard the run trained on is not known")
+    return dict(name=ds.name, fingerprint=ds.fingerprint(), test_span=[a, b], run_data=run_data,
+                same_stream=same, trained_chars_in_test=trained, note=note)
 
 
 def _with_context_mode(model, cfg: dict, mode: str | None):
@@ -155,7 +229,9 @@ def evaluate_run(run_dir: Path, *, write: bool = True, **kw) -> dict:
     physical: overrides of the run's physical constraints (PhysicalConfig fields); the result then goes
     to run_dir/eval-<settings>.json. context_mode: "window" scores a stream-trained reservoir on the
     paper's metric (each test character from a zero state over its context); the result then goes to
-    run_dir/eval-window.json (recorded in a published folder's manifest)."""
+    run_dir/eval-window.json (recorded in a published folder's manifest). data: another character dataset's
+    name or path, with the run's vocabulary: its test shard is scored instead of the run's own (see the notes
+    above); the result goes to run_dir/eval-on-NAME.json (recorded in a published folder's manifest)."""
     with lock_run(run_dir) if write else nullcontext():
         return _evaluate_run(Path(run_dir), write=write, **kw)
 
@@ -163,11 +239,14 @@ def evaluate_run(run_dir: Path, *, write: bool = True, **kw) -> dict:
 def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 65536, temperature: float = 1.0,
                   top_k: int | None = None, top_p: float | None = None, seed: int = 0, device: str = "cpu",
                   reference=None, write: bool = True, physical: dict | None = None,
-                  context_mode: str | None = None, root: Path | None = None) -> dict:
+                  context_mode: str | None = None, root: Path | None = None, data: str | None = None) -> dict:
     for name, v in (("length", length), ("score", score)):
         if not isinstance(v, int) or v < 0 or (name == "length" and v < 1):
             raise ReslmError(f"{name} must be a {'positive' if name == 'length' else 'non-negative'} integer, got {v!r}")
     check_length(length)
+    if data is not None and physical:
+        raise ReslmError("--data scores the run as trained: the physical-constraint flags are another evaluation "
+                         "(give one or the other)")
     run_dir = Path(run_dir)
     dev = pick_device(device)
     model, codec, cfg = load_run(run_dir, dev)
@@ -177,8 +256,12 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
     if physical:
         model.set_physical(measured)
     token_run = data_kind(cfg["data"]) == "tokens"
-    ds = open_dataset(cfg["data"], root)
-    check_dataset(cfg, ds)
+    if data is None:
+        ds, other = open_dataset(cfg["data"], root), None
+        check_dataset(cfg, ds)
+    else:   # another dataset's test shard, the run's vocabulary (the run's own dataset is not read)
+        ds = _other_dataset(cfg, data, root)
+        other = scored_on(cfg, ds)
     ns = check_ngrams(ns, length)   # after the run and its dataset are checked, before any scoring
     test, start, prompt_len = _test_text(ds, token_run, model.config.context, run_dir)
     tokens = torch.from_numpy(test).to(dev)
@@ -190,8 +273,8 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
         if write:   # named after the evaluation it becomes (eval_file_name)
             progress = _open_progress(run_dir, model, eval_file_name(dict(
                 physical_overrides=physical, physical=physics,
-                context_mode=context_mode if context_mode != trained_mode else None)),
-                tokens, score, physics)
+                context_mode=context_mode if context_mode != trained_mode else None, scored_on=other)),
+                tokens, score, physics, other)
         scored = _score_char_run(model, tokens, score, start, progress)
     sampled = _sample(model, codec, test, prompt_len, length, ns, reference, token_run,
                       dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
@@ -208,6 +291,8 @@ def _evaluate_run(run_dir: Path, *, length: int = 2000, ns=(7, 8), score: int = 
         result["score_windows"] = windows
     if context_mode is not None and context_mode != trained_mode:
         result.update(context_mode=context_mode, context_mode_trained=trained_mode)
+    if other is not None:
+        result["scored_on"] = other
     if trained is not None:
         result.update(physical=asdict(measured), physical_trained=asdict(trained), physical_overrides=physical or {})
     if note:
@@ -243,13 +328,17 @@ def _score_token_run(model, tokens: torch.Tensor, score: int, codec, test: np.nd
             "score_positions": positions, **_score_times(score_s, score_res), "score_windows": positions // context}
 
 
-def _open_progress(run_dir: Path, model, name: str, tokens: torch.Tensor, score: int, physics) -> Progress:
-    """The kept progress of a char run's scoring into `name` (reslm.scoring.pieces), continued where it holds pieces."""
+def _open_progress(run_dir: Path, model, name: str, tokens: torch.Tensor, score: int, physics,
+                   other: dict | None = None) -> Progress:
+    """The kept progress of a char run's scoring into `name` (reslm.scoring.pieces), continued where it holds
+    pieces. On another dataset (`other`: scored_on) its fingerprint is part of what the progress names."""
     context = model.config.context
     positions = (tokens.numel() if score == 0 else min(tokens.numel(), score + context)) - context
-    progress = Progress.open(run_dir / progress_name(name), dict(
-        weights_sha256=weights_digest(model), score_positions=positions, piece=PIECE,
-        context_mode=getattr(model.config, "context_mode", None), physical=physics))
+    key = dict(weights_sha256=weights_digest(model), score_positions=positions, piece=PIECE,
+               context_mode=getattr(model.config, "context_mode", None), physical=physics)
+    if other is not None:
+        key["scored_on"] = dict(fingerprint=other["fingerprint"], test_span=other["test_span"])
+    progress = Progress.open(run_dir / progress_name(name), key)
     if progress.pieces:
         print(f"reslm: note: continuing the scoring of {run_dir} after the {progress.pieces} pieces of "
               f"{progress.count:,} samples kept in {progress.path.name} (its piece {progress.spot + 1} "
@@ -302,8 +391,8 @@ def _write_result(run_dir: Path, result: dict, progress: Progress | None) -> Non
     """The result into its eval file (a published folder's manifest records it), its kept progress dropped."""
     name = eval_file_name(result)
     write_json(run_dir / name, result)
-    if is_published(run_dir) and (name == EVAL_FILE or result.get("context_mode")):   # a results/ folder:
-        record_file(run_dir, name)                                                  # its manifest stays true
+    if is_published(run_dir) and (name == EVAL_FILE or result.get("context_mode") or result.get("scored_on")):
+        record_file(run_dir, name)   # a results/ folder: its manifest stays true
     if progress is not None:
         progress.drop()
 
@@ -348,6 +437,9 @@ def eval_text(r: dict) -> str:
              + (f"(the whole {split})" if r["settings"]["score"] == 0 else f"(the start of the {split} only; "
                 "--score 0 scores all of it, as the README's table does)")
              + f"; scored in {r['score_seconds']:.2f} s (reservoir {r['score_reservoir_seconds']:.2f} s)"]
+    if "scored_on" in r:
+        on = r["scored_on"]
+        lines.append(f"on dataset {on['name']}'s test shard, not the run's own ({on['run_data']}): {on['note']}")
     if "physical" in r:
         shown = PhysicalConfig(**r["physical"]).describe()
         trained = PhysicalConfig(**r["physical_trained"]).describe()
