@@ -8,7 +8,6 @@ import torch
 from reslm.cli import main
 from reslm.core.errors import ReslmError
 from reslm.models import PRESETS, build_model
-from reslm.models import window_kernel as wk
 from reslm.models.base import count_params
 from reslm.models.identity import command, fingerprint, identity, recipe, run_name
 from reslm.models.transformer import CharTransformer, TransformerConfig
@@ -74,17 +73,37 @@ def test_an_old_config_reads_as_independent_and_keeps_its_fingerprint():
     assert "--layer-init copies" in command(authors) and "--layer-init" not in command(paper)
 
 
+FUSED_CHECK = """
+import torch
+from reslm.models import window_kernel as wk
+from reslm.models.transformer import CharTransformer, TransformerConfig
+torch.set_num_threads(1)
+model = CharTransformer(TransformerConfig(ff_dim=32, n_heads=2, n_layers=3, layer_init="copies", seed=2)).eval()
+if wk.library(model.config) is None:
+    print("skip", wk.unsupported(model.config) or wk.native.why_not(wk.SOURCE))
+    raise SystemExit
+assert wk.fits(model)
+x = torch.randint(0, 59, (9, 32), generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    fused, _ = wk.fused_forward(model, x)
+    model.window_step = "plain"
+    plain, _ = model.forward_features(x)
+print("diff", (fused - plain).abs().max().item())
+"""
+
+
 def test_the_fused_window_step_reads_the_copied_layers_unchanged():
-    model = CharTransformer(TransformerConfig(ff_dim=32, n_heads=2, n_layers=3, layer_init="copies", seed=2)).eval()
-    if wk.library(model.config) is None:
-        pytest.skip(f"no fused kernel here: {wk.unsupported(model.config) or wk.native.why_not(wk.SOURCE)}")
-    assert wk.fits(model)
-    x = torch.randint(0, 59, (9, 32), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        fused, _ = wk.fused_forward(model, x)
-        model.window_step = "plain"
-        plain, _ = model.forward_features(x)
-    torch.testing.assert_close(fused, plain, rtol=0, atol=1e-5)
+    """The kernel reads the layers' parameters only: the copies' logits equal the plain path's. In a process of
+    its own, where this configuration's kernel is the first one loaded."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FUSED_CHECK], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    word, *rest = done.stdout.split(maxsplit=1)
+    if word == "skip":
+        pytest.skip(f"no fused kernel here: {rest[0].strip() if rest else ''}")
+    assert word == "diff" and float(rest[0]) <= 1e-5
 
 
 def test_the_flag_of_reslm_train(capsys):
