@@ -135,6 +135,7 @@ RECORD = ".sha256"          # the record's suffix: {"sha256", "bytes", "built_by
 LOCK = ".lock"
 TEMP_PREFIX = ".tmp-"
 _PROC_FD = Path("/proc/self/fd")
+_LOADED: list[int] = []     # the descriptors of the libraries loaded (see build)
 
 
 class _Untrusted(Exception):
@@ -304,10 +305,14 @@ def build(source: Path, macros: tuple[tuple[str, int], ...]) -> ctypes.CDLL | No
         if fd is None:
             _why[str(source)] = f"the library built for {source.name} does not match its record"
             return None
-        try:   # the file just hashed, by its descriptor: nothing can swap it in between
-            return ctypes.CDLL(str(_PROC_FD / str(fd)) if _PROC_FD.is_dir() else str(cache_dir() / lib))
-        finally:
+        if not _PROC_FD.is_dir():
             os.close(fd)
+            return ctypes.CDLL(str(cache_dir() / lib))
+        # the file just hashed, by its descriptor: nothing can swap it in between. The descriptor stays open
+        # for the life of the process: the loader knows a library by its path, and a closed N would name the
+        # next library /proc/self/fd/N too, which it would take for the first
+        _LOADED.append(fd)
+        return ctypes.CDLL(str(_PROC_FD / str(fd)))
     except (OSError, subprocess.SubprocessError) as e:
         _why[str(source)] = f"could not build or load {source.name}: {e}"
         return None

@@ -182,3 +182,13 @@ def test_cc_may_carry_words_after_the_compiler(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("CC", "ccache-not-here gcc")
     assert native.build(src, (("SCALE", 3),)) is None
     assert native.why_not(src).startswith("CC='ccache-not-here gcc' names no program on PATH")
+
+
+def test_two_libraries_loaded_one_after_the_other_are_each_their_own(tmp_path, cache):
+    """Each library is loaded through the descriptor that was hashed: a second library must not be taken for
+    the first because its descriptor number (and so its /proc/self/fd/N name) was the first one's."""
+    if native.compiler() is None:
+        pytest.skip("no C compiler here")
+    src = tmp_path / "twice.c"
+    src.write_text(SOURCE)
+    assert [_twice(native.build(src, (("SCALE", k),))) for k in (3, 4, 5)] == [30, 40, 50]
