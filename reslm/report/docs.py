@@ -42,7 +42,8 @@ from reslm.models.budget import FRONTIER_BUDGET
 from reslm.report import figures, plots
 from reslm.report.frontier import FRONTIER, FRONTIER_FIG, KN_FILE, _references, frontier_md, frontier_points
 from reslm.report.names import REGISTRY, registry_md, registry_rows
-from reslm.report.ordering import ORDERING, ordering_md
+from reslm.report.gap import GAP_BEGIN, GAP_END, gap_md
+from reslm.report.ordering import ORDERING, ordering_md, spreads
 from reslm.report.rows import (LEGACY, NOT_PUBLISHED, PAPER_OPTIMISER, PAPER_SAMPLING, STREAM_TOLERANCE, _read_csv,
                                ceiling_rows, legacy_rows, multi_pass_rows, preset_rows, published_rows, replace_between)
 from reslm.report.tokens import plot_tokens, token_outputs
@@ -54,6 +55,7 @@ TOKEN_FAMILIES = families("tokens")
 BENCH = "results/bench"   # the bench JSON files and bench-cpus.csv
 BENCH_CPUS = f"{BENCH}/bench-cpus.csv"
 FIG = "results-fig2"
+PROTOCOL_PAGE = "docs/paper-protocol.md"   # its transformer-gap section is generated (reslm.report.gap)
 
 
 # --- tables --------------------------------------------------------------------------------------------
@@ -302,6 +304,11 @@ def build(repo: Path) -> tuple[dict[str, str], list[dict]]:
     points = frontier_points(repo, paper)
     outputs = {"docs/results.md": results_md(paper, other, FIG if paper else None), "docs/speed.md": speed_md(repo),
                FRONTIER: frontier_md(points, kn, FRONTIER_FIG if points else None), ORDERING: ordering_md(paper)}
+    protocol = repo / PROTOCOL_PAGE
+    if protocol.is_file():
+        outputs[PROTOCOL_PAGE] = replace_between(protocol.read_text(encoding="utf-8"), GAP_BEGIN, GAP_END,
+                                                 gap_md(repo, paper, spreads(paper)), "transformer gap section",
+                                                 page=PROTOCOL_PAGE)
     readme = repo / "README.md"
     if readme.is_file():
         outputs["README.md"] = replace_readme_table(readme.read_text(encoding="utf-8"), readme_table(paper))

@@ -282,11 +282,11 @@ def ceiling_rows(rows: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def replace_between(text: str, begin: str, end: str, block: str, what: str) -> str:
+def replace_between(text: str, begin: str, end: str, block: str, what: str, page: str = "README.md") -> str:
     """text with the part between the markers `begin` and `end` replaced by `block` (README.md's
-    generated tables); ReslmError naming `what` when the markers are missing."""
+    generated tables, a docs page's generated section); ReslmError naming `what` when the markers are missing."""
     a, b = text.find(begin), text.find(end)
     if a < 0 or b < a:
-        raise ReslmError(f"README.md has no {begin} ... {end} markers around its {what}")
+        raise ReslmError(f"{page} has no {begin} ... {end} markers around its {what}")
     return text[:a + len(begin)] + "\n" + block + "\n" + text[b:]
 

@@ -21,7 +21,7 @@ def test_every_training_field_has_a_role():
     roles = field_roles()
     assert set(roles.values()) <= set(ROLES)
     assert {k for k, v in roles.items() if v != "identity"} == {"seed", "threads", "device", "precision", "compile", "window_step",
-                                                                   "log_every", "test_every"}
+                                                                   "log_every", "test_every", "eval_at"}
 
 
 def test_where_and_how_often_a_run_logs_do_not_make_it_another_configuration():
