@@ -273,30 +273,89 @@ def memory_limit() -> int | None:
     return min(limits) if limits else None
 
 
+def device_limit(device: torch.device) -> int | None:
+    """The most memory `device` can ever give this process, in bytes: a GPU's whole memory, or on the CPU
+    memory_limit() (the machine, its cgroup, `ulimit -v`); None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    return memory_limit()
+
+
+def amount(n: float) -> str:
+    """Bytes with one decimal: GiB from a tenth of one ("122.1 GiB"), MiB below ("12.3 MiB")."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 / 10 else f"{n / 2**20:.1f} MiB"
+
+
+def check_memory(need: int, what: str, fix: str, device: torch.device | str = "cpu") -> None:
+    """The one rule of every memory check made before the work it counts (a model's weights, a run's
+    states and its reservoir's passes, a memory profile's windows): ReslmError (exit 2: it can never fit,
+    trying again will not help) when `need` bytes is more than this process can ever hold on `device`
+    (device_limit), OutOfMemory (exit 75: try again when the machine is free) when it is more than the
+    memory available now. One line of reslm's own: "`what` needs at least X GiB, more than the Y GiB this
+    machine lets reslm hold: `fix`" (or "... but Y GiB is available now: free memory, or `fix`"; `amount`);
+    `fix` names the flag that shrinks it.""" 
+    device = torch.device(device)
+    limit, avail = device_limit(device), available_memory(device)
+    if limit is not None and need > limit:
+        raise ReslmError(f"{what} needs at least {amount(need)}, more than the {amount(limit)} this machine lets "
+                         f"reslm hold: {fix}")
+    if avail is not None and need > avail:
+        raise OutOfMemory(f"{what} needs at least {amount(need)} but {amount(avail)} is available now: free "
+                          f"memory, or {fix}")
+
+
+def reservoir_pass_bytes(mode: str, positions: int, size: int, embed_dim: int, context: int, streams: int,
+                         warmup: int | None, readout_dim: int = 0, itemsize: int = 4,
+                         chunk_elems: int = 2**22) -> int:
+    """The working buffers, at least, that one pass of a reservoir over `positions` characters holds beside
+    the states it stores (reslm.reservoir.states.shard_states, with its chunk_elems). Stream mode: B =
+    min(streams, positions) streams side by side, each first reading min(warmup, its length) characters
+    (the state and the warm-up's states and inputs), then chunks of k steps (the carried state and the
+    chunk's states, inputs and readout: k = 1 once B N passes chunk_elems). Window mode: a batch of at least
+    256 windows of `context` steps (their states, inputs and indices). `itemsize`: the compute dtype's
+    bytes. The streams and the context are what it scales with: a stream per character holds two or more
+    copies of a shard's states at once."""
+    positions, N, d, D = max(1, positions), size, embed_dim, readout_dim
+    if mode == "window":
+        batch = min(positions, max(256, chunk_elems // max(1, context * N)))
+        return batch * (itemsize * ((context + 1) * N + context * d) + 8 * context)
+    B = max(1, min(streams, positions))
+    L = -(-positions // B)                       # positions per stream
+    w = min(context if warmup is None else warmup, L)
+    k = max(1, min(L, chunk_elems // (B * N)))   # steps per chunk
+    warm = (1 + w) * N + w * d                   # the state; the warm-up's states and inputs
+    chunk = (1 + k) * N + k * (d + D)            # the carried state; the chunk's states, inputs and readout
+    return itemsize * B * max(warm, chunk) + 8 * B * max(w, k)
+
+
 # a margin for what a training process holds besides its states (torch, the text, the head's batches, the
 # reservoir's working buffers while it computes a shard), counted in every state check
 WORKING_BYTES = 2**30
 
 
 def state_dtypes(name: str, device: torch.device, width: int, train_rows: int, test_rows: int,
-                 heldout_rows: int = 0) -> tuple[torch.dtype, torch.dtype]:
+                 heldout_rows: int = 0, extra_bytes: int = 0) -> tuple[torch.dtype, torch.dtype]:
     """(storage, compute) dtypes of reservoir states held in memory at once: `train_rows` states of one
     training shard, `test_rows` test states and `heldout_rows` held-out (validation) states, `width`
-    values each, beside WORKING_BYTES of the process's own. name "auto" stores them in float32 when that
-    fits in memory and in bfloat16 (half the memory, on any machine) otherwise. bfloat16 is computed in
-    only where it is fast (bf16_status); elsewhere the reservoir computes in float32. OutOfMemory (exit
-    status 75: other processes may hold the memory) when the chosen storage does not fit in 90% of the
-    memory available now, with the flag that would help. On a CPU the memory available is the machine's
-    less what other reslm trainings have claimed and not yet allocated, and the states chosen are claimed
-    in turn (reslm.core.claims): two trainings started together do not both count the same memory."""
+    values each, beside WORKING_BYTES of the process's own and `extra_bytes` (the reservoir's working
+    buffers while it computes a shard, beyond that margin: reservoir_pass_bytes, which the streams scale).
+    name "auto" stores them in float32 when that fits in memory and in bfloat16 (half the memory, on any
+    machine) otherwise. bfloat16 is computed in only where it is fast (bf16_status); elsewhere the reservoir
+    computes in float32. OutOfMemory (exit status 75: other processes may hold the memory) when the chosen
+    storage does not fit in 90% of the memory available now, with the flag that would help; ReslmError
+    (exit 2, the rule of check_memory) when it is more than this process can ever hold (device_limit),
+    which no wait mends. On a CPU the memory available is the machine's less what other reslm trainings
+    have claimed and not yet allocated, and the states chosen are claimed in turn (reslm.core.claims): two
+    trainings started together do not both count the same memory."""
     rows = train_rows + test_rows + heldout_rows
-    need = lambda dtype: rows * width * dtype.itemsize + WORKING_BYTES  # noqa: E731
+    need = lambda dtype: rows * width * dtype.itemsize + WORKING_BYTES + extra_bytes  # noqa: E731
     shared = device.type != "cuda"   # the machine's memory, which other processes share
     with claims.claiming() if shared else contextlib.nullcontext():
         avail = available_memory(device)
         if avail is not None and shared:
             avail = max(0, avail - claims.unclaimed())
-        storage = _state_storage(name, avail, need, width, train_rows + heldout_rows)
+        storage = _state_storage(name, avail, need, width, train_rows + heldout_rows, device_limit(device),
+                                 extra_bytes)
         if shared:
             claims.claim(need(storage))
     compute = storage
@@ -308,26 +367,35 @@ def state_dtypes(name: str, device: torch.device, width: int, train_rows: int, t
     return storage, compute
 
 
-def _state_storage(name: str, avail: int | None, need, width: int, other_rows: int) -> torch.dtype:
-    """The storage dtype of `state_dtypes`, or OutOfMemory; `need(dtype)`: the bytes it takes, `other_rows`
-    the states held besides the test states."""
+def _state_storage(name: str, avail: int | None, need, width: int, other_rows: int,
+                   limit: int | None = None, extra: int = 0) -> torch.dtype:
+    """The storage dtype of `state_dtypes`, or ReslmError beyond `limit` (what the process can ever hold),
+    OutOfMemory beyond 90% of `avail`; `need(dtype)`: the bytes it takes, `other_rows` the states held besides
+    the test states."""
     if name == "auto":
-        fp32_fits = avail is None or need(torch.float32) <= 0.9 * avail
+        fp32_fits = (avail is None or need(torch.float32) <= 0.9 * avail) and \
+            (limit is None or need(torch.float32) <= limit)
         storage = torch.float32 if fp32_fits else torch.bfloat16
         if not fp32_fits:
+            room = avail if avail is not None and need(torch.float32) > 0.9 * avail else limit
             say(f"reslm: reservoir states stored in bfloat16: float32 would need {need(torch.float32) / 2**30:.1f} "
-                f"GiB of the {avail / 2**30:.1f} GiB available")
+                f"GiB of the {room / 2**30:.1f} GiB {'available' if room == avail else 'this machine lets reslm hold'}")
     else:
         storage = state_dtype(name)
+    row = width * storage.itemsize
+
+    def hint(room: float) -> str:
+        fits = int((room - WORKING_BYTES - extra) / row) - other_rows   # test samples that would fit
+        said = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
+        return f"--state-dtype bfloat16 or {said}" if storage != torch.bfloat16 else said
+    if limit is not None and need(storage) > limit:   # never fits here: exit 2, not "try again later"
+        raise ReslmError(f"reservoir states need {need(storage) / 2**30:.1f} GiB (train shard, test and held-out "
+                         f"states, the process's own), more than the {limit / 2**30:.1f} GiB this machine lets "
+                         f"reslm hold: use {hint(limit)}")
     if avail is not None and need(storage) > 0.9 * avail:
-        row = width * storage.itemsize
-        fits = int((0.9 * avail - WORKING_BYTES) / row) - other_rows   # test samples that would fit
-        hint = f"--eval-samples {fits // 1000 * 1000}" if fits >= 1000 else "a smaller reservoir"
-        if storage != torch.bfloat16:
-            hint = f"--state-dtype bfloat16 or {hint}"
         raise OutOfMemory(f"reservoir states need {need(storage) / 2**30:.1f} GiB (train shard, test and held-out "
-                          f"states, the process's own) but {avail / 2**30:.1f} GiB is available: use {hint}, "
-                          "or free memory")
+                          f"states, the process's own) but {avail / 2**30:.1f} GiB is available: use "
+                          f"{hint(0.9 * avail)}, or free memory")
     return storage
 
 

@@ -23,6 +23,16 @@ class OutOfMemory(ReslmError):
     exit_status = 75
 
 
+class Stopped(ReslmError):
+    """A command stopped before its end by a stop asked from outside (reslm.core.stop: SIGTERM, Ctrl-C): one
+    line saying what finished and what did not, and the stop's exit status (reslm.core.stop.status: 128 + the
+    signal's number, as a shell reports a process a signal ended: 143 after SIGTERM, 130 after Ctrl-C)."""
+
+    def __init__(self, message: str, exit_status: int):
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
 class RunInUse(ReslmError):
     """A run directory (or a folder of runs) is locked by another process (see reslm.run.lock_run)."""
 

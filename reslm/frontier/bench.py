@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -26,12 +27,15 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import reslm
-from reslm.core.device import cpu_name, usable_cores, use_threads
-from reslm.core.errors import OutOfMemory, ReslmError
+from reslm.core import stop
+from reslm.core.device import (WORKING_BYTES, amount, check_memory, cpu_name, reservoir_pass_bytes, usable_cores,
+                               use_threads)
+from reslm.core.errors import OutOfMemory, ReslmError, Stopped
 from reslm.core.files import atomic_write, read_json, write_json
 from reslm.core.shell import path_word
 from reslm.core.metrics import LN2, TEST_LOSS, VAL_LOSS, final_of, kept_of
 from reslm.data.datasets import find_dataset
+from reslm.data.splits import ShardSplit
 from reslm.frontier.imports import _import, source_name
 from reslm.frontier.plan import Config, load_plan
 from reslm.frontier.profile import PLOT, bench_memory, memory_lines, plot_bench_memory
@@ -43,8 +47,10 @@ from reslm.models.identity import command, delta, describe, run_name
 from reslm.models.load import check_fits
 from reslm.models.resolve import ModelSpec, resolve
 from reslm.reservoir import KNOBS, RESERVOIRS, parse_options
-from reslm.run import SUMMARY, is_finished
-from reslm.scoring.memory import POSITIONS
+from reslm.run import CHECKPOINT, SUMMARY, is_finished
+from reslm.scoring.memory import LENGTHS, POSITIONS, profile_bytes
+from reslm.settings import TrainConfig
+from reslm.train.evaluation import eval_slices, final_samples
 from reslm.train import ensure_run, train
 
 RECIPE_PLAN = "esn-lr"          # the plan whose chosen configuration is the recipe
@@ -88,13 +94,17 @@ _OWN_FLAGS = {"reservoir": "--reservoir", "reservoir_options": "--reservoir-opti
 
 def parse_set(family_name: str, text: str | None) -> dict:
     """{field: value} from `--set k=v,k=v`: fields of the family's model config, each value converted to its
-    field's type. One line naming the field for an unknown one, a bad value, or a field with its own flag."""
+    field's type. One line naming the field for an unknown one, a bad value, a field with its own flag, or one
+    given twice (which of the two is meant is not guessed)."""
     fields_ = {f.name: f for f in dataclass_fields(family(family_name).config)}
-    out = {}
+    out, given = {}, {}
     for item in filter(None, (t.strip() for t in (text or "").split(","))):
         key, eq, value = (t.strip() for t in item.partition("="))
         if not eq or not key:
             raise ReslmError(f"--set {item!r} is not field=value (e.g. --set spectral_radius=0.99)")
+        if key in given:
+            raise ReslmError(f"--set {key} is given twice ({key}={given[key]} and {key}={value}): give it once")
+        given[key] = value
         if key in _OWN_FLAGS:
             raise ReslmError(f"--set {key}: give it with {_OWN_FLAGS[key]}")
         if key not in fields_:
@@ -177,6 +187,11 @@ def bench_config(reservoir: str, base: Config, *, budget: str = "quick", reservo
     if reservoir_options is not None:
         model["reservoir_options"] = reservoir_options
     cfg_cls = RESERVOIRS[reservoir][0]
+    unused = [k for k in settings or {} if k in KNOBS and k not in cfg_cls.__dataclass_fields__]
+    if unused:   # a knob the substrate does not have would change the run's name and not its states
+        has = [k for k in KNOBS if k in cfg_cls.__dataclass_fields__ and k not in _OWN_FLAGS]
+        raise ReslmError(f"--set {unused[0]}: the {reservoir} reservoir does not use it (its knobs: "
+                         f"{', '.join(has) or 'none'}; its own options go in --reservoir-options)")
     try:   # fields a substrate fixes itself (a recording's size): its own, not the recipe's
         implied = cfg_cls.implied(parse_options(reservoir, cfg_cls, model.get("reservoir_options", ""),
                                                 reserved={*family(base.family).config.__dataclass_fields__,
@@ -204,6 +219,59 @@ def bench_config(reservoir: str, base: Config, *, budget: str = "quick", reservo
         raise ReslmError(f"{reservoir} in the recipe breaks the strict rules: {'; '.join(verdict.reasons)}")
     check_fits(spec)   # before any folder is made or model built
     return cfg, notes, spec
+
+
+def run_bytes(cfg: Config, spec: ModelSpec, dataset) -> dict[str, int]:
+    """{part: bytes} one of the bench's runs holds at once, each counted at least (the narrowest dtype its
+    state_dtype allows): "weights" (spec.bytes), "states" (a training shard's, the test states and the
+    held-out ones, as reslm.train.batches counts them for reslm.core.device.state_dtypes), "pass" (the
+    reservoir's working buffers over the longest text it reads in one pass: reslm.core.device.
+    reservoir_pass_bytes, which the streams, the warm-up and the context scale) and "process" (WORKING_BYTES);
+    a model without a reservoir (no streams) only its weights and the process's own."""
+    parts = {"weights": spec.bytes, "process": WORKING_BYTES}
+    c = spec.config
+    if not hasattr(c, "streams"):
+        return parts
+    tc = TrainConfig.of_run(cfg.run_config(0))
+    split = ShardSplit.of_run(dataset, c.context, tc, tc.heldout)
+    longest = max(b - a for a, b in (split.span(s) for s in dataset.train_shards))
+    ta, tb = split.span(dataset.test_shard)
+    n_test = max(sum(sl.stop - sl.start - c.context for sl in eval_slices(tb - ta, c.context, n))
+                 for n in {tc.eval_samples, final_samples(tc)})
+    heldout = max((b - a for a, b in (split.span(s, "heldout") for s in split.heldout_shards())), default=0) \
+        if tc.heldout else 0
+    item = 4 if tc.state_dtype in ("float32", "fp32") else 2
+    parts["states"] = (longest + n_test + heldout) * spec.shape.width * item
+    res = getattr(spec.shape, "reservoir", None)
+    parts["pass"] = 0 if getattr(res, "replays", False) else \
+        reservoir_pass_bytes(c.context_mode, max(longest, tb - ta, heldout), getattr(res, "size", c.size),
+                             c.embed_dim, c.context, c.streams, c.warmup, c.readout_dim, item)   # a recording: none
+    return parts
+
+
+_SHRINK = {"weights": "--size", "states": "--size (or --set readout_dim)"}
+_WHAT = {"weights": "weights", "process": "the process's own", "states": "states",
+         "pass": "the reservoir's pass over a shard"}
+
+
+def check_run_memory(cfg: Config, spec: ModelSpec, dataset, memory_positions: int = 0) -> None:
+    """Before any folder is made: what one of the bench's runs holds at once (run_bytes: every field that
+    scales it, the streams included), and the memory profile's windows after it (reslm.scoring.memory.
+    profile_bytes, `memory_positions`), each against this machine by reslm.core.device.check_memory's rule:
+    exit 2 with one line naming the flag that shrinks its largest part when it can never fit, 75 when not now."""
+    parts = run_bytes(cfg, spec, dataset)
+    c = spec.config
+    big = max((k for k in parts if k != "process"), key=parts.get)   # the part a flag shrinks
+    fix = (f"give a smaller --set streams (now {c.streams:,}; each stream holds a state and its work buffers)"
+           if c.context_mode == "stream" else f"give a smaller --set context (now {c.context:,})") \
+        if big == "pass" else f"give a smaller {_SHRINK[big]}"
+    shown = ", ".join(f"{_WHAT[k]} {amount(v)}" for k, v in parts.items())
+    check_memory(sum(parts.values()), f"each of the bench's runs ({shown})", fix)
+    if memory_positions:   # at most the test shard's positions (reslm.scoring.memory.memory_positions)
+        a, b = dataset.shards[dataset.test_shard]
+        n = max(1, min(memory_positions, b - a - max(LENGTHS)))
+        check_memory(profile_bytes(n, max(LENGTHS)), f"the memory profile at --memory-positions "
+                     f"{memory_positions:,}", "give a smaller --memory-positions")
 
 
 def _group(label: str, plan_name: str, results: Path, budget: str = "full") -> dict | None:
@@ -267,6 +335,7 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
         list(parse_set(base.family, settings))
     used = ", ".join(f"{k}={_shown(v)}" for k, v in used_values(spec, list(dict.fromkeys(shown))).items())
     dataset = find_dataset(cfg.data, "chars", data_root, prepare=True)
+    check_run_memory(cfg, spec, dataset, memory_positions)   # before any folder is made
     out = Path(out)
     runs = {s: out / run_name(cfg.run_config(s), cfg.label) for s in seeds}
     for s, run_dir in runs.items():   # every folder made (or checked) before the first one trains
@@ -274,31 +343,66 @@ def bench(reservoir: str, *, budget: str = "quick", seeds=(0, 1, 2), imports=Non
         ensure_run(run_dir, cfg.family, rc["model"], {**rc["train"], **({"threads": threads} if threads else {})},
                    dataset, preset=cfg.preset)
     t0 = time.perf_counter()
-    jobs = _train_seeds(runs, jobs, threads, [src["path"] for src in sources], progress)
-    summaries = {s: read_json(d / SUMMARY) or {} for s, d in runs.items()}
-    mine = dict(test=_stats([m.get(kept_of(TEST_LOSS), m.get(final_of(TEST_LOSS))) for m in summaries.values()]),
-                val=_stats([m.get(kept_of(VAL_LOSS), m.get(final_of(VAL_LOSS))) for m in summaries.values()]),
-                seconds=_stats([m.get("train_seconds") for m in summaries.values()]),
-                trainable=next(iter(summaries.values())).get("trainable_params"))
-    refs = _references(recipe_plan, results, budget)
-    about = ["this bench"] + ([f"{source['path']}, sha256 {source['sha256'][:12]}"] if source else []) + \
-        ([used] if used else [])   # what the row's substrate is: its file, and the values it ran at
-    mem = None
-    if memory_positions:
-        mem = bench_memory(runs, cfg, base, results, {r["label"]: r["folder"] for r in refs},
-                           positions=memory_positions, progress=progress)
-        write_json(out / "memory.json", mem)
-        plot_bench_memory(mem, reservoir, out / PLOT)
-    table = _table(f"**{reservoir}** ({'; '.join(about)})", mine, refs, budget, mem)
-    flags = [*(["--size", str(size)] if size is not None else []),
-             *(["--reservoir-options", reservoir_options] if reservoir_options is not None else []),
-             *(["--set", settings] if settings else [])]
-    wall = time.perf_counter() - t0
-    card = _card(reservoir, cfg, base, notes + ([f"the substrate ran at {used}"] if used else []), sources, budget,
-                 runs, summaries, table, threads, jobs, flags, memory_lines(mem, reservoir) if mem else [], wall)
-    atomic_write(out / CARD, lambda p: p.write_text(card))
+    try:
+        with stop.graceful():   # a SIGTERM while a seed trains: it stops at the end of its step, none starts after
+            jobs = _train_seeds(runs, jobs, threads, [src["path"] for src in sources], progress)
+        if stop.requested() or not all(is_finished(d) for d in runs.values()):
+            raise stopped(runs)   # no table row, profile or card of an unfinished run
+        summaries = {s: read_json(d / SUMMARY) or {} for s, d in runs.items()}
+        mine = dict(test=_stats([m.get(kept_of(TEST_LOSS), m.get(final_of(TEST_LOSS))) for m in summaries.values()]),
+                    val=_stats([m.get(kept_of(VAL_LOSS), m.get(final_of(VAL_LOSS))) for m in summaries.values()]),
+                    seconds=_stats([m.get("train_seconds") for m in summaries.values()]),
+                    trainable=next(iter(summaries.values())).get("trainable_params"))
+        refs = _references(recipe_plan, results, budget)
+        about = ["this bench"] + ([f"{source['path']}, sha256 {source['sha256'][:12]}"] if source else []) + \
+            ([used] if used else [])   # what the row's substrate is: its file, and the values it ran at
+        mem = None
+        if memory_positions:
+            mem = bench_memory(runs, cfg, base, results, {r["label"]: r["folder"] for r in refs},
+                               positions=memory_positions, progress=progress)
+            write_json(out / "memory.json", mem)
+            plot_bench_memory(mem, reservoir, out / PLOT)
+        table = _table(f"**{reservoir}** ({'; '.join(about)})", mine, refs, budget, mem)
+        flags = [*(["--size", str(size)] if size is not None else []),
+                 *(["--reservoir-options", reservoir_options] if reservoir_options is not None else []),
+                 *(["--set", settings] if settings else [])]
+        wall = time.perf_counter() - t0
+        card = _card(reservoir, cfg, base, notes + ([f"the substrate ran at {used}"] if used else []), sources, budget,
+                     runs, summaries, table, threads, jobs, flags, memory_lines(mem, reservoir) if mem else [], wall)
+        atomic_write(out / CARD, lambda p: p.write_text(card))
+    except KeyboardInterrupt:   # Ctrl-C, a second SIGTERM, or one while no seed trains: at once
+        raise stopped(runs, interrupted=True) from None
     return dict(table=table, card=str(out / CARD), runs={s: str(d) for s, d in runs.items()}, mine=mine,
                 wall_seconds=wall, jobs=jobs)
+
+
+def stopped(runs: dict, interrupted: bool = False) -> Stopped:
+    """The one line of a bench that a stop ended before its card (reslm.core.stop): which seeds finished,
+    which stopped part-way (at what step; their checkpoint kept) and which did not start; that no table,
+    memory profile or card was written for an unfinished run; and the stop's exit status (stop.status; 2 where
+    a seed ended unfinished without a stop asked of this call: a SIGTERM sent to its own process)."""
+    done, part, none = [], [], []
+    for s, d in runs.items():
+        steps = (read_json(d / SUMMARY) or {}).get("steps")
+        if is_finished(d):
+            done.append(str(s))
+        elif isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
+            part.append(f"seed {s} stopped at step {steps:,}")
+        elif (d / CHECKPOINT).exists():
+            part.append(f"seed {s} stopped (its last checkpoint kept)")
+        else:
+            none.append(str(s))
+    said = [f"{'seed' if len(done) == 1 else 'seeds'} {', '.join(done)} finished"] if done else []
+    said += [", ".join(part)] if part else []
+    said += [f"{'seed' if len(none) == 1 else 'seeds'} {', '.join(none)} not started"] if none else []
+    why = "interrupted" if interrupted else "asked to stop (SIGTERM)" if stop.requested() else \
+        "a seed's training ended before its end"
+    status = stop.status(interrupted) if interrupted or stop.requested() else 2
+    if part or none:
+        return Stopped(f"frontier bench {why}: {'; '.join(said)}; no table, memory profile or card written (the "
+                       "same command continues each unfinished seed from its checkpoint)", status)
+    return Stopped(f"frontier bench {why}: every seed finished, the card was not written (the same command writes "
+                   "it without training again)", status)
 
 
 def _train_seeds(runs: dict, jobs: int | None, threads: int | None, imports: list[str], progress: bool,
@@ -311,6 +415,8 @@ def _train_seeds(runs: dict, jobs: int | None, threads: int | None, imports: lis
         _parallel(todo, runs, jobs, threads, imports, poll)
     else:
         for s in todo:
+            if stop.requested():   # asked to stop: no seed starts after it
+                break
             train(runs[s], progress=progress)
     return jobs
 
@@ -350,45 +456,75 @@ def _parallel(todo: list[int], runs: dict, jobs: int, threads: int | None, impor
     that time, before or after), so that the last seed trains on every core rather than on one beside a run
     about to end. A seed whose process ran out of memory beside others (reslm.frontier.schedule.MEMORY) goes
     again alone, with every core, once they end; any other failure lets the others finish, starts nothing
-    more, and is then raised."""
+    more, and is then raised. A stop asked of this call (reslm.core.stop: a SIGTERM) is passed on to the seeds
+    running, which stop at the end of their step as their deadline would, and no seed starts after it; an
+    interrupt (Ctrl-C, a second SIGTERM) passes the stop on, waits for them and is raised again (`_end`)."""
     cores = usable_cores()
     queue, procs, alone, tried, failed = list(todo), {}, [], set(), []
     started, took = {}, []   # when each running seed started; how long each ended one took
-    while procs or ((queue or alone) and not failed):
-        if alone and not procs and not failed:
-            s = alone.pop(0)
-            tried.add(s)
-            procs[s], started[s] = _spawn(runs[s], threads or cores, imports), clock()
-        while queue and not alone and not failed and len(procs) < jobs:
-            share = max(1, cores // min(jobs, len(queue) + len(procs)))
-            if not threads and procs and took and share < cores // min(jobs, len(queue)):
-                typical = statistics.median(took)
-                left = max(started[r] for r in procs) + typical - clock()
-                if abs(left) <= WAIT_SHARE * typical:
-                    break   # the running seeds should end about now: this one starts then, with more threads
-            s = queue.pop(0)
-            procs[s], started[s] = _spawn(runs[s], threads or share, imports), clock()
-        time.sleep(poll)
-        for s, p in list(procs.items()):
-            if p.poll() is None:
-                continue
-            del procs[s]
-            if p.returncode in MEMORY and s not in tried and (procs or queue or alone):
-                alone.append(s)
-            elif p.returncode:
-                failed.append((s, p.returncode))
-            else:
-                took.append(clock() - started[s])
-    if failed:
+    passed_on = False        # a stop asked of this call, passed on to the seeds running
+    try:
+        while procs or ((queue or alone) and not failed and not stop.requested()):
+            if stop.requested() and not passed_on:
+                for p in procs.values():
+                    p.send_signal(signal.SIGTERM)
+                passed_on = True
+            if alone and not procs and not failed and not stop.requested():
+                s = alone.pop(0)
+                tried.add(s)
+                procs[s], started[s] = _spawn(runs[s], threads or cores, imports), clock()
+            while queue and not alone and not failed and not stop.requested() and len(procs) < jobs:
+                share = max(1, cores // min(jobs, len(queue) + len(procs)))
+                if not threads and procs and took and share < cores // min(jobs, len(queue)):
+                    typical = statistics.median(took)
+                    left = max(started[r] for r in procs) + typical - clock()
+                    if abs(left) <= WAIT_SHARE * typical:
+                        break   # the running seeds should end about now: this one starts then, with more threads
+                s = queue.pop(0)
+                procs[s], started[s] = _spawn(runs[s], threads or share, imports), clock()
+            time.sleep(poll)
+            for s, p in list(procs.items()):
+                if p.poll() is None:
+                    continue
+                del procs[s]
+                if p.returncode in MEMORY and s not in tried and (procs or queue or alone):
+                    alone.append(s)
+                elif p.returncode:
+                    failed.append((s, p.returncode))
+                else:
+                    took.append(clock() - started[s])
+    except KeyboardInterrupt:
+        _end(procs.values())
+        raise
+    if failed and not stop.requested():   # after a stop, a seed that ended part-way is the stop's line's
         s, code = failed[0]
         raise ReslmError(f"seed {s}'s training process exited with status {code} (its run folder keeps its "
                          "checkpoint: run the bench again to continue)")
 
 
+def _end(procs) -> None:
+    """The seeds' processes still running, after an interrupt of this one: each asked to stop (SIGTERM: at the
+    end of its step) and waited for; a second interrupt meanwhile asks again (at once) and still waits, so that
+    no seed trains on after the bench has ended."""
+    procs = [p for p in procs if p.poll() is None]
+    for attempt in range(2):
+        try:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                p.wait()
+            return
+        except KeyboardInterrupt:
+            if attempt:
+                raise
+
+
 def _spawn(run_dir: Path, threads: int, imports: list[str]) -> subprocess.Popen:
     """One seed's training process (`_train_one`) with `threads` torch threads."""
+    # in a process group of its own: Ctrl-C reaches the bench alone, which passes it on as a stop (`_parallel`)
     return subprocess.Popen([sys.executable, "-c", _CHILD, str(threads), str(run_dir), *imports],
-                            stdout=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, process_group=0)
 
 
 _CHILD = "import sys; from reslm.frontier.bench import _train_one; sys.exit(_train_one(sys.argv[1:]))"
@@ -396,7 +532,10 @@ _CHILD = "import sys; from reslm.frontier.bench import _train_one; sys.exit(_tra
 
 def _train_one(argv: list[str]) -> int:
     """One seed of a parallel bench, in its own process: argv is THREADS RUN_DIR [FILE.py ...] (a run whose
-    config names its threads uses those)."""
+    config names its threads uses those). A SIGTERM (the bench passing on its stop) stops the training at the
+    end of its step, as under the CLI (reslm.core.stop); a second one, or one before it trains, ends it at once
+    with the interrupt's status and no traceback."""
+    signal.signal(signal.SIGTERM, stop.on_sigterm)
     try:
         use_threads(int(argv[0]))
         _import(argv[2:])
@@ -404,6 +543,9 @@ def _train_one(argv: list[str]) -> int:
     except (ReslmError, MemoryError) as e:   # out of memory: its own status, so that the parent runs it alone
         print(f"reslm: error: {e or 'out of memory'}", file=sys.stderr)
         return OutOfMemory.exit_status if isinstance(e, MemoryError) else getattr(e, "exit_status", 2)
+    except KeyboardInterrupt:   # the checkpoint is written atomically: the last one is kept
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return stop.status(interrupted=True)
     return 0
 
 

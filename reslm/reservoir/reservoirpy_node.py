@@ -26,7 +26,10 @@ does); the rest through a plain loop that autograd can follow.
 `register` adds (a config class, a reservoir class) for that node to RESERVOIRS: the model's `size` and
 `embed_dim` are the node's units and input size (`implied`), the model's seed goes to the function when
 one is given (a fixed node ignores it: its weights are what the user drew). Nodes of other kinds, and
-subclasses that change the update, are refused in one line.
+subclasses that change the update, are refused in one line. The ESN's knobs (spectral_radius,
+input_scaling, leak_rate, ...) are not the node's (its sr, lr, ... are what the user built it with): its
+config has none of them, so `reslm frontier bench --set spectral_radius=...` is refused for it in one line
+(reslm.frontier.bench.bench_config) rather than giving a run of another name with the same states.
 """
 from __future__ import annotations
 

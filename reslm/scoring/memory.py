@@ -27,7 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reslm.core.errors import ReslmError
+from reslm.core.device import amount, check_memory
+from reslm.core.errors import OutOfMemory, ReslmError
 from reslm.core.files import atomic_write, write_json
 from reslm.core.metrics import MEMORY_LOSS, bits
 from reslm.core.progress import bar
@@ -50,6 +51,14 @@ def check_lengths(lengths) -> tuple[int, ...]:
     if not lengths or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in lengths):
         raise ReslmError(f"lengths must be integers >= 1, got {list(lengths)}")
     return tuple(sorted(set(lengths)))
+
+
+def profile_bytes(positions: int, longest: int, batch: int = BATCH) -> int:
+    """What a memory profile holds at once, at least: its `positions` windows of `longest` + 1 symbols laid
+    end to end (int64) and, while they are read, their indices into the text (as many), then one batch of
+    them as the model's input (reslm.core.device.check_memory holds it against memory before anything is
+    read)."""
+    return 16 * (longest + 1) * positions + 8 * longest * min(batch, positions)
 
 
 def memory_positions(spans, longest: int, positions: int) -> torch.Tensor:
@@ -162,9 +171,19 @@ def memory_profile(run_dirs, lengths=LENGTHS, positions: int = POSITIONS, device
                              f"split): their {text} text differs")
     dev = torch.device(device)
     longest = max(lengths)
-    at = memory_positions(spans, longest, positions).numpy()
+    at = memory_positions(spans, longest, positions).numpy()   # a text too short for the lengths: refused here
+    need = profile_bytes(len(at), longest, batch)
+    what = f"the memory profile ({len(at):,} windows of {longest + 1:,} symbols)"
+    fix = "give shorter --lengths or fewer --positions"
+    check_memory(need, what, fix)   # before any window is read or model built: exit 2 never, 75 not now
+    if dev.type == "cuda":
+        check_memory(need, what + " on the GPU", fix, dev)
     # the scored windows laid end to end, each its target and the `longest` symbols before it
-    windows = np.asarray(symbols[(at[:, None] + np.arange(-longest, 1)).ravel()], dtype=np.int64)
+    try:
+        windows = np.asarray(symbols[(at[:, None] + np.arange(-longest, 1)).ravel()], dtype=np.int64)
+    except MemoryError:   # the check above counts what is free now; another process may have taken it since
+        raise OutOfMemory(f"{what} needs at least {amount(need)}, which could not be had now: free memory, "
+                          f"or {fix}") from None
     tokens = torch.from_numpy(windows).to(dev)
     targets = longest + torch.arange(len(at), dtype=torch.long) * (longest + 1)
     runs, per_position = [], []
