@@ -1,5 +1,5 @@
 """docs/paper-protocol.md's section "The gap to the paper's transformer figure": what each measured cause of
-tf-256-16-16's distance from the paper's 1.67 is worth, one published run a line (issue 88).
+tf-256-16-16's distance from the paper's figure (reslm.paper.TEST_CE) is worth, one published run a line (issue 88).
 
 The runs, and the plans that make them: the README's one-pass row (tf-window), the same preset's run over
 the most passes (passes-tf, reslm.report.rows.multi_pass_rows), the authors' own recipe (authors-tf: their
@@ -14,9 +14,9 @@ from pathlib import Path
 
 from reslm.core.errors import ReslmError
 from reslm.core.files import read_json
-from reslm.core.metrics import LN2, TEST_LOSS
+from reslm.core.metrics import LN2, TEST_LOSS, final_of
 from reslm.report.rows import multi_pass_rows, preset_rows
-from reslm.run import CONFIG
+from reslm.run import CONFIG, SUMMARY
 from reslm.run.registry import published_folders
 from reslm.paper import TEST_CE
 from reslm.run import read_metrics
@@ -90,8 +90,8 @@ def gap_md(repo: Path, rows: list[dict], spread: dict) -> str:
           "fp32) trains on the first 90% of the text and tests on the last 10%, which lies inside reslm's test shard "
           "(its last 954,303 characters); their 90% holds the test shard's first 570,784 characters.", "",
           "| model | on the authors' last 10% | on reslm's test shard |", "|---|---|---|"]
-    own = (read_json(authors / "summary.json") or {}).get("final_test_loss") if authors is not None else None
-    row = (read_json(one / "summary.json") or {}).get("final_test_loss") if one is not None else None
+    own = (read_json(authors / SUMMARY) or {}).get(final_of(TEST_LOSS)) if authors is not None else None
+    row = (read_json(one / SUMMARY) or {}).get(final_of(TEST_LOSS)) if one is not None else None
     on_paper = _cross(authors, PAPER_DATA)
     L.append(f"| the authors' recipe ({link(authors)}) | {_fig(own)} | {_fig(on_paper)}"
              f"{' (its training text holds 37% of it)' if on_paper is not None else ''} |")

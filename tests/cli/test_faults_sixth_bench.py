@@ -207,7 +207,7 @@ class RingESN(ESN):
 
 RESERVOIRS["ring-stop"] = (ESNConfig, RingESN)
 
-if sys.argv[0] == "-c":   # a seed's own process (the bench's _train_one: THREADS RUN_DIR FILE.py), not the bench
+if sys.argv[0] == "-c" and len(sys.argv) >= 3:   # a seed's own process (the bench's _train_one: THREADS RUN_DIR FILE.py), not the bench (nor an xdist worker, also "-c")
     marks, seed = Path(os.environ["RING_MARKS"]), sys.argv[2].rsplit("-s", 1)[1]
     real, calls = loop._train_step, []
 
