@@ -207,11 +207,16 @@ def speed_md(repo: Path) -> str:
 # --- docs/results.md and README ----------------------------------------------------------------------
 def _curves(rows: list[dict]) -> list[dict]:
     """Fig. 2 input, as in the paper one curve per Table 1 preset over the accumulated shard-epochs: its run over
-    the most passes (multi_pass_rows, every cycle), else the README's row's (preset_rows, its one pass), and the
-    trained ceilings' (ceiling_rows), each with its context."""
+    the most passes (multi_pass_rows, every cycle) once it has got further than the README's row, else the
+    README's row's (preset_rows, its one pass), and the trained ceilings' (ceiling_rows), each with its context."""
+    def reach(r: dict) -> int:
+        return max((e["index"] for e in r["epochs"]), default=-1)
+
     out = []
     longer = multi_pass_rows(rows)
-    for r in [longer.get(r["name"], r) for r in preset_rows(rows)] + ceiling_rows(rows):
+    further = [longer[r["name"]] if r["name"] in longer and reach(longer[r["name"]]) > reach(r) else r
+               for r in preset_rows(rows)]
+    for r in further + ceiling_rows(rows):
         epochs = r["epochs"] if r["weights"] else [e for e in r["epochs"] if e["cycle"] == r["cycle"] - 1]
         out.append(dict(family=r["family"], name=r["name"], context=r["context"], trainable_params=r["trainable"],
                         epochs=epochs))
