@@ -50,8 +50,9 @@ def _passes(folder: Path) -> tuple[list[str], bool, int | None]:
     """The test CE at the end of each pass a run began (a pass still training: its latest, marked), whether the
     run is finished, and its step."""
     rows = [r for r in read_metrics(folder, "eval") if r.get(TEST_LOSS) is not None]
-    last_epoch = max((r["epoch"] for r in rows), default=0)
-    last_shard = max((r["shard"] for r in rows), default=0)
+    cfg = read_json(folder / CONFIG) or {}
+    last_epoch = (cfg.get("train") or {}).get("epochs_per_shard", 5) - 1
+    last_shard = max((cfg.get("data") or {}).get("train_shards") or [max((r["shard"] for r in rows), default=0)])
     ends: dict[int, str] = {}
     for r in rows:
         done = r["epoch"] == last_epoch and r["shard"] == last_shard

@@ -129,6 +129,7 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
                                               "loss": next((r[TEST_LOSS] for r in reversed(rows) if TEST_LOSS in r),
                                                            None),
                                               "steps": m.get("step"), "cycles": int(tc.get("cycles", 1)),
+                                              "epochs_per_shard": int(tc.get("epochs_per_shard", 1)),
                                               "seed": int(model.get("seed", 0) or 0),
                                               "seed_only": _variant(cfg) == [f"seed={model.get('seed', 0)}"]})
     return paper, other
@@ -234,8 +235,8 @@ def _context_ok(r: dict, stream_ok: set[str]) -> bool:
 def pass_figures(r: dict) -> dict[int, tuple[float, bool]]:
     """A row's test CE at the end of each pass (cycle, from 1) it has begun: {pass: (CE, complete)}, complete
     when the pass's last shard-epoch was scored, else its latest whole-test-shard figure."""
-    last_epoch = max((e["epoch"] for e in r["epochs"]), default=0)
-    shards = max((e["shard"] for e in r["epochs"]), default=0)
+    last_epoch = r.get("epochs_per_shard", 1 + max((e["epoch"] for e in r["epochs"]), default=0)) - 1
+    shards = len(r["shards"]) - 1
     out: dict[int, tuple[float, bool]] = {}
     for e in sorted(r["epochs"], key=lambda e: e["index"]):
         if e.get(TEST_LOSS) is not None:
