@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from reslm.core.device import available_memory, bf16_status, memory_limit
-from reslm.core.errors import OutOfMemory, ReslmError
+from reslm.core.device import bf16_status, check_memory
+from reslm.core.errors import ReslmError
 from reslm.data.datasets import check_dataset, codec_of, data_kind, open_dataset
 from reslm.models import build_model, family
 from reslm.models.resolve import ModelSpec, resolve
@@ -33,19 +33,12 @@ from reslm.run.source import SOURCE, read_source
 
 def check_fits(spec: ModelSpec, flag: str = "--size") -> None:
     """Refuse, before any matrix is drawn, a model whose weights alone do not fit in memory (every model is
-    built on the CPU first): ReslmError (exit 2) beyond what this process can ever hold (memory_limit: the
-    machine, its cgroup, `ulimit -v`), OutOfMemory (exit 75: try again later) beyond what is available now.
+    built on the CPU first), by the one rule of reslm.core.device.check_memory: exit 2 beyond what this process
+    can ever hold (the machine, its cgroup, `ulimit -v`), 75 (try again later) beyond what is available now.
     `flag` names the setting that shrinks it. The count is a lower bound: building takes some more."""
-    need = spec.bytes
     size = getattr(spec.config, "size", None)
     what = f"a model of reservoir size {size:,}" if isinstance(size, int) else "the model"
-    limit, avail = memory_limit(), available_memory(torch.device("cpu"))
-    if limit is not None and need > limit:
-        raise ReslmError(f"{what} needs at least {need / 2**30:.1f} GiB for its weights, more than the "
-                         f"{limit / 2**30:.1f} GiB this machine lets it hold: give a smaller {flag}")
-    if avail is not None and need > avail:
-        raise OutOfMemory(f"{what} needs at least {need / 2**30:.1f} GiB for its weights but {avail / 2**30:.1f} "
-                          f"GiB is available now: free memory, or give a smaller {flag}")
+    check_memory(spec.bytes, f"{what} (its weights)", f"give a smaller {flag}")
 
 
 def load_model(cfg: dict, device="cpu"):

@@ -206,8 +206,8 @@ def test_a_reservoir_too_large_for_memory_is_refused_by_the_bench_before_anythin
         tmp_path, capsys, monkeypatch, no_data):
     """`bench --size 100000` fits the trainable budget (a 1-wide head) but not memory: one line naming --size,
     counted on a shape-only model, before any folder or matrix."""
-    import reslm.models.load as mload
-    monkeypatch.setattr(mload, "memory_limit", lambda: 8 * 2**30)
+    import reslm.core.device as device
+    monkeypatch.setattr(device, "memory_limit", lambda: 8 * 2**30)   # the one rule's (check_memory)
     assert main(bench_argv(tmp_path, reservoir="esn") + ["--size", "100000"]) == 2
     line = one_error(capsys)
     assert "reservoir size 100,000" in line and "GiB" in line and "--size" in line

@@ -45,11 +45,12 @@ def test_what_cannot_be_resolved_is_one_line(args, kw, words):
 
 
 def test_check_fits_reads_the_specs_bytes(monkeypatch):
+    import reslm.core.device as device
     import reslm.models.load as load
-    monkeypatch.setattr(load, "memory_limit", lambda: 1000)
-    monkeypatch.setattr(load, "available_memory", lambda device: None)
+    monkeypatch.setattr(device, "memory_limit", lambda: 1000)      # the one rule's (reslm.core.device.check_memory)
+    monkeypatch.setattr(device, "available_memory", lambda device: None)
     with pytest.raises(ReslmError, match="give a smaller --size"):
         load.check_fits(resolve("rc", {"size": 64}))
-    monkeypatch.setattr(load, "memory_limit", lambda: 10 ** 12)
+    monkeypatch.setattr(device, "memory_limit", lambda: 10 ** 12)
     load.check_fits(resolve("rc", {"size": 64}))
     assert torch.get_default_device().type == "cpu"
