@@ -90,6 +90,7 @@ class TrainConfig:
     compile: str = field(default="auto", metadata=_RESOURCE)  # auto | on | off: torch.compile the training forward (only "on" compiles; reslm.train.compiled)
     window_step: str = field(default="auto", metadata=_RESOURCE)  # auto | fused | plain: the window transformer's step on a CPU in fp32 (auto: the fused C kernel where it builds, else plain; reslm.models.window_kernel)
     ema: float = 0.0                # decay of an EMA of the weights (reslm.train.ema) used for evaluation and the saved model; 0 = off
+    continue_from: str = field(default="", metadata=_CHARS)  # a published finished run (its folder) whose weights start this run where it ended: its configuration with more cycles, a fresh optimiser state (Adam's moments from zero; reslm.train.continuation); "{seed}" in it stands for the run's seed; "" = start from the seed's initialisation
 
     @classmethod
     def of_run(cls, cfg: dict) -> "TrainConfig":
@@ -202,6 +203,12 @@ class TrainConfig:
                 raise ReslmError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.state_dtype != "auto":
             state_dtype(self.state_dtype)
+        if self.continue_from and (self.schedule != "constant" or self.optimizer in SOLVERS or self.ema
+                                   or self.keep_best_val):
+            raise ReslmError("continue_from goes on from a run's last weights at a constant learning rate: it needs "
+                             f"schedule constant, a gradient optimizer, no ema and no keep_best_val (got schedule "
+                             f"{self.schedule}, optimizer {self.optimizer}, ema {self.ema:g}, keep_best_val "
+                             f"{str(self.keep_best_val).lower()})")
 
 
 # Each family's training defaults over TrainConfig's (a family's `train` in reslm.models.MODELS).

@@ -33,6 +33,13 @@ def train_family(argv: list[str]) -> str | None:
     p = peek_flag(argv, "--preset")
     if p in PRESETS:
         return PRESETS[p][0]
+    source = peek_flag(argv, "--continue-from")   # a continued run is its source's family
+    if source and "--resume" not in argv:
+        try:
+            fam = read_config(Path(source))["family"]
+        except (ReslmError, OSError):
+            return None
+        return fam if fam in MODELS else None
     out = peek_flag(argv, "--out")
     if "--resume" in argv and out:
         try:
@@ -89,7 +96,9 @@ def add_parser(sub, argv: list[str]) -> None:
         "train", help="train a model: char families shard-cyclic (paper), laerc/gpt on BPE tokens",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a preset or a family with overrides into a run directory; re-run with --resume "
-                    "to continue from its last checkpoint.",
+                    "to continue from its last checkpoint. `--continue-from results/NAME --cycles K` starts a new "
+                    "run from a published finished run's weights, its configuration with K cycles and a fresh "
+                    "optimiser state (the record says so).",
         epilog=f"families:\n{fam_list}\n\n" + (
             f"The options below are {fam_name}'s, with its defaults." if fam_name else
             "Model and training options depend on the family: `reslm train --family F --help` (or "
@@ -123,7 +132,10 @@ def add_parser(sub, argv: list[str]) -> None:
 
 def cmd_train(args):
     model_over, train_over = overrides(args)
-    out = Path(args.out) if args.out else run_folder(args.preset, args.family)
+    source = train_over.get("continue_from")
+    out = Path(args.out) if args.out else (
+        run_folder(f"{Path(source).name}-to-{train_over.get('cycles')}c", None) if source and not args.preset
+        else run_folder(args.preset, args.family))
     with own_run(out):  # a second `reslm train` of the same run waits for nothing: it fails
         _train(args, out, model_over, train_over)
 

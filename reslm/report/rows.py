@@ -102,6 +102,8 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
         notes = _variant(cfg) + [n for n, on in ((f"{tc.get('state_dtype')} states", tc.get("state_dtype") not in (None, "float32")),
                                  (tc.get("precision", "auto"), tc.get("precision", "auto") not in ("auto", "fp32")),
                                  ("in progress", not m.get("finished")),
+                                 ("continued from its published run's weights with a fresh optimiser state",
+                                  bool(tc.get("continue_from"))),
                                  (f"per-shard CE on {tc.get('eval_samples', 0):,} test positions",
                                   tc.get("eval_samples", 0) != 0)) if on]
         wall = prov.get("wall", {})

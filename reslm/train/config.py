@@ -26,6 +26,7 @@ from reslm.data.datasets import describe_dataset, find_dataset
 from reslm.run import CONFIG, create_run_dir, drop_stale_evals, is_finished, lock_new_run, lock_run, read_config
 from reslm.settings import SOLVERS, TrainConfig, authors_train, field_roles
 from reslm.train.batches import SAMPLERS
+from reslm.train.continuation import continued_config
 import reslm
 
 
@@ -195,7 +196,14 @@ def start_run(out: Path, *, resume: bool, preset: str | None, family: str | None
         return False, notes
     if resume:
         raise ReslmError(f"{out} holds no run to resume (no {CONFIG})")
-    name, over = family_and_preset(preset, family)
+    if train_over.get("continue_from") and not (preset or family):   # the source's configuration, more cycles
+        if model_over:
+            raise ReslmError("a continued run is its source's model: model options would make it another "
+                             "(give --preset or --family to describe a run in full)")
+        name, preset, over, train_over, source_data = continued_config(train_over["continue_from"], train_over)
+        data = data or source_data
+    else:
+        name, over = family_and_preset(preset, family)
     if authors:
         model_over, train_over = authors_variant(model_over, train_over)
     sampler = sampler_for(name)

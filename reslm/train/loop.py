@@ -46,10 +46,12 @@ from reslm.core.progress import say
 from reslm.data.datasets import check_dataset, ensure_dataset, open_dataset
 from reslm.models.load import check_source, load_model
 from reslm.reservoir.registry import SOURCES
-from reslm.run import SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_run, read_config, save_checkpoint
+from reslm.run import (SUMMARY, MetricsLog, is_finished, load_checkpoint, lock_run, read_config, read_metrics,
+                       save_checkpoint)
 from reslm.run.registry import only_trainable, with_fixed
 from reslm.run.source import record_source
 from reslm.settings import TrainConfig
+from reslm.train import continuation
 from reslm.train.batches import step_seed
 from reslm.train.compiled import choose_window_step, compiled_forward
 from reslm.train.evaluation import HeldoutLoss
@@ -394,6 +396,12 @@ def _resume(t: _Training, ck: dict | None) -> None:
         if t.main and t.log.rows:   # metrics without a checkpoint: an interrupted start, begin afresh
             t.log.truncate(0)
         t.meter = Meter()
+        if t.tc.continue_from:   # the first start of a continued run: the source's weights, rows and step
+            t.step, t.train_seconds = continuation.begin(t.run_dir, read_config(t.run_dir), t.model, t.source, t.log)
+            t.meter = Meter(start=t.step)
+            t.source.logged_states = {(r.get("cycle"), r.get("shard"), r.get("part"))
+                                      for r in read_metrics(t.run_dir, "states")}
+            _checkpoint(t)   # a later start resumes from here, as any run
         return
     try:
         last = ck.get("last", ck["model"])   # a finished keep_best_val run's "model" is its best

@@ -10,6 +10,7 @@ from reslm.core.metrics import (MIN_TRAIN_LOSS, SPLIT_FIGURES, TEST_LOSS, TEST_L
 from reslm.models.base import count_params
 from reslm.models.budget import check_frontier
 from reslm.run import SUMMARY, read_metrics, schedule_key
+from reslm.train.continuation import continued_row
 
 def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None, eval_kind: str | None = None) -> dict:
     """Final figures of a run from its metrics (also written to summary.json), plus `extra`; the
@@ -46,6 +47,9 @@ def summarize(run_dir: Path, model, cfg: dict, source, extra: dict | None = None
     if kept:   # keep_best_val: the model is the best-on-validation evaluation's, scored again at the end
         summary.update(weights="best-val", weights_step=kept["step"],
                        **{kept_of(k): v for k, v in kept.items() if k.startswith(("test_", "val_"))})
+    continued = continued_row(rows)
+    if continued:   # trained on from a published run's weights with a fresh optimiser state (continue_from)
+        summary["continued_from"] = {k: continued[k] for k in ("run", "step", "cycles", "optimizer")}
     summary["train_seconds"] = last.get("wall")
     timed = [r["eval_seconds"] for r in rows if r["kind"] in ("eval", "weights") and "eval_seconds" in r]
     summary["eval_seconds"] = round(sum(timed), 3) if timed else None   # every evaluation's time, the kept weights' scoring included

@@ -397,7 +397,7 @@ def test_samplers_carry_what_the_loop_and_the_cli_branched_on(chars, dataset):
     TrainConfig field metadata (data_fields) instead of branching on the family's data kind."""
     assert tt.data_fields("chars") == ("epochs_per_shard", "cycles", "epoch_samples", "shard_chars", "eval_samples",
                                        "final_eval_samples", "state_dtype", "val_fraction", "val_split",
-                                       "eval_at", "test_every", "keep_best_val")
+                                       "eval_at", "test_every", "keep_best_val", "continue_from")
     assert tt.data_fields("tokens") == ("max_steps", "eval_every", "eval_batches")
     assert set(tt.data_fields()) == set(tt.data_fields("chars")) | set(tt.data_fields("tokens"))
     assert [tt.sampler_for(f) for f in ("rc", "aerc", "tf", "rnn", "laerc", "gpt")] == [rb.CharShards] * 4 + [
