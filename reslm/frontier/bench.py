@@ -28,8 +28,7 @@ from pathlib import Path
 
 import reslm
 from reslm.core import stop
-from reslm.core.device import (WORKING_BYTES, amount, check_memory, cpu_name, reservoir_pass_bytes, usable_cores,
-                               use_threads)
+from reslm.core.device import WORKING_BYTES, amount, check_memory, cpu_name, usable_cores, use_threads
 from reslm.core.errors import OutOfMemory, ReslmError, Stopped
 from reslm.core.files import atomic_write, read_json, write_json
 from reslm.core.shell import path_word
@@ -50,7 +49,7 @@ from reslm.reservoir import KNOBS, RESERVOIRS, parse_options
 from reslm.run import CHECKPOINT, SUMMARY, is_finished
 from reslm.scoring.memory import LENGTHS, POSITIONS, profile_bytes
 from reslm.settings import TrainConfig
-from reslm.train.evaluation import eval_slices, final_samples
+from reslm.train.batches import pass_bytes, pass_fix, state_rows
 from reslm.train import ensure_run, train
 
 RECIPE_PLAN = "esn-lr"          # the plan whose chosen configuration is the recipe
@@ -233,19 +232,11 @@ def run_bytes(cfg: Config, spec: ModelSpec, dataset) -> dict[str, int]:
     if not hasattr(c, "streams"):
         return parts
     tc = TrainConfig.of_run(cfg.run_config(0))
-    split = ShardSplit.of_run(dataset, c.context, tc, tc.heldout)
-    longest = max(b - a for a, b in (split.span(s) for s in dataset.train_shards))
-    ta, tb = split.span(dataset.test_shard)
-    n_test = max(sum(sl.stop - sl.start - c.context for sl in eval_slices(tb - ta, c.context, n))
-                 for n in {tc.eval_samples, final_samples(tc)})
-    heldout = max((b - a for a, b in (split.span(s, "heldout") for s in split.heldout_shards())), default=0) \
-        if tc.heldout else 0
+    longest, n_test, heldout, text = state_rows(dataset, ShardSplit.of_run(dataset, c.context, tc, tc.heldout), tc,
+                                                c.context)
     item = 4 if tc.state_dtype in ("float32", "fp32") else 2
     parts["states"] = (longest + n_test + heldout) * spec.shape.width * item
-    res = getattr(spec.shape, "reservoir", None)
-    parts["pass"] = 0 if getattr(res, "replays", False) else \
-        reservoir_pass_bytes(c.context_mode, max(longest, tb - ta, heldout), getattr(res, "size", c.size),
-                             c.embed_dim, c.context, c.streams, c.warmup, c.readout_dim, item)   # a recording: none
+    parts["pass"] = pass_bytes(c, getattr(spec.shape, "reservoir", None), text, item)   # a recording: none
     return parts
 
 
@@ -262,9 +253,7 @@ def check_run_memory(cfg: Config, spec: ModelSpec, dataset, memory_positions: in
     parts = run_bytes(cfg, spec, dataset)
     c = spec.config
     big = max((k for k in parts if k != "process"), key=parts.get)   # the part a flag shrinks
-    fix = (f"give a smaller --set streams (now {c.streams:,}; each stream holds a state and its work buffers)"
-           if c.context_mode == "stream" else f"give a smaller --set context (now {c.context:,})") \
-        if big == "pass" else f"give a smaller {_SHRINK[big]}"
+    fix = pass_fix(c).replace("a smaller --", "a smaller --set ") if big == "pass" else f"give a smaller {_SHRINK[big]}"
     shown = ", ".join(f"{_WHAT[k]} {amount(v)}" for k, v in parts.items())
     check_memory(sum(parts.values()), f"each of the bench's runs ({shown})", fix)
     if memory_positions:   # at most the test shard's positions (reslm.scoring.memory.memory_positions)

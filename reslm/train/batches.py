@@ -40,7 +40,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reslm.core.device import state_dtype, state_dtypes, synchronize
+from reslm.core.device import (WORKING_BYTES, check_memory, reservoir_pass_bytes, state_dtype, state_dtypes,
+                               synchronize)
 from reslm.core.errors import ReslmError
 from reslm.data.splits import ShardSplit, check_tails, val_groups_cut
 from reslm.features import ChunkFeatures
@@ -66,6 +67,38 @@ def step_seed(seed: int, position: int) -> int:
 
 
 # --- the samplers ---------------------------------------------------------------------------------
+def state_rows(dataset, split: ShardSplit, tc, context: int) -> tuple[int, int, int, int]:
+    """What a character reservoir run holds states for at once (reslm.core.device.state_dtypes): (the longest
+    training shard's positions, the test positions its largest evaluation scores, the longest held-out span
+    scored while a training shard's states are held, 0 without held-out text), and the longest text one
+    reservoir pass reads."""
+    longest = max(b - a for a, b in (split.span(s) for s in dataset.train_shards))
+    ta, tb = split.span(dataset.test_shard)
+    n_test = max(sum(sl.stop - sl.start - context for sl in eval_slices(tb - ta, context, n))
+                 for n in {tc.eval_samples, final_samples(tc)})
+    heldout = max((b - a for a, b in (split.span(s, "heldout") for s in split.heldout_shards())), default=0) \
+        if tc.heldout else 0
+    return longest, n_test, heldout, max(longest, tb - ta, heldout)
+
+
+def pass_bytes(config, reservoir, positions: int, itemsize: int) -> int:
+    """The reservoir's working buffers over `positions` characters in one pass (reslm.core.device.
+    reservoir_pass_bytes: what its streams, warm-up and context scale); none for a recording it replays."""
+    if getattr(reservoir, "replays", False):
+        return 0
+    return reservoir_pass_bytes(config.context_mode, positions, getattr(reservoir, "size", None) or config.size,
+                                config.embed_dim, config.context, getattr(config, "streams", 1),
+                                getattr(config, "warmup", None), getattr(config, "readout_dim", 0) or 0, itemsize)
+
+
+def pass_fix(config) -> str:
+    """The flag that shrinks a reservoir's pass (pass_bytes)."""
+    if config.context_mode == "stream":
+        return (f"give a smaller --streams (now {config.streams:,}; each stream holds a state and its work "
+                "buffers)")
+    return f"give a smaller --context (now {config.context:,})"
+
+
 def has_reservoir(model) -> bool:
     """Whether `model` is a character reservoir model (its features are reservoir states: they may be
     cached, stored in bfloat16, and computed in their own dtype)."""
@@ -208,13 +241,11 @@ class CharShards:
         name = self.tc.state_dtype
         if not has_reservoir(self.model):
             return state_dtype("float32" if name == "auto" else name), None
-        longest = max(b - a for a, b in (self.split.span(s) for s in self.ds.train_shards))
-        ta, tb = self.split.span(self.ds.test_shard)
-        n_test = max(sum(s.stop - s.start - self.context for s in eval_slices(tb - ta, self.context, n))
-                     for n in {self.tc.eval_samples, final_samples(self.tc)})
-        heldout = max((b - a for a, b in (self.split.span(s, "heldout") for s in self.heldout_shards())), default=0) \
-            if self.holdout else 0   # computed at each evaluation while a training shard's are held
-        return state_dtypes(name, self.device, self.model.width, longest, n_test, heldout)
+        longest, n_test, heldout, text = state_rows(self.ds, self.split, self.tc, self.context)
+        cfg = self.model.config   # the pass's buffers first: its own flag (the streams), not the states' dtype
+        extra = pass_bytes(cfg, self.model.reservoir, text, 2 if name == "bfloat16" else 4)
+        check_memory(extra + WORKING_BYTES, "the reservoir's pass over a shard", pass_fix(cfg), self.device)
+        return state_dtypes(name, self.device, self.model.width, longest, n_test, heldout, extra_bytes=extra)
 
     def position(self, step: int) -> int:
         """The shard-epoch that step `step` (0-based) belongs to."""
