@@ -57,3 +57,15 @@ def registry():
     RESERVOIRS.update(saved)
     SOURCES.clear()
     SOURCES.update(sources)
+
+
+@pytest.fixture
+def error_line(capsys):
+    """A reader of the one line a refused command printed: exactly one non-empty stderr line, reslm's own
+    ("reslm: error: ..."), no traceback; returns it."""
+    def read() -> str:
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("reslm: error: ") and "Traceback" not in err, err
+        return lines[0]
+    return read

@@ -19,13 +19,6 @@ TRAIN = dict(batch_size=64, epochs_per_shard=2, epoch_samples=128, lr=3e-3, log_
              precision="fp32", window_step="plain")
 
 
-def one_error(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("reslm: error: ") and "Traceback" not in err, err
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
 def source(chars, tmp_path_factory):
     """A finished one-cycle tiny transformer run, published (results/one), and its unpublished folder."""
@@ -87,22 +80,22 @@ def test_a_continued_run_stopped_and_resumed_ends_as_the_uninterrupted_continuat
     (["--lr", "0.01"], "--lr would make it another"),
     (["--n-layers", "2"], "model options would make it another"),
 ])
-def test_what_would_make_a_continued_run_another_configuration_is_refused(source, tmp_path, capsys, extra, said):
+def test_what_would_make_a_continued_run_another_configuration_is_refused(source, tmp_path, error_line, extra, said):
     base, chars = source
     out = tmp_path / "x"
     assert _continue(base, chars, out, *extra) == 2
-    assert said in one_error(capsys)
+    assert said in error_line()
     assert not out.exists()
 
 
-def test_a_source_that_is_not_a_published_finished_run_is_refused(source, tmp_path, capsys):
+def test_a_source_that_is_not_a_published_finished_run_is_refused(source, tmp_path, error_line):
     base, chars = source
     argv = ["train", "--cycles", "2", "--out", str(tmp_path / "x"), "--root", str(chars.path.parent), "--no-progress"]
     assert main([*argv, "--continue-from", str(base / "runs" / "one")]) == 2
-    assert "not a published run folder" in one_error(capsys)
+    assert "not a published run folder" in error_line()
     assert main(["train", "--continue-from", str(base / "results" / "one"), "--out", str(tmp_path / "y"),
                  "--root", str(chars.path.parent)]) == 2
-    assert "give --cycles K, more than the 1 it has" in one_error(capsys)
+    assert "give --cycles K, more than the 1 it has" in error_line()
 
 
 def test_a_run_described_in_full_must_be_its_source_with_more_cycles(source, tmp_path):

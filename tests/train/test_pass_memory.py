@@ -10,7 +10,7 @@ TINY = ["--shard-chars", "512", "--epoch-samples", "64", "--epochs-per-shard", "
         "--eval-samples", "64", "--device", "cpu", "--no-progress"]
 
 
-def test_streams_that_can_never_fit_are_refused_before_training(chars, tmp_path, capsys, monkeypatch):
+def test_streams_that_can_never_fit_are_refused_before_training(chars, tmp_path, error_line, monkeypatch):
     # this machine lets reslm hold the process's own and 2 MiB more: 1,024 streams of 256 units need more
     a, b = chars.shards[chars.test_shard]
     assert reservoir_pass_bytes("stream", b - a, 256, 16, 32, 1024, 32) > 2 * 2**20
@@ -18,9 +18,9 @@ def test_streams_that_can_never_fit_are_refused_before_training(chars, tmp_path,
     argv = ["train", "--family", "rc", "--context-mode", "stream", "--data", str(chars.path),
             "--out", str(tmp_path / "big"), *TINY]
     assert main([*argv, "--size", "256", "--streams", "1024"]) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and err[0].startswith("reslm: error: the reservoir's pass over a shard needs at least"), err
-    assert "give a smaller --streams (now 1,024;" in err[0]
+    err = error_line()
+    assert err.startswith("reslm: error: the reservoir's pass over a shard needs at least")
+    assert "give a smaller --streams (now 1,024;" in err
     assert not (tmp_path / "big").exists()
     argv[argv.index("--out") + 1] = str(tmp_path / "small")
     assert main([*argv, "--size", "64", "--streams", "2"]) == 0
