@@ -18,7 +18,8 @@ from reslm.models.registry import PRESETS
 from reslm.paper import LARGEST, TEST_CE
 import statistics
 
-from reslm.report.rows import PAPER_OPTIMISER, PAPER_SAMPLING, multi_pass_rows, pass_figures, preset_rows, seed_rows
+from reslm.report.rows import (CONTINUE_CHECK, PAPER_OPTIMISER, PAPER_SAMPLING, continuation_pairs, continuation_verdict,
+                               multi_pass_rows, pass_figures, preset_rows, seed_rows)
 
 ORDERING = "docs/ordering.md"
 FAMILIES = {"rc": "RC", "aerc": "AERC", "tf": "TF"}
@@ -111,8 +112,38 @@ def ordering_md(rows: list[dict]) -> str:
         cells = [_cell(*size["states"][f]) for f in FAMILIES]
         span = sorted(size["trainable"].values())
         L.append(f"| {i}: {span[0]:,}-{span[-1]:,} | " + " | ".join(cells) + f" | {_order_words(size)} |")
-    L += ["", *_spreads(rows), *_verdict(table), *_passes(rows)]
+    L += ["", *_spreads(rows), *_verdict(table), *_passes(rows), *_continuation(rows)]
     return "\n".join(L) + "\n"
+
+
+def _continuation(rows: list[dict]) -> list[str]:
+    """Plan continue-check: at each seed, the two-cycle run trained through beside the one continued from the
+    seed's one-pass run with a fresh optimiser state, and whether continued rows may stand for runs trained
+    through (reslm.report.rows.continuation_verdict)."""
+    pairs = continuation_pairs(rows)
+    L = ["", "## Continuing a one-pass row with a fresh optimiser state", "",
+         "A published row keeps its weights, not Adam's moments, so a later pass can only continue it with a fresh "
+         f"optimiser state (`reslm train --continue-from`). Plan continue-check measures what that costs: {CONTINUE_CHECK} "
+         "over two passes, trained through and continued from the seed's one-pass run, at seeds 1 and 2 (test CE "
+         "after pass 2, nats (bits/char)).", ""]
+    if not pairs:
+        return L + ["Not measured yet: `reslm frontier run continue-check`. Until it is, the tables above take only "
+                    "runs trained through."]
+    fig = lambda r: f"{r['loss']:.4f} ({r['loss'] / LN2:.3f})" if r else "training or not run"   # noqa: E731
+    L += ["| seed | trained through | continued | continued - through |", "|---|---|---|---|"]
+    for seed, p in pairs.items():
+        diff = f"{p[True]['loss'] - p[False]['loss']:+.4f}" if len(p) == 2 else "-"
+        L.append(f"| {seed} | {fig(p.get(False))} | {fig(p.get(True))} | {diff} |")
+    ok, spread = continuation_verdict(rows)
+    if ok is None:
+        L += ["", "Not decided yet: both ways finished at two seeds decide it. Until then the tables above take only "
+                  "runs trained through."]
+    else:
+        L += ["", f"The trained-through runs' seed spread (sample standard deviation): {spread:.4f} nats. " +
+              ("Every continued run lands within it, so a continued row stands for one trained through in the "
+               "tables above (its notes say it was continued)." if ok else
+               "A continued run lands outside it, so the tables above take only runs trained through.")]
+    return L
 
 
 def spreads(rows: list[dict]) -> dict[str, tuple[float, float, list[int]]]:

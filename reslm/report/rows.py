@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+import statistics
 from pathlib import Path
 
 from reslm.core.errors import ReslmError
@@ -19,6 +20,7 @@ from reslm.run.registry import PROVENANCE, published_folders, read_manifest
 from reslm.run import CONFIG, SUMMARY, read_metrics
 
 LEGACY = "results/legacy.csv"
+CONTINUE_CHECK = "tf-64-4-4"   # the preset plan continue-check trains through two cycles and continues
 # the paper's character protocol (reslm.paper.PROTOCOL): what a run must have trained with to sit in its table
 PAPER_TRAIN = {k: PROTOCOL[k] for k in ("optimizer", "lr", "batch_size", "epochs_per_shard", "epoch_samples",
                                          "shard_chars")}
@@ -133,6 +135,7 @@ def published_rows(repo: Path) -> tuple[list[dict], list[dict]]:
                                               "steps": m.get("step"), "cycles": int(tc.get("cycles", 1)),
                                               "epochs_per_shard": int(tc.get("epochs_per_shard", 1)),
                                               "seed": int(model.get("seed", 0) or 0),
+                                              "continued": bool(tc.get("continue_from")),
                                               "seed_only": _variant(cfg) == [f"seed={model.get('seed', 0)}"]})
     return paper, other
 
@@ -246,17 +249,41 @@ def pass_figures(r: dict) -> dict[int, tuple[float, bool]]:
     return out
 
 
+def continuation_pairs(rows: list[dict]) -> dict[int, dict[bool, dict]]:
+    """Plan continue-check's finished runs by seed: {seed: {False: the two-cycle run trained through, True: the
+    one continued from the seed's one-pass run with a fresh optimiser state}}, each where published."""
+    out: dict[int, dict[bool, dict]] = {}
+    for r in rows:
+        if (r["name"] == CONTINUE_CHECK and r.get("cycles") == 2 and not _unfinished(r) and r["context"] == "window"
+                and (not r.get("variant") or r.get("seed_only"))):
+            out.setdefault(r.get("seed", 0), {}).setdefault(bool(r.get("continued")), r)
+    return dict(sorted(out.items()))
+
+
+def continuation_verdict(rows: list[dict]) -> tuple[bool | None, float | None]:
+    """(whether a continued run lands within the seed spread of the runs trained through: at every seed of
+    plan continue-check its final test CE is within one sample standard deviation of the trained-through runs'
+    final test CE over those seeds; None until both ways are finished at two seeds, that standard deviation)."""
+    both = [p for p in continuation_pairs(rows).values() if len(p) == 2]
+    if len(both) < 2:
+        return None, None
+    spread = statistics.stdev(p[False]["loss"] for p in both)
+    return all(abs(p[True]["loss"] - p[False]["loss"]) <= spread for p in both), spread
+
+
 def multi_pass_rows(rows: list[dict]) -> dict[str, dict]:
     """Per preset of the paper's character families, its run at the paper's protocol over the most passes
-    (more than one, seed 0, no variant; the context preset_rows allows): a finished one first, a window one
-    before a stream one."""
+    (more than one, seed 0, no variant; the context preset_rows allows; a continued one only where plan
+    continue-check says a continuation lands within the seed spread): a finished one first, a window one before
+    a stream one, one trained through before a continued one."""
     stream_ok = stream_stands_for_window(rows)
+    continued_ok = continuation_verdict(rows)[0] is True
     chosen: dict[str, tuple[tuple, dict]] = {}
     for r in rows:
         if (r.get("variant") or r.get("cycles", 1) < 2 or r["family"] not in LARGEST or r["weights"] is None
-                or not _context_ok(r, stream_ok)):
+                or not _context_ok(r, stream_ok) or (r.get("continued") and not continued_ok)):
             continue
-        rank = (-r["cycles"], not r.get("finished", True), r["context"] != "window")
+        rank = (-r["cycles"], not r.get("finished", True), r["context"] != "window", bool(r.get("continued")))
         if r["name"] not in chosen or rank < chosen[r["name"]][0]:
             chosen[r["name"]] = (rank, r)
     return {name: r for name, (_, r) in chosen.items()}

@@ -478,3 +478,31 @@ def test_the_ordering_page_gives_each_pass_and_the_seed_spread():
     assert ("- Size 5: after pass 2, TF < AERC < RC; the paper's order (TF < AERC < RC) holds from pass 2 on; "
             "pass 3 not complete for every family.") in page
     assert "- Size 1: no pass has all three rows final yet." in page
+
+
+def test_the_ordering_page_says_whether_a_continued_row_may_stand_for_one_trained_through():
+    """Plan continue-check (issue 88): at each seed the two-cycle tf-64-4-4 trained through beside the one
+    continued with a fresh optimiser state; a continued row enters the pass tables only once every continued
+    run lands within one seed standard deviation of the trained-through runs, at two seeds or more."""
+    from reslm.report.ordering import ordering_md
+    from reslm.report.rows import continuation_verdict, multi_pass_rows
+
+    def row(loss, seed, continued, name="tf-64-4-4", cycles=2):
+        return dict(name=name, family="tf", context="window", cycle=cycles, shards=[loss] * 5, weights="results/x",
+                    partial=False, finished=True, variant=bool(seed), seed_only=bool(seed), seed=seed, loss=loss,
+                    steps=1000, cycles=cycles, continued=continued, trainable=1000, paper="Fig. 2 only",
+                    epochs=[dict(index=i, cycle=c, shard=4, epoch=4, test_loss=loss) for i, c in enumerate(range(cycles))])
+
+    assert "Not measured yet: `reslm frontier run continue-check`" in ordering_md([])
+    half = [row(1.98, 1, False), row(1.985, 1, True)]
+    assert continuation_verdict(half) == (None, None)
+    assert "| 1 | 1.9800 (2.857) | 1.9850 (2.864) | +0.0050 |" in ordering_md(half)
+    both = half + [row(2.00, 2, False), row(1.999, 2, True)]
+    ok, spread = continuation_verdict(both)
+    assert ok is True and abs(spread - 0.02 / 2**0.5) < 1e-12
+    assert "Every continued run lands within it" in ordering_md(both)
+    assert continuation_verdict(half + [row(2.00, 2, False), row(2.03, 2, True)])[0] is False
+    # a continued seed-0 row of a larger preset: in the pass tables only once continuation is shown harmless
+    big = row(1.70, 0, True, name="tf-256-16-16", cycles=3)
+    assert "tf-256-16-16" not in multi_pass_rows(half + [big])
+    assert multi_pass_rows(both + [big])["tf-256-16-16"] is big
