@@ -106,3 +106,48 @@ def test_a_run_described_in_full_must_be_its_source_with_more_cycles(source, tmp
         tt.train(run, progress=False)
     with pytest.raises(ReslmError, match="continue_from goes on from a run's last weights at a constant"):
         TrainConfig(schedule="cosine", continue_from="results/x").validate()
+
+
+def test_a_plan_continues_each_seed_from_its_own_run(chars, tmp_path):
+    """A plan's candidate with continue_from ".../one-s{seed}": each seed's run continues that seed's published
+    one-pass run; the base trained through draws the same first pass as the sources."""
+    import textwrap
+    from reslm.frontier import load_plan, run_plan
+
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        run = tt.create_run(tmp_path / "src" / f"one-s{seed}", "tf", {**MODEL, "seed": seed},
+                            {**TRAIN, "cycles": 1, "seed": seed}, chars)
+        tt.train(run, progress=False)
+        publish(run, results / f"one-s{seed}", date="2026-12-07")
+    train = ", ".join(f"{k} = {json.dumps(v)}" for k, v in TRAIN.items() if k != "device")
+    plan = tmp_path / "tiny-continue.toml"
+    plan.write_text(textwrap.dedent(f"""
+        [plan]
+        about = "a tiny continuation"
+
+        [base]
+        label = "2c"
+        family = "tf"
+        data = "tiny"
+        model = {{ ff_dim = 16, n_heads = 2, n_layers = 1 }}
+        train = {{ {train}, cycles = 2 }}
+
+        [rule]
+        select = "none"
+        seeds = [0, 1]
+        strict = false
+
+        [[candidate]]
+        label = "2c-cont"
+        train = {{ continue_from = "{results}/one-s{{seed}}" }}
+        """))
+    run_plan(load_plan(plan), results, tmp_path / "runs", data_root=chars.path.parent, progress=False,
+             say=lambda m: None)
+    for seed in (0, 1):
+        src = read_metrics(results / f"one-s{seed}", "eval")
+        (through,) = results.glob(f"tf-2c-????????-s{seed}")
+        (cont,) = results.glob(f"tf-2c-cont-*-s{seed}")
+        assert [r["test_loss"] for r in read_metrics(through, "eval")][:len(src)] == [r["test_loss"] for r in src]
+        assert [r["run"] for r in read_metrics(cont, "continued")] == [f"one-s{seed}"]
+        assert json.loads((cont / "summary.json").read_text())["finished"]
