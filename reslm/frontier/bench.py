@@ -253,7 +253,7 @@ def check_run_memory(cfg: Config, spec: ModelSpec, dataset, memory_positions: in
     parts = run_bytes(cfg, spec, dataset)
     c = spec.config
     big = max((k for k in parts if k != "process"), key=parts.get)   # the part a flag shrinks
-    fix = pass_fix(c).replace("a smaller --", "a smaller --set ") if big == "pass" else f"give a smaller {_SHRINK[big]}"
+    fix = pass_fix(c, "--set ") if big == "pass" else f"give a smaller {_SHRINK[big]}"
     shown = ", ".join(f"{_WHAT[k]} {amount(v)}" for k, v in parts.items())
     check_memory(sum(parts.values()), f"each of the bench's runs ({shown})", fix)
     if memory_positions:   # at most the test shard's positions (reslm.scoring.memory.memory_positions)

@@ -91,12 +91,13 @@ def pass_bytes(config, reservoir, positions: int, itemsize: int) -> int:
                                 getattr(config, "warmup", None), getattr(config, "readout_dim", 0) or 0, itemsize)
 
 
-def pass_fix(config) -> str:
-    """The flag that shrinks a reservoir's pass (pass_bytes)."""
+def pass_fix(config, flag: str = "--") -> str:
+    """The flag that shrinks a reservoir's pass (pass_bytes), written as `flag` + its name (the frontier bench's:
+    "--set ")."""
     if config.context_mode == "stream":
-        return (f"give a smaller --streams (now {config.streams:,}; each stream holds a state and its work "
+        return (f"give a smaller {flag}streams (now {config.streams:,}; each stream holds a state and its work "
                 "buffers)")
-    return f"give a smaller --context (now {config.context:,})"
+    return f"give a smaller {flag}context (now {config.context:,})"
 
 
 def has_reservoir(model) -> bool:
