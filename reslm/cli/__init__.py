@@ -22,7 +22,7 @@ import threading
 
 from reslm.cli.flags import check_paths
 from reslm.cli.parsers import build_parser
-from reslm.cli.train import check_preset, check_resume
+from reslm.cli.train import check_continue, check_preset, check_resume
 from reslm.core.device import use_threads
 from reslm.core import stop
 from reslm.core.errors import OutOfMemory, ReslmError, describe
@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         check_resume(argv)
+        check_continue(argv)
         check_preset(argv)
         args = build_parser(argv).parse_args(argv)
         check_paths(args)

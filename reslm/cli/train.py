@@ -61,6 +61,16 @@ def check_resume(argv: list[str]) -> None:
         read_config(Path(out))   # a damaged config.json is named now, not as "unrecognized arguments" later
 
 
+def check_continue(argv: list[str]) -> None:
+    """`reslm train --continue-from SRC` where SRC is not a published run with a readable config: say so before
+    the family's flags are parsed (its family comes from SRC's config; without it they read as unrecognised)."""
+    source = peek_flag(argv, "--continue-from")
+    if _is_train(argv) and source and not ({"-h", "--help", "--resume"} & set(argv)):
+        if not is_published(Path(source)):
+            raise ReslmError(f"--continue-from {source}: not a published run folder (`reslm publish` makes one)")
+        read_config(Path(source))
+
+
 def check_preset(argv: list[str]) -> None:
     """`reslm train --preset NAME` with an unknown NAME: say so before the family's flags are parsed (with no
     family they would read as unrecognised: "unrecognized arguments: --shard-chars")."""

@@ -93,6 +93,11 @@ def test_a_source_that_is_not_a_published_finished_run_is_refused(source, tmp_pa
     argv = ["train", "--cycles", "2", "--out", str(tmp_path / "x"), "--root", str(chars.path.parent), "--no-progress"]
     assert main([*argv, "--continue-from", str(base / "runs" / "one")]) == 2
     assert "not a published run folder" in error_line()
+    for missing in (tmp_path / "nothing", tmp_path / "empty-file"):
+        (tmp_path / "empty-file").write_text("")
+        assert main(["train", "--continue-from", str(missing), "--cycles", "2", "--out", str(tmp_path / "z")]) == 2
+        assert "not a published run folder" in error_line()
+        assert not (tmp_path / "z").exists()
     assert main(["train", "--continue-from", str(base / "results" / "one"), "--out", str(tmp_path / "y"),
                  "--root", str(chars.path.parent)]) == 2
     assert "give --cycles K, more than the 1 it has" in error_line()
