@@ -243,7 +243,14 @@ def test_a_stop_of_a_bench_with_seeds_in_processes_is_passed_on_and_ends_cleanly
     monkeypatch.setattr(loop, "_train_step", loop._train_step)   # put back after the file patches it here
     real = fbench._train_seeds
     monkeypatch.setattr(fbench, "_train_seeds", lambda *a, **k: real(*a, **k, poll=0.05))   # the bench polls often
-    assert main(bench_argv(tmp_path, chars, "--import", str(user), "--jobs", "2", reservoir="ring-stop")) == status
+    # Ctrl-C as a terminal's foreground command gets it: a shell without job control starts a background
+    # command (`make test &`) with SIGINT ignored, and Python then keeps it ignored, as reslm does
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code = main(bench_argv(tmp_path, chars, "--import", str(user), "--jobs", "2", reservoir="ring-stop"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == status
     err = capfd.readouterr().err
     line, = errors(err)
     assert re.search(rf"frontier bench {re.escape(said)}: seed 0 stopped at step \d+, seed 1 stopped at step \d+; "
