@@ -4,7 +4,8 @@ tf-256-16-16's distance from the paper's figure (reslm.paper.TEST_CE) is worth, 
 The runs, and the plans that make them: the README's one-pass row (tf-window), the same preset's run over
 the most passes (passes-tf, reslm.report.rows.multi_pass_rows), the authors' own recipe (authors-tf: their
 contiguous 90/10 split, a global shuffle, 5 epochs, layers started as copies; found by its dataset and
-layer_init), and the noise floor (tf-seeds: tf-64-4-4 at three seeds). Cross-scorings are the runs' eval-on-NAME.json (`reslm eval RUN --data NAME --score 0
+layer_init), the authors' recipe after each epoch beside the protocol at as many training windows
+(equal_samples), and the noise floor (tf-seeds: tf-64-4-4 at three seeds). Cross-scorings are the runs' eval-on-NAME.json (`reslm eval RUN --data NAME --score 0
 --write`): reslm's row on the authors' last 10%, the authors' model on reslm's test shard. A run not
 published yet is said so, with the command that makes it.
 """
@@ -61,6 +62,25 @@ def _passes(folder: Path) -> tuple[list[str], bool, int | None]:
     return [ends[c] for c in sorted(ends)], bool(m.get("finished")), m.get("step")
 
 
+def _evals(folder: Path) -> list[tuple[int, float]]:
+    """(training windows seen, test CE) at each whole-test-text evaluation of a run, in order (step x batch)."""
+    batch = ((read_json(folder / CONFIG) or {}).get("train") or {}).get("batch_size", 1)
+    return [(int(r["step"]) * batch, r[TEST_LOSS]) for r in read_metrics(folder, "eval") if r.get(TEST_LOSS) is not None]
+
+
+def equal_samples(theirs: list[tuple[int, float]], ours: list[tuple[int, float]], epochs: int) -> list[str]:
+    """Table rows: each of the authors' evaluations (one per epoch: (windows, CE)) beside the evaluations of
+    `ours` at the most windows up to as many and the fewest from as many ("-" where there is none yet)."""
+    def cell(point):
+        return f"{_fig(point[1])} at {point[0]:,}" if point else "-"
+    lines = []
+    for k, (seen, ce) in enumerate(theirs, 1):
+        before = max((p for p in ours if p[0] <= seen), default=None)
+        after = min((p for p in ours if p[0] >= seen), default=None)
+        lines.append(f"| epoch {k} of {epochs} | {seen:,} | {_fig(ce)} | {cell(before)} | {cell(after)} |")
+    return lines
+
+
 def _cross(folder: Path | None, data: str) -> float | None:
     got = read_json(folder / f"eval-on-{data}.json") if folder is not None else None
     return (got or {}).get(TEST_LOSS)
@@ -93,15 +113,34 @@ def gap_md(repo: Path, rows: list[dict], spread: dict) -> str:
           "| model | on the authors' last 10% | on reslm's test shard |", "|---|---|---|"]
     own = (read_json(authors / SUMMARY) or {}).get(final_of(TEST_LOSS)) if authors is not None else None
     row = (read_json(one / SUMMARY) or {}).get(final_of(TEST_LOSS)) if one is not None else None
-    on_paper = _cross(authors, PAPER_DATA)
-    L.append(f"| the authors' recipe ({link(authors)}) | {_fig(own)} | {_fig(on_paper)}"
+    on_paper, row_there = _cross(authors, PAPER_DATA), _cross(one, AUTHORS_DATA)
+    epochs = _evals(authors) if authors is not None else []
+    done = bool(read_manifest(authors).get("finished")) if authors is not None else False
+    total = ((read_json(authors / CONFIG) or {}).get("train") or {}).get("epochs_per_shard", 5) if authors else 5
+    so_far = "" if done or own is None else f", after epoch {len(epochs)} of {total} (training)"
+    L.append(f"| the authors' recipe ({link(authors)}) | {_fig(own)}{so_far} | {_fig(on_paper)}"
              f"{' (its training text holds 37% of it)' if on_paper is not None else ''} |")
-    L.append(f"| reslm's one-pass row ({link(one)}) | {_fig(_cross(one, AUTHORS_DATA))} | {_fig(row)} |")
-    missing = [c for c, f in (("`reslm frontier run authors-tf`", authors),
-                              (f"`reslm eval results/{one.name if one else 'tf-256-16-16-window'} --data "
-                               f"{AUTHORS_DATA} --score 0 --write`", _cross(one, AUTHORS_DATA))) if f is None]
+    L.append(f"| reslm's one-pass row ({link(one)}) | {_fig(row_there)} | {_fig(row)} |")
+    missing = []
+    if not done:
+        missing.append("`reslm frontier run authors-tf` (to its end)")
+    elif on_paper is None:
+        missing.append(f"`reslm eval results/{authors.name} --data {PAPER_DATA} --score 0 --write`")
+    if row_there is None:
+        missing.append(f"`reslm eval results/{one.name if one else 'tf-256-16-16-window'} --data {AUTHORS_DATA} "
+                       "--score 0 --write`")
     if missing:
         L += ["", "Not measured yet: " + "; ".join(missing) + "."]
+    if epochs and one is not None:
+        ours = _evals(one)
+        ours += [p for p in (_evals(three) if three is not None else []) if p[0] > ours[-1][0]]
+        slices = (f"; on the two test texts reslm's one-pass row differs by {abs(row - row_there):.4f} nats"
+                  if row is not None and row_there is not None else "")
+        L += ["", "At equal training samples: the authors' recipe after each epoch (on its last 10%) beside reslm's "
+              "protocol (tf-256-16-16 on its test shard: the one-pass row, then the three-pass run) at its "
+              f"evaluations either side of as many training windows{slices}.", "",
+              "| the authors' recipe | training windows | test CE | reslm's protocol, before | after |",
+              "|---|---|---|---|---|", *equal_samples(epochs, ours, total)]
     floor = spread.get("tf-64-4-4")
     if floor:
         m, sd, seeds = floor

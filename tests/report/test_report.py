@@ -506,3 +506,14 @@ def test_the_ordering_page_says_whether_a_continued_row_may_stand_for_one_traine
     big = row(1.70, 0, True, name="tf-256-16-16", cycles=3)
     assert "tf-256-16-16" not in multi_pass_rows(half + [big])
     assert multi_pass_rows(both + [big])["tf-256-16-16"] is big
+
+
+def test_the_authors_recipe_is_set_beside_reslms_protocol_at_as_many_training_windows():
+    """Issue 88: each epoch of the authors' recipe beside the protocol run's evaluations either side of as many
+    training windows; an epoch past the protocol's last evaluation has "-" after it."""
+    from reslm.report.gap import equal_samples
+    ours = [(1000, 2.2), (2000, 2.1), (3000, 2.0)]
+    lines = equal_samples([(1500, 2.15), (3000, 2.05), (4500, 1.99)], ours, 5)
+    assert lines[0] == "| epoch 1 of 5 | 1,500 | 2.1500 (3.102) | 2.2000 (3.174) at 1,000 | 2.1000 (3.030) at 2,000 |"
+    assert lines[1].endswith("| 2.0000 (2.885) at 3,000 | 2.0000 (2.885) at 3,000 |")
+    assert lines[2].startswith("| epoch 3 of 5 |") and lines[2].endswith("at 3,000 | - |")
