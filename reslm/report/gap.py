@@ -133,7 +133,8 @@ def gap_md(repo: Path, rows: list[dict], spread: dict) -> str:
         L += ["", "Not measured yet: " + "; ".join(missing) + "."]
     if epochs and one is not None:
         ours = _evals(one)
-        ours += [p for p in (_evals(three) if three is not None else []) if p[0] > ours[-1][0]]
+        last = ours[-1][0] if ours else 0
+        ours += [p for p in (_evals(three) if three is not None else []) if p[0] > last]
         slices = (f"; on the two test texts reslm's one-pass row differs by {abs(row - row_there):.4f} nats"
                   if row is not None and row_there is not None else "")
         L += ["", "At equal training samples: the authors' recipe after each epoch (on its last 10%) beside reslm's "
