@@ -80,9 +80,14 @@ def equal_samples(theirs: list[tuple[int, float]], ours: list[tuple[int, float]]
     return lines
 
 
-def _cross(folder: Path | None, data: str) -> float | None:
-    got = read_json(folder / f"eval-on-{data}.json") if folder is not None else None
-    return (got or {}).get(TEST_LOSS)
+def _cross(folder: Path | None, data: str) -> tuple[float | None, str]:
+    """A run's test CE on another dataset's test shard (its eval-on-NAME.json), and, where its training text
+    holds part of that shard, a note of how much ("" where none or not scored)."""
+    got = (read_json(folder / f"eval-on-{data}.json") if folder is not None else None) or {}
+    on = got.get("scored_on") or {}
+    span, held = on.get("test_span"), on.get("trained_chars_in_test") or 0
+    share = f" (its training text holds {held / (span[1] - span[0]):.0%} of it)" if span and held else ""
+    return got.get(TEST_LOSS), share
 
 
 def _authors_md(one: Path | None, three: Path | None, authors: Path | None, link) -> list[str]:
@@ -94,13 +99,12 @@ def _authors_md(one: Path | None, three: Path | None, authors: Path | None, link
           "| model | on the authors' last 10% | on reslm's test shard |", "|---|---|---|"]
     own = (read_json(authors / SUMMARY) or {}).get(final_of(TEST_LOSS)) if authors is not None else None
     row = (read_json(one / SUMMARY) or {}).get(final_of(TEST_LOSS)) if one is not None else None
-    on_paper, row_there = _cross(authors, PAPER_DATA), _cross(one, AUTHORS_DATA)
+    (on_paper, held), (row_there, _) = _cross(authors, PAPER_DATA), _cross(one, AUTHORS_DATA)
     epochs = _evals(authors) if authors is not None else []
     done = bool(read_manifest(authors).get("finished")) if authors is not None else False
     total = ((read_json(authors / CONFIG) or {}).get("train") or {}).get("epochs_per_shard", 5) if authors else 5
     so_far = "" if done or own is None else f", after epoch {len(epochs)} of {total} (training)"
-    L.append(f"| the authors' recipe ({link(authors)}) | {_fig(own)}{so_far} | {_fig(on_paper)}"
-             f"{' (its training text holds 37% of it)' if on_paper is not None else ''} |")
+    L.append(f"| the authors' recipe ({link(authors)}) | {_fig(own)}{so_far} | {_fig(on_paper)}{held} |")
     L.append(f"| reslm's one-pass row ({link(one)}) | {_fig(row_there)} | {_fig(row)} |")
     missing = []
     if not done:

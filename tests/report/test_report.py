@@ -517,3 +517,17 @@ def test_the_authors_recipe_is_set_beside_reslms_protocol_at_as_many_training_wi
     assert lines[0] == "| epoch 1 of 5 | 1,500 | 2.1500 (3.102) | 2.2000 (3.174) at 1,000 | 2.1000 (3.030) at 2,000 |"
     assert lines[1].endswith("| 2.0000 (2.885) at 3,000 | 2.0000 (2.885) at 3,000 |")
     assert lines[2].startswith("| epoch 3 of 5 |") and lines[2].endswith("at 3,000 | - |")
+
+
+def test_a_cross_scoring_says_how_much_of_the_other_test_shard_the_run_trained_on(tmp_path):
+    """The share of another dataset's test shard inside a run's training text comes from its eval-on-NAME.json
+    (scored_on), not from a figure written into the report."""
+    import json
+    from reslm.report.gap import _cross
+    (tmp_path / "eval-on-shakespeare.json").write_text(json.dumps(
+        {"test_loss": 1.9, "scored_on": {"test_span": [1000, 2000], "trained_chars_in_test": 370}}))
+    (tmp_path / "eval-on-other.json").write_text(json.dumps(
+        {"test_loss": 1.8, "scored_on": {"test_span": [0, 10], "trained_chars_in_test": 0}}))
+    assert _cross(tmp_path, "shakespeare") == (1.9, " (its training text holds 37% of it)")
+    assert _cross(tmp_path, "other") == (1.8, "")
+    assert _cross(tmp_path, "missing") == (None, "") and _cross(None, "shakespeare") == (None, "")
