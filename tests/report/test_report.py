@@ -531,3 +531,12 @@ def test_a_cross_scoring_says_how_much_of_the_other_test_shard_the_run_trained_o
     assert _cross(tmp_path, "shakespeare") == (1.9, " (its training text holds 37% of it)")
     assert _cross(tmp_path, "other") == (1.8, "")
     assert _cross(tmp_path, "missing") == (None, "") and _cross(None, "shakespeare") == (None, "")
+
+
+def test_the_finished_authors_recipe_is_measured_against_reslms_row_and_the_paper():
+    from reslm.report.gap import verdict
+    text = verdict(1.85, 1.84, 1.8473, 1.8425)
+    assert "+0.0100 nats from reslm's one-pass row on the authors' own test slice" in text
+    assert "+0.0048 on reslm's test shard" in text and "1.67 lies 0.1800 nats below" in text
+    assert "test shard" not in verdict(1.85, 1.84, None, 1.8425).split(";")[0].split("slice")[1]
+    assert "does not come from" in text and "lies in where their script differs" in verdict(1.80, 1.84, None, None)
