@@ -81,14 +81,16 @@ def equal_samples(theirs: list[tuple[int, float]], ours: list[tuple[int, float]]
     return lines
 
 
-def _cross(folder: Path | None, data: str) -> tuple[float | None, str]:
-    """A run's test CE on another dataset's test shard (its eval-on-NAME.json), and, where its training text
-    holds part of that shard, a note of how much ("" where none or not scored)."""
+def _cross(folder: Path | None, data: str) -> tuple[float | None, str, int, int]:
+    """A run's test CE on another dataset's test shard (its eval-on-NAME.json); where its training text holds
+    part of that shard, a note of how much ("" where none or not scored); the characters of that shard its
+    training text holds, and the shard's length (0 where not scored)."""
     got = (read_json(folder / f"eval-on-{data}.json") if folder is not None else None) or {}
     on = got.get("scored_on") or {}
-    span, held = on.get("test_span"), on.get("trained_chars_in_test") or 0
-    share = f" (its training text holds {held / (span[1] - span[0]):.0%} of it)" if span and held else ""
-    return got.get(TEST_LOSS), share
+    span, held = on.get("test_span") or (0, 0), on.get("trained_chars_in_test") or 0
+    length = span[1] - span[0]
+    share = f" (its training text holds {held / length:.0%} of it)" if length and held else ""
+    return got.get(TEST_LOSS), share, held, length
 
 
 def verdict(own: float, row_there: float, on_paper: float | None, row: float | None) -> str:
@@ -107,16 +109,18 @@ def verdict(own: float, row_there: float, on_paper: float | None, row: float | N
 def _authors_md(one: Path | None, three: Path | None, authors: Path | None, link) -> list[str]:
     """The authors' recipe and the test slice: both models on both test texts, what is still to measure, and the
     authors' recipe after each epoch beside reslm's protocol (`one`, then `three`) at as many training windows."""
+    on_paper, held, overlap, _ = _cross(authors, PAPER_DATA)
+    row_there, _, _, slice_len = _cross(one, AUTHORS_DATA)
+    where = (f" (its last {slice_len:,} characters); their 90% holds the test shard's first {overlap:,} characters"
+             if slice_len and overlap else "")
     L = ["", "The authors' recipe and the test slice: their train_transformer.py (plan authors-tf, its crash fixed, "
-          "fp32) trains on the first 90% of the text and tests on the last 10%, which lies inside reslm's test shard "
-          "(its last 954,303 characters); their 90% holds the test shard's first 570,784 characters.", "",
-          "| model | on the authors' last 10% | on reslm's test shard |", "|---|---|---|"]
+          f"fp32) trains on the first 90% of the text and tests on the last 10%, which lies inside reslm's test shard{where}.",
+         "", "| model | on the authors' last 10% | on reslm's test shard |", "|---|---|---|"]
     own = (read_json(authors / SUMMARY) or {}).get(final_of(TEST_LOSS)) if authors is not None else None
     row = (read_json(one / SUMMARY) or {}).get(final_of(TEST_LOSS)) if one is not None else None
-    (on_paper, held), (row_there, _) = _cross(authors, PAPER_DATA), _cross(one, AUTHORS_DATA)
     epochs = _evals(authors) if authors is not None else []
     done = bool(read_manifest(authors).get("finished")) if authors is not None else False
-    total = ((read_json(authors / CONFIG) or {}).get("train") or {}).get("epochs_per_shard", 5) if authors else 5
+    total = ((read_json(authors / CONFIG) or {}).get("train") or {}).get("epochs_per_shard", 5) if authors is not None else 5
     so_far = "" if done or own is None else f", after epoch {len(epochs)} of {total} (training)"
     L.append(f"| the authors' recipe ({link(authors)}) | {_fig(own)}{so_far} | {_fig(on_paper)}{held} |")
     L.append(f"| reslm's one-pass row ({link(one)}) | {_fig(row_there)} | {_fig(row)} |")

@@ -528,9 +528,9 @@ def test_a_cross_scoring_says_how_much_of_the_other_test_shard_the_run_trained_o
         {"test_loss": 1.9, "scored_on": {"test_span": [1000, 2000], "trained_chars_in_test": 370}}))
     (tmp_path / "eval-on-other.json").write_text(json.dumps(
         {"test_loss": 1.8, "scored_on": {"test_span": [0, 10], "trained_chars_in_test": 0}}))
-    assert _cross(tmp_path, "shakespeare") == (1.9, " (its training text holds 37% of it)")
-    assert _cross(tmp_path, "other") == (1.8, "")
-    assert _cross(tmp_path, "missing") == (None, "") and _cross(None, "shakespeare") == (None, "")
+    assert _cross(tmp_path, "shakespeare") == (1.9, " (its training text holds 37% of it)", 370, 1000)
+    assert _cross(tmp_path, "other") == (1.8, "", 0, 10)
+    assert _cross(tmp_path, "missing") == (None, "", 0, 0) and _cross(None, "shakespeare") == (None, "", 0, 0)
 
 
 def test_the_finished_authors_recipe_is_measured_against_reslms_row_and_the_paper():
